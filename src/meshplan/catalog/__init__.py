@@ -1,0 +1,170 @@
+"""The catalog: accelerators (with their usual node) and models as TOML data, a source per number.
+
+Keys carry their unit (``_gib``, ``_gb_per_s``, ``_tflop_per_s``, ``_us``); this module converts them
+to base units once. Unknown keys are rejected with the list of allowed keys. A model or cluster can
+also be given as a spec file path with the same keys.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from meshplan.errors import SpecError
+from meshplan.specs import AcceleratorSpec, ClusterSpec, InterNodeLink, IntraNodeLink, ModelSpec
+from meshplan.units import GB, MICRO, TERA, GiB
+
+_ACCEL_KEYS = {"name", "description", "bf16_dense_tflop_per_s", "fp8_dense_tflop_per_s", "hbm_capacity_gib",
+               "hbm_bandwidth_tb_per_s", "gemm_efficiency", "node", "sources"}
+_NODE_KEYS = {"gpus_per_node", "intra_kind", "intra_link_gb_per_s", "ring_busbw_gb_per_s",
+              "nvls_busbw_gb_per_s", "nvls_min_gpus", "p2p_gb_per_s", "intra_latency_us", "nic_gb_per_s",
+              "nic_efficiency", "inter_latency_us"}
+_CLUSTER_FILE_KEYS = {"name", "accelerator", "nodes", "node"}
+
+
+def _catalog_dir(kind: str) -> Any:
+    return resources.files("meshplan.catalog").joinpath(kind)
+
+
+def _names(kind: str) -> list[str]:
+    return sorted(p.name[:-5] for p in _catalog_dir(kind).iterdir() if p.name.endswith(".toml"))
+
+
+def list_accelerators() -> list[str]:
+    return _names("accelerators")
+
+
+def list_models() -> list[str]:
+    return _names("models")
+
+
+def _read_toml(what: str, ref: str, kind: str) -> tuple[dict[str, Any], str]:
+    """Load a catalog entry by name, or a spec file by path. Returns (data, origin)."""
+    path = Path(ref)
+    if ref.endswith(".toml") or path.exists():
+        if not path.is_file():
+            raise SpecError(what, f"spec file {ref!r} not found")
+        text, origin = path.read_text(), str(path)
+    else:
+        entry = _catalog_dir(kind).joinpath(f"{ref}.toml")
+        if not entry.is_file():
+            raise SpecError(what, f"unknown name {ref!r}; catalog has: {', '.join(_names(kind))} "
+                                  "(or give a path to a .toml spec file)")
+        text, origin = entry.read_text(), f"catalog:{kind}/{ref}"
+    try:
+        return tomllib.loads(text), origin
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(what, f"malformed TOML in {origin}: {exc}") from None
+
+
+def _reject_unknown(what: str, data: dict[str, Any], allowed: set[str]) -> None:
+    extra = sorted(set(data) - allowed)
+    if extra:
+        raise SpecError(what, f"unknown keys {', '.join(extra)}; allowed: {', '.join(sorted(allowed))}")
+
+
+def _require(what: str, data: dict[str, Any], key: str) -> Any:
+    if key not in data:
+        raise SpecError(f"{what}.{key}", "is missing")
+    return data[key]
+
+
+def _spec(cls: type, what: str, **kwargs: Any) -> Any:
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # wrong type of a value that the dataclass could not catch
+        raise SpecError(what, str(exc)) from None
+
+
+def load_model(ref: str) -> ModelSpec:
+    """A model from the catalog by name, or from a TOML spec file with ModelSpec's field names."""
+    data, origin = _read_toml("model", ref, "models")
+    allowed = {f.name for f in fields(ModelSpec)}
+    _reject_unknown("model", data, allowed)
+    for key in ("name", "n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab"):
+        _require("model", data, key)
+    data.setdefault("source", origin)
+    return _spec(ModelSpec, "model", **data)
+
+
+def _accelerator(data: dict[str, Any], origin: str) -> AcceleratorSpec:
+    _reject_unknown("accelerator", data, _ACCEL_KEYS)
+    sources = dict(data.get("sources", {}))
+    numeric = [k for k in data if k not in ("name", "description", "node", "sources")]
+    numeric += [k for k in data.get("node", {}) if k != "intra_kind"]
+    missing = [k for k in numeric if k not in sources]
+    if missing:
+        raise SpecError("accelerator.sources", f"{origin}: every number needs a source; missing: {missing}")
+    fp8 = data.get("fp8_dense_tflop_per_s")
+    return _spec(
+        AcceleratorSpec, "accelerator",
+        name=_require("accelerator", data, "name"),
+        description=data.get("description", ""),
+        bf16_flop_per_s=float(_require("accelerator", data, "bf16_dense_tflop_per_s")) * TERA,
+        fp8_flop_per_s=None if fp8 is None else float(fp8) * TERA,
+        hbm_capacity_bytes=float(_require("accelerator", data, "hbm_capacity_gib")) * GiB,
+        hbm_bytes_per_s=float(_require("accelerator", data, "hbm_bandwidth_tb_per_s")) * 1e12,
+        gemm_efficiency=float(_require("accelerator", data, "gemm_efficiency")),
+        sources=sources,
+    )
+
+
+def _links(node: dict[str, Any]) -> tuple[IntraNodeLink, InterNodeLink]:
+    _reject_unknown("cluster.node", node, _NODE_KEYS)
+    nvls = node.get("nvls_busbw_gb_per_s")
+    intra = _spec(
+        IntraNodeLink, "cluster.node",
+        kind=_require("cluster.node", node, "intra_kind"),
+        link_bytes_per_s=float(_require("cluster.node", node, "intra_link_gb_per_s")) * GB,
+        ring_busbw_bytes_per_s=float(_require("cluster.node", node, "ring_busbw_gb_per_s")) * GB,
+        nvls_busbw_bytes_per_s=None if nvls is None else float(nvls) * GB,
+        nvls_min_gpus=int(node.get("nvls_min_gpus", 5)),
+        p2p_bytes_per_s=float(node.get("p2p_gb_per_s", node["intra_link_gb_per_s"])) * GB,
+        latency_s=float(node.get("intra_latency_us", 20)) * MICRO,
+    )
+    inter = _spec(
+        InterNodeLink, "cluster.node",
+        nic_bytes_per_s=float(_require("cluster.node", node, "nic_gb_per_s")) * GB,
+        efficiency=float(node.get("nic_efficiency", 0.92)),
+        latency_s=float(node.get("inter_latency_us", 40)) * MICRO,
+    )
+    return intra, inter
+
+
+def load_accelerator(ref: str) -> AcceleratorSpec:
+    data, origin = _read_toml("cluster", ref, "accelerators")
+    return _accelerator(data, origin)
+
+
+def load_cluster(ref: str, *, nodes: int | None = None, gpus_per_node: int | None = None,
+                 inter_node_gb_per_s: float | None = None) -> ClusterSpec:
+    """A cluster of ``nodes`` nodes of a catalog accelerator's usual node, or from a cluster spec file
+    (``accelerator = NAME``, ``nodes = N`` and a ``[node]`` table overriding any node key).
+    Command-line overrides win over both."""
+    data, origin = _read_toml("cluster", ref, "accelerators")
+    if "accelerator" in data:  # a cluster spec file that names its accelerator
+        _reject_unknown("cluster", data, _CLUSTER_FILE_KEYS)
+        accel_data, accel_origin = _read_toml("cluster.accelerator", str(data["accelerator"]), "accelerators")
+        node = {**accel_data.get("node", {}), **data.get("node", {})}
+        accel = _accelerator({k: v for k, v in accel_data.items() if k != "node"}, accel_origin)
+        name = str(data.get("name", Path(origin).stem))
+        nodes = nodes if nodes is not None else data.get("nodes")
+    else:
+        node = dict(data.get("node", {}))
+        accel = _accelerator({k: v for k, v in data.items() if k != "node"}, origin)
+        name = accel.name
+    if inter_node_gb_per_s is not None:
+        node["nic_gb_per_s"] = inter_node_gb_per_s
+    intra, inter = _links(node)
+    return _spec(
+        ClusterSpec, "cluster",
+        name=name, accelerator=accel,
+        n_nodes=1 if nodes is None else nodes,
+        gpus_per_node=gpus_per_node if gpus_per_node is not None else _require("cluster.node", node,
+                                                                             "gpus_per_node"),
+        intra=intra, inter=inter,
+        sources=dict(data.get("sources", {})),
+    )

@@ -1,0 +1,250 @@
+"""The `meshplan` command. A small, frozen set of flags; everything else goes into spec files.
+
+Exit status: 0 success; 1 a check failed (crosscheck/validate thresholds); 2 bad input (one line on
+stderr naming the field and what is allowed, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from meshplan.errors import SpecError
+
+DEFAULT_MODEL = "seed-70b"
+DEFAULT_CLUSTER = "h100-sxm"
+DEFAULT_NODES = 8
+DEFAULT_BATCH_TOKENS = 4_194_304
+DEFAULT_SEQ_LEN = 4096
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse's own status)
+        self.exit(2, f"meshplan: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    from meshplan.units import parse_size
+
+    try:
+        v = parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer (e.g. 4194304 or 4M), got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return v
+
+
+def _fraction(text: str) -> float:
+    v = _positive_float(text)
+    if v > 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
+    return v
+
+
+def _add_scenario(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("scenario (defaults: the worked example)")
+    g.add_argument("--model", default=DEFAULT_MODEL, help=f"catalog name or model .toml (default {DEFAULT_MODEL})")
+    g.add_argument("--cluster", default=DEFAULT_CLUSTER,
+                   help=f"accelerator name (its usual node) or cluster .toml (default {DEFAULT_CLUSTER})")
+    g.add_argument("--nodes", type=_positive_int, default=None, help=f"nodes (default {DEFAULT_NODES})")
+    g.add_argument("--gpus-per-node", type=_positive_int, default=None, help="GPUs per node (default: the node's)")
+    g.add_argument("--inter-node-bandwidth", type=_positive_float, default=None, metavar="GB_PER_S",
+                   help="NIC bandwidth per GPU per direction, decimal GB/s")
+    g.add_argument("--batch-tokens", type=_positive_int, default=None,
+                   help=f"global batch in tokens per step (default {DEFAULT_BATCH_TOKENS:,}; 4M works)")
+    g.add_argument("--seq-len", type=_positive_int, default=None, help=f"sequence length (default {DEFAULT_SEQ_LEN})")
+    g.add_argument("--job", default=None, metavar="FILE",
+                   help="job spec .toml (optimizer, precision, reduce_dtype_bytes, flop_convention, ...)")
+    g.add_argument("--mfu", type=_fraction, default=None,
+                   help="assume this MFU for compute instead of the kernel model")
+    g.add_argument("--json", action="store_true", help="write JSON (schema in the README)")
+
+
+def _job(args: argparse.Namespace) -> Any:
+    from meshplan.specs import JobSpec, RuntimeOverheads
+
+    data: dict[str, Any] = {}
+    if args.job:
+        path = Path(args.job)
+        if not path.is_file():
+            raise SpecError("job", f"spec file {args.job!r} not found")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise SpecError("job", f"malformed TOML in {args.job}: {exc}") from None
+        allowed = {f.name for f in fields(JobSpec)}
+        extra = sorted(set(data) - allowed)
+        if extra:
+            raise SpecError("job", f"unknown keys {', '.join(extra)}; allowed: {', '.join(sorted(allowed))}")
+        if "runtime" in data:
+            rt_allowed = {f.name for f in fields(RuntimeOverheads)}
+            bad = sorted(set(data["runtime"]) - rt_allowed)
+            if bad:
+                raise SpecError("job.runtime",
+                                f"unknown keys {', '.join(bad)}; allowed: {', '.join(sorted(rt_allowed))}")
+            data["runtime"] = RuntimeOverheads(**data["runtime"])
+    data.setdefault("global_batch_tokens", DEFAULT_BATCH_TOKENS)
+    data.setdefault("seq_len", DEFAULT_SEQ_LEN)
+    if args.batch_tokens:
+        data["global_batch_tokens"] = args.batch_tokens
+    if args.seq_len:
+        data["seq_len"] = args.seq_len
+    try:
+        return JobSpec(**data)
+    except TypeError as exc:
+        raise SpecError("job", str(exc)) from None
+
+
+def _scenario(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    from meshplan.catalog import load_cluster, load_model
+
+    model = load_model(args.model)
+    nodes = args.nodes
+    if nodes is None and not str(args.cluster).endswith(".toml"):
+        nodes = DEFAULT_NODES
+    cluster = load_cluster(args.cluster, nodes=nodes, gpus_per_node=args.gpus_per_node,
+                           inter_node_gb_per_s=args.inter_node_bandwidth)
+    return model, cluster, _job(args)
+
+
+def _progress(label: str):
+    start = time.perf_counter()
+    shown = [False]
+
+    def report(done: int, total: int) -> None:
+        if sys.stderr.isatty() and time.perf_counter() - start > 1.0:
+            shown[0] = True
+            print(f"\r{label}: {done:,}/{total:,} plans", end="" if done < total else "\n", file=sys.stderr,
+                  flush=True)
+
+    return report
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from meshplan.cost.simplified import evaluate_simplified
+    from meshplan.cost.step import evaluate
+    from meshplan.cost.validate import validate_plan
+    from meshplan.report.json import estimate_dict
+    from meshplan.report.text import estimate_text
+    from meshplan.specs import parse_plan
+
+    model, cluster, job = _scenario(args)
+    plan = parse_plan(args.plan, world_size=cluster.n_gpus)
+    if args.assumptions == "worked-example":
+        validate_plan(model, cluster, job, plan)
+        est = evaluate_simplified(model, cluster, job, plan, mfu=args.mfu if args.mfu is not None else 0.4)
+    else:
+        est = evaluate(model, cluster, job, plan, mfu=args.mfu)
+    print(json.dumps(estimate_dict(est), indent=2) if args.json else estimate_text(est))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from meshplan.explain import analyse
+    from meshplan.report.json import plan_analysis_dict
+    from meshplan.report.text import plan_text
+    from meshplan.search.space import Space
+
+    model, cluster, job = _scenario(args)
+    space = Space.dp_tp() if args.space == "dp-tp" else Space()
+    analysis = analyse(model, cluster, job, space=space, mfu=args.mfu, with_conditions=not args.no_conditions,
+                       progress=_progress("searching"))
+    print(json.dumps(plan_analysis_dict(analysis, top=args.top if args.top else None), indent=2)
+          if args.json else plan_text(analysis, top=args.top or 10))
+    return 0
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    from meshplan.catalog import list_accelerators, list_models, load_cluster, load_model
+    from meshplan.cost.params import param_counts
+    from meshplan.units import GB
+
+    accels = []
+    for name in list_accelerators():
+        c = load_cluster(name)
+        a = c.accelerator
+        accels.append({"name": name, "description": a.description, "bf16_tflop_per_s": a.bf16_flop_per_s / 1e12,
+                       "fp8_tflop_per_s": None if a.fp8_flop_per_s is None else a.fp8_flop_per_s / 1e12,
+                       "hbm_gib": a.hbm_capacity_bytes / 2**30, "gpus_per_node": c.gpus_per_node,
+                       "intra": c.intra.kind, "intra_gb_per_s": c.intra.link_bytes_per_s / GB,
+                       "nic_gb_per_s": c.inter.nic_bytes_per_s / GB, "sources": a.sources})
+    models = []
+    for name in list_models():
+        m = load_model(name)
+        pc = param_counts(m)
+        models.append({"name": name, "params": pc.total, "active_params": pc.active, "n_layers": m.n_layers,
+                       "hidden": m.hidden, "n_heads": m.n_heads, "n_kv_heads": m.n_kv_heads,
+                       "ffn_hidden": m.ffn_hidden, "vocab": m.vocab, "moe": m.is_moe, "source": m.source})
+    if args.json:
+        print(json.dumps({"accelerators": accels, "models": models}, indent=2))
+        return 0
+    print("accelerators (dense peaks; memory in GiB; links per GPU per direction, decimal GB/s):")
+    for a in accels:
+        fp8 = f"{a['fp8_tflop_per_s']:.0f}" if a["fp8_tflop_per_s"] else "-"
+        print(f"  {a['name']:<10} BF16 {a['bf16_tflop_per_s']:>7.1f}  FP8 {fp8:>6}  HBM {a['hbm_gib']:>5.0f} GiB  "
+              f"{a['gpus_per_node']:>2}/node {a['intra']:<8} {a['intra_gb_per_s']:>4.0f} GB/s  NIC "
+              f"{a['nic_gb_per_s']:.0f} GB/s   {a['description']}")
+    print("models:")
+    for m in models:
+        active = f" ({m['active_params'] / 1e9:.1f}B active)" if m["moe"] else ""
+        print(f"  {m['name']:<16} {m['params'] / 1e9:>8.2f}B{active:<18} L={m['n_layers']:<4} h={m['hidden']:<6} "
+              f"heads={m['n_heads']}/{m['n_kv_heads']}  {m['source'][:60]}")
+    print("every number has a source: meshplan catalog --json")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="meshplan", description="Plan how to parallelise transformer training on a GPU cluster.")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    pl = sub.add_parser("plan", help="search every plan, recommend one, say when to change it")
+    _add_scenario(pl)
+    pl.add_argument("--space", choices=("full", "dp-tp"), default="full",
+                    help="full: every parallelism; dp-tp: DDP, FSDP, HSDP and TP x FSDP only")
+    pl.add_argument("--top", type=_positive_int, default=None, help="plans to list (text: 10; json: all)")
+    pl.add_argument("--no-conditions", action="store_true", help="skip the conditions-of-change sweeps")
+    pl.set_defaults(func=cmd_plan)
+    ev = sub.add_parser("evaluate", help="evaluate one plan")
+    _add_scenario(ev)
+    ev.add_argument("--plan", required=True, help="e.g. dp_shard=64 or tp=8,dp_shard=8,mbs=1,recompute=full")
+    ev.add_argument("--assumptions", choices=("faithful", "worked-example"), default="faithful",
+                    help="worked-example: the hand analysis's simplifications (golden figures)")
+    ev.set_defaults(func=cmd_evaluate)
+    ca = sub.add_parser("catalog", help="list accelerators and models with their sources")
+    ca.add_argument("--json", action="store_true")
+    ca.set_defaults(func=cmd_catalog)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        args = parser.parse_args(["plan", *(argv or [])])
+    try:
+        return int(args.func(args))
+    except SpecError as exc:
+        print(f"meshplan: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

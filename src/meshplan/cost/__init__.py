@@ -1,0 +1,1 @@
+"""Pure cost functions: (specs, plan) -> numbers. No I/O, no printing, no torch."""

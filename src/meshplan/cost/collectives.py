@@ -1,0 +1,103 @@
+"""Time of one collective on a process group: alpha-beta with nccl-tests bus bandwidth.
+
+.. math:: t = \\alpha + \\frac{S · f(op, n)}{busbw · \\eta(S)},\\qquad \\eta(S) = \\frac{S}{S + S_{1/2}}
+
+S is the payload as nccl-tests defines it (the full gathered / unscattered buffer for all-gather and
+reduce-scatter, the buffer for all-reduce, the per-rank send buffer for all-to-all, the message for
+send/recv); f is the bus-bandwidth factor: 2(n-1)/n for all-reduce, (n-1)/n for all-gather,
+reduce-scatter and all-to-all, 1 for send/recv. busbw is the measured bus bandwidth of the link the
+group runs on (catalog), which makes the formula reproduce nccl-tests by construction.
+
+Link rules (formulas.md §1.4-1.6, §2.1):
+- inside an NVSwitch node, ring busbw is the same for 2..8 GPUs (nccl#1455); NVLS (NVLink SHARP) raises
+  it for all-reduce only, from ``nvls_min_gpus`` GPUs (nccl#1506);
+- AMD xGMI is point-to-point: a ring of n GPUs in a node uses n-1 of the 7 peer links, so busbw scales
+  with (n-1)/(g-1) of the 8-GPU figure (47.7 GB/s measured with 2 GPUs against 312.9 with 8);
+- a ring that spans nodes with r ranks per node drives r NICs per node in parallel (NCCL channels):
+  busbw = min(intra busbw, r · NIC · efficiency); its all-reduce may instead run hierarchically
+  (reduce-scatter in the node, all-reduce of 1/r across nodes, all-gather in the node), whichever is
+  faster, as NCCL's tuner would pick;
+- all-to-all across nodes cannot aggregate NICs (sjeaugey, nccl-tests#267): the (n-r)/n of the buffer
+  that leaves the node goes through each GPU's own NIC.
+
+References: nccl_tests_perf, thakur2005, ml_engineering (see meshplan.references).
+"""
+
+from __future__ import annotations
+
+from meshplan.cost.mesh import Group
+from meshplan.specs import ClusterSpec
+
+ALL_GATHER = "all_gather"
+REDUCE_SCATTER = "reduce_scatter"
+ALL_REDUCE = "all_reduce"
+ALL_TO_ALL = "all_to_all"
+SEND_RECV = "send_recv"
+COLLECTIVES = (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL, SEND_RECV)
+
+
+def busbw_factor(op: str, n: int) -> float:
+    """nccl-tests bus-bandwidth factor f(op, n) [dimensionless]; also bytes each rank sends per payload byte."""
+    if op == SEND_RECV:
+        return 1.0
+    if n <= 1:
+        return 0.0
+    if op == ALL_REDUCE:
+        return 2.0 * (n - 1) / n
+    return (n - 1) / n
+
+
+def bytes_sent_per_rank(op: str, message_bytes: float, n: int) -> float:
+    """Bytes one rank sends for one call with a ring (or pairwise) algorithm [bytes] (formulas.md §1.2)."""
+    return message_bytes * busbw_factor(op, n)
+
+
+def size_efficiency(message_bytes: float, half_size_bytes: float) -> float:
+    """Fraction of the asymptotic bus bandwidth reached at this message size [0-1]."""
+    return message_bytes / (message_bytes + half_size_bytes)
+
+
+def intra_busbw(op: str, n_in_node: int, cluster: ClusterSpec) -> float:
+    """Bus bandwidth of a collective among n GPUs of one node [bytes/s]."""
+    link = cluster.intra
+    if op == SEND_RECV:
+        return link.p2p_bytes_per_s
+    if link.kind == "xgmi":
+        return link.ring_busbw_bytes_per_s * max(1, n_in_node - 1) / max(1, cluster.gpus_per_node - 1)
+    if op == ALL_REDUCE and link.nvls_busbw_bytes_per_s and n_in_node >= link.nvls_min_gpus:
+        return link.nvls_busbw_bytes_per_s
+    return link.ring_busbw_bytes_per_s
+
+
+def _nic_bytes_per_s(cluster: ClusterSpec) -> float:
+    return cluster.inter.nic_bytes_per_s * cluster.inter.efficiency
+
+
+def collective_time_s(op: str, message_bytes: float, grp: Group, cluster: ClusterSpec) -> float:
+    """Time of one call of ``op`` with payload ``message_bytes`` on group ``grp`` [s]. 0 for a group of 1."""
+    n = grp.size
+    if message_bytes <= 0 or (n <= 1 and op != SEND_RECV):
+        return 0.0
+    intra, inter = cluster.intra, cluster.inter
+    if grp.n_nodes == 1:
+        bw = intra_busbw(op, n, cluster) * size_efficiency(message_bytes, intra.half_size_bytes)
+        return intra.latency_s + message_bytes * busbw_factor(op, n) / bw
+    r = grp.ranks_per_node
+    nic = _nic_bytes_per_s(cluster) * size_efficiency(message_bytes, inter.half_size_bytes)
+    alpha = inter.latency_s
+    if op == SEND_RECV:
+        return alpha + message_bytes / nic
+    if op == ALL_TO_ALL:
+        leaving = message_bytes * (n - r) / n
+        staying = message_bytes * (r - 1) / n
+        t_intra = staying / intra_busbw(op, r, cluster) if r > 1 else 0.0
+        return alpha + max(leaving / nic, t_intra)
+    ring_bw = r * nic if r == 1 else min(intra_busbw(op, r, cluster), r * nic)
+    t_ring = alpha + message_bytes * busbw_factor(op, n) / ring_bw
+    if op != ALL_REDUCE or r == 1:
+        return t_ring
+    k = grp.n_nodes
+    t_hier = (intra.latency_s * 2 + alpha
+              + 2 * message_bytes * busbw_factor(REDUCE_SCATTER, r) / intra_busbw(REDUCE_SCATTER, r, cluster)
+              + (message_bytes / r) * busbw_factor(ALL_REDUCE, k) / nic)
+    return min(t_ring, t_hier)

@@ -1,0 +1,271 @@
+"""The communication ledger: every collective one GPU of a pipeline stage issues in a step.
+
+Symbols: m micro-batches, T = b·S/cp tokens per micro-batch on a rank, D hidden, t tensor-parallel
+degree, U parameters of one FSDP unit on the rank (after TP/EP), N_d sharding degree (dp_shard·cp).
+
+Semantics per implementation (formulas.md §3, checked against the sources cited there):
+- FSDP2 (fully_shard per block and at the root) [fsdp2_api]: per micro-batch, each unit all-gathers
+  its bf16 parameters before forward and (reshard_after_forward=True) again before backward, then
+  reduce-scatters its gradients in reduce_dtype; the root unit is not resharded after forward. With
+  HSDP the reduce-scattered shard is all-reduced over dp_replicate. With grad_sync='last' the reduction
+  happens once per step. Activation recomputation inside a unit does not re-gather (the unit is already
+  unsharded for its backward).
+- DeepSpeed ZeRO [rajbhandari2020]: ZeRO-1 reduces at the accumulation boundary only; ZeRO-2/3 reduce
+  every micro-batch; ZeRO-3 all-gathers forward and backward every micro-batch, and again for a
+  recomputed forward.
+- Megatron distributed optimizer [megatron_memory]: one reduce-scatter of the gradient buffer and one
+  all-gather of updated bf16 parameters per step, overlapped with the last backward and the first
+  forward.
+- Tensor parallelism [shoeybi2019, korthikanti2022]: 2 all-reduces forward, 2 backward per layer; with
+  sequence parallelism all-gather/reduce-scatter pairs instead (same bytes); Megatron-core re-gathers
+  the sequence-parallel input in backward for the weight gradient (+2 all-gathers); full recomputation
+  repeats the forward collectives.
+- Context parallelism: ring passes (cp-1) KV chunks forward and KV plus dKV backward
+  [liu2023ring]; 'allgather' gathers KV and reduce-scatters dKV; 'a2a' (Ulysses) exchanges Q, K, V
+  and the output by all-to-all [jacobs2023ulysses].
+- Expert parallelism: dispatch and combine all-to-alls forward and backward per MoE layer.
+- Pipeline: one activation send forward and one gradient send backward per micro-batch per model
+  chunk at each stage boundary; with TP the message is split t ways (SP or scatter-gather).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.cost.collectives import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    REDUCE_SCATTER,
+    SEND_RECV,
+    busbw_factor,
+    collective_time_s,
+)
+from meshplan.cost.estimate import CommEntry
+from meshplan.cost.mesh import Group
+from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
+
+PARAM_DTYPE_BYTES = 2.0  # bf16 all-gather (FSDP2 MixedPrecisionPolicy.param_dtype)
+ACT_BYTES = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """Parameters gathered or reduced together: one FSDP unit (or a DDP bucket of one block)."""
+
+    name: str
+    n_params: float
+    """Parameters of the unit on this rank before data-parallel sharding [count]."""
+    count: int
+    """How many such units the stage holds."""
+    group: str
+    """'dp_shard' for dense parameters, 'edp' for routed-expert parameters."""
+    root: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StageTraffic:
+    """What one stage's GPU runs in a step, as the ledger needs it."""
+
+    units: tuple[Unit, ...]
+    n_layers: int
+    n_moe_layers: int
+    has_embedding: bool
+    has_lm_head: bool
+    tokens: float
+    """T = mbs·S/cp tokens per micro-batch on the rank."""
+    m: int
+    recompute: str
+
+
+class _Ledger:
+    def __init__(self, cluster: ClusterSpec, groups: dict[str, Group]) -> None:
+        self.cluster = cluster
+        self.groups = groups
+        self.entries: list[CommEntry] = []
+
+    def add(self, op: str, axis: str, purpose: str, phase: str, count: int, message_bytes: float,
+            window: str, *, group: Group | None = None, edge_calls: float = 0.0, time_scale: float = 1.0
+            ) -> None:
+        grp = group or self.groups[axis]
+        if count <= 0 or message_bytes <= 0 or (grp.size <= 1 and op != SEND_RECV):
+            return
+        t_one = collective_time_s(op, message_bytes, grp, self.cluster) * time_scale
+        sent = count * message_bytes * busbw_factor(op, grp.size)
+        inter = 0.0
+        if grp.n_nodes > 1:
+            r = grp.ranks_per_node
+            inter = sent if op in (SEND_RECV, ALL_TO_ALL) else sent / r
+            if op == ALL_TO_ALL:
+                inter = count * message_bytes * (grp.size - r) / grp.size
+        self.entries.append(CommEntry(
+            collective=op, axis=grp.axis, purpose=purpose, phase=phase, count=count,
+            message_bytes=message_bytes, group_size=grp.size, link=grp.link, bytes_per_gpu=sent,
+            inter_node_bytes_per_gpu=inter, time_s=count * t_one, window=window,
+            edge_s=min(count, edge_calls) * t_one,
+        ))
+
+
+def _data_parallel(led: _Ledger, plan: Plan, job: JobSpec, st: StageTraffic) -> None:
+    m, sync = st.m, plan.effective_grad_sync
+    reduce_calls = m if sync == "every" else 1
+    for u in st.units:
+        shard = led.groups[u.group]
+        n = shard.size
+        calls = u.count
+        if plan.sharding in ("fsdp", "zero3") and n > 1:
+            led.add(ALL_GATHER, u.group, f"{u.name} params all-gather (forward)", "forward", m * calls,
+                    u.n_params * PARAM_DTYPE_BYTES, "forward", edge_calls=m if not u.root else 0)
+            regather = plan.sharding == "zero3" or (plan.reshard_after_forward is not False and not u.root)
+            if regather:
+                grp = shard
+                if isinstance(plan.reshard_after_forward, int) and not isinstance(plan.reshard_after_forward,
+                                                                                  bool):
+                    grp = Group(shard.axis, min(n, plan.reshard_after_forward),
+                                min(n, plan.reshard_after_forward, shard.ranks_per_node))
+                led.add(ALL_GATHER, u.group, f"{u.name} params all-gather (backward)", "backward",
+                        m * calls, u.n_params * PARAM_DTYPE_BYTES, "backward", group=grp)
+            if plan.sharding == "zero3" and st.recompute == "full" and not u.root:
+                led.add(ALL_GATHER, u.group, f"{u.name} params all-gather (recomputed forward)", "backward",
+                        m * calls, u.n_params * PARAM_DTYPE_BYTES, "backward")
+            grad_bytes = _grad_bytes(plan, job)
+            led.add(REDUCE_SCATTER, u.group, f"{u.name} grads reduce-scatter", "backward",
+                    reduce_calls * calls, u.n_params * grad_bytes, "backward" if sync == "every"
+                    else "last_backward", edge_calls=reduce_calls)
+            if plan.dp_replicate > 1:
+                led.add(ALL_REDUCE, "dp_replicate", f"{u.name} grad shards all-reduce (HSDP)", "backward",
+                        reduce_calls * calls, u.n_params * grad_bytes / n,
+                        "backward" if sync == "every" else "last_backward", edge_calls=reduce_calls)
+        elif plan.sharding in ("zero1", "zero2", "megatron") and n > 1:
+            grad_bytes = _grad_bytes(plan, job)
+            rs_calls = m if (plan.sharding == "zero2" and sync == "every") else 1
+            led.add(REDUCE_SCATTER, u.group, f"{u.name} grads reduce-scatter", "backward", rs_calls * calls,
+                    u.n_params * grad_bytes, "backward" if rs_calls > 1 else "last_backward", edge_calls=1)
+            led.add(ALL_GATHER, u.group, f"{u.name} updated params all-gather", "step", calls,
+                    u.n_params * PARAM_DTYPE_BYTES, "first_forward", edge_calls=1)
+            if plan.dp_replicate > 1:
+                led.add(ALL_REDUCE, "dp_replicate", f"{u.name} grad shards all-reduce", "backward",
+                        rs_calls * calls, u.n_params * grad_bytes / n, "last_backward", edge_calls=1)
+        elif plan.dp_replicate > 1:
+            led.add(ALL_REDUCE, "dp_replicate", f"{u.name} grads all-reduce (DDP)", "backward",
+                    reduce_calls * calls, u.n_params * _grad_bytes(plan, job),
+                    "backward" if sync == "every" else "last_backward", edge_calls=reduce_calls)
+
+
+def _grad_bytes(plan: Plan, job: JobSpec) -> float:
+    """Bytes per gradient element on the wire: reduce_dtype for FSDP2/DDP and Megatron, bf16 for ZeRO."""
+    return 2.0 if plan.sharding.startswith("zero") else job.reduce_dtype_bytes
+
+
+def _tensor_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffic) -> None:
+    if plan.tp <= 1:
+        return
+    msg = st.tokens * model.hidden * ACT_BYTES
+    per_layer_calls = st.m * st.n_layers
+    recomp = st.recompute == "full"
+    window_f = "forward" if plan.async_tp else "none"
+    window_b = "backward" if plan.async_tp else "none"
+    if plan.sequence_parallel:
+        megatron = plan.sharding == "megatron"
+        led.add(ALL_GATHER, "tp", "SP all-gather before QKV and MLP (forward)", "forward", 2 * per_layer_calls,
+                msg, window_f)
+        led.add(REDUCE_SCATTER, "tp", "SP reduce-scatter after attention and MLP (forward)", "forward",
+                2 * per_layer_calls, msg, window_f)
+        led.add(REDUCE_SCATTER, "tp", "SP reduce-scatter of input grads (backward)", "backward",
+                2 * per_layer_calls, msg, window_b)
+        led.add(ALL_GATHER, "tp", "SP all-gather of output grads (backward)", "backward",
+                2 * per_layer_calls, msg, window_b)
+        if megatron:
+            led.add(ALL_GATHER, "tp", "SP input re-gather for weight grads (Megatron-core backward)",
+                    "backward", 2 * per_layer_calls, msg, window_b)
+        if recomp:
+            led.add(ALL_GATHER, "tp", "SP all-gather (recomputed forward)", "backward", 2 * per_layer_calls,
+                    msg, window_b)
+            led.add(REDUCE_SCATTER, "tp", "SP reduce-scatter (recomputed forward)", "backward",
+                    2 * per_layer_calls, msg, window_b)
+        if st.has_embedding:
+            led.add(REDUCE_SCATTER, "tp", "vocab-parallel embedding output (forward)", "forward", st.m, msg,
+                    window_f)
+        if st.has_lm_head:
+            led.add(ALL_GATHER, "tp", "LM head input all-gather (forward)", "forward", st.m, msg, window_f)
+            led.add(REDUCE_SCATTER, "tp", "LM head input-grad reduce-scatter (backward)", "backward", st.m,
+                    msg, window_b)
+    else:
+        led.add(ALL_REDUCE, "tp", "TP all-reduce after attention and MLP (forward)", "forward",
+                2 * per_layer_calls, msg, window_f)
+        led.add(ALL_REDUCE, "tp", "TP all-reduce of input grads (backward)", "backward", 2 * per_layer_calls,
+                msg, window_b)
+        if recomp:
+            led.add(ALL_REDUCE, "tp", "TP all-reduce (recomputed forward)", "backward", 2 * per_layer_calls,
+                    msg, window_b)
+        if st.has_embedding:
+            led.add(ALL_REDUCE, "tp", "vocab-parallel embedding output (forward)", "forward", st.m, msg, window_f)
+        if st.has_lm_head:
+            led.add(ALL_REDUCE, "tp", "LM head input-grad all-reduce (backward)", "backward", st.m, msg,
+                    window_b)
+
+
+def _context_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffic) -> None:
+    cp = plan.cp
+    if cp <= 1:
+        return
+    kv_local = st.tokens * 2 * model.kv_dim * ACT_BYTES / plan.tp  # K and V of the local chunk, TP heads
+    if model.is_mla:
+        kv_local = st.tokens * model.n_heads * (model.qk_head_dim + model.value_head_dim) * ACT_BYTES / plan.tp
+    calls = st.m * st.n_layers
+    fwd_passes = 2 if st.recompute == "full" else 1
+    if plan.cp_impl == "ring":
+        led.add(SEND_RECV, "cp", "ring attention KV pass (forward)", "forward", fwd_passes * calls * (cp - 1),
+                kv_local, "attention")
+        led.add(SEND_RECV, "cp", "ring attention KV and dKV passes (backward)", "backward",
+                calls * (cp - 1), 2 * kv_local, "attention")
+    elif plan.cp_impl == "allgather":
+        led.add(ALL_GATHER, "cp", "KV all-gather (forward)", "forward", fwd_passes * calls, kv_local * cp,
+                "attention")
+        led.add(ALL_GATHER, "cp", "KV all-gather (backward)", "backward", calls, kv_local * cp, "attention")
+        led.add(REDUCE_SCATTER, "cp", "dKV reduce-scatter (backward)", "backward", calls, kv_local * cp,
+                "attention")
+    else:
+        qkv = st.tokens * (model.q_dim + 2 * model.kv_dim) * ACT_BYTES / plan.tp
+        out = st.tokens * model.q_dim * ACT_BYTES / plan.tp
+        led.add(ALL_TO_ALL, "cp", "Ulysses all-to-all of Q, K, V and output (forward)", "forward",
+                fwd_passes * calls, qkv + out, "none")
+        led.add(ALL_TO_ALL, "cp", "Ulysses all-to-all of gradients (backward)", "backward", calls, qkv + out,
+                "none")
+
+
+def _expert_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, st: StageTraffic) -> None:
+    if plan.ep <= 1 or st.n_moe_layers == 0:
+        return
+    tokens = st.tokens / (plan.tp if plan.sequence_parallel else 1)
+    msg = tokens * model.top_k * job.moe_capacity_factor * model.hidden * ACT_BYTES
+    calls = st.m * st.n_moe_layers
+    fwd = 2 * calls * (2 if st.recompute == "full" else 1)
+    scale = job.moe_routing_imbalance
+    led.add(ALL_TO_ALL, "ep", "MoE token dispatch and combine (forward)", "forward", fwd, msg, "none",
+            time_scale=scale)
+    led.add(ALL_TO_ALL, "ep", "MoE dispatch and combine gradients (backward)", "backward", 2 * calls, msg,
+            "none", time_scale=scale)
+
+
+def _pipeline(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffic) -> None:
+    if plan.pp <= 1:
+        return
+    msg = st.tokens * model.hidden * ACT_BYTES / plan.tp
+    chunks = plan.model_chunks
+    led.add(SEND_RECV, "pp", "stage-boundary activations (forward)", "forward", st.m * chunks, msg, "pipeline",
+            edge_calls=plan.pp - 1)
+    led.add(SEND_RECV, "pp", "stage-boundary gradients (backward)", "backward", st.m * chunks, msg, "pipeline",
+            edge_calls=plan.pp - 1)
+
+
+def comm_ledger(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, groups: dict[str, Group],
+                st: StageTraffic) -> list[CommEntry]:
+    """Every collective of one step on a GPU of the stage described by ``st``."""
+    led = _Ledger(cluster, groups)
+    _data_parallel(led, plan, job, st)
+    _tensor_parallel(led, model, plan, st)
+    _context_parallel(led, model, plan, st)
+    _expert_parallel(led, model, plan, job, st)
+    _pipeline(led, model, plan, st)
+    return led.entries

@@ -1,0 +1,156 @@
+"""Compute time per operation: GEMMs with shape-dependent efficiency, FlashAttention, memory-bound ops.
+
+GEMM time (roofline with a shape-dependent efficiency, in the spirit of calculon's efficiency curves):
+
+.. math:: t = \\frac{2MNK}{P · e_{max} · \\prod_{d \\in \\{M,N,K\\}} \\frac{d}{d + d_{1/2}}}
+
+P is the dense peak of the compute precision, e_max the best measured matmul efficiency of the part
+(maximum achievable matmul FLOPS, catalog), d_{1/2} a dimension at which one factor halves (small or
+skinny GEMMs, such as TP-split FFNs or experts with few tokens, are slower). Attention runs at its
+own efficiency of peak (FlashAttention reaches far less than a GEMM: FA2 fwd+bwd 328 TFLOP/s on H100,
+Azure AI-benchmarking-guide); causal attention executes half the FLOPs of the non-causal convention.
+Memory-bound operations (norms, activation functions, rotary, residual adds, the loss softmax, the
+optimizer step) take bytes / (HBM bandwidth · memory efficiency).
+
+The efficiency parameters are calibrated on published runs (meshplan.calibration); their defaults and
+provenance live in the catalog (catalog/calibration/*.toml).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.specs import AcceleratorSpec, ModelSpec
+
+BF16_BYTES = 2.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeParams:
+    """Physical efficiency parameters shared by every plan on an accelerator (calibrated, not per row)."""
+
+    gemm_half_dim: float = 128.0
+    """d_{1/2} of the GEMM shape factor [elements]."""
+    fp8_gemm_efficiency: float = 0.72
+    """Best FP8 matmul throughput over FP8 peak (ml-engineering MAMF: H100 70.9 %, B200 76.3 %)."""
+    attention_efficiency: float = 0.40
+    """FlashAttention forward+backward throughput over BF16 peak, on long blocks."""
+    attention_half_len: float = 256.0
+    """Query (and key) block length at which attention efficiency halves, per factor: short blocks, as in
+    ring context parallelism with many ranks, run FlashAttention far below its long-sequence rate."""
+    memory_efficiency: float = 0.80
+    """Achieved over spec HBM bandwidth for memory-bound kernels (Azure STREAM-like: 79-95 %)."""
+    overlap_efficiency: float = 0.9
+    """Share of overlappable communication that compute can actually hide (stream and SM contention)."""
+    comm_slowdown: float = 0.05
+    """Compute slowdown while a collective runs beside it (NCCL kernels take SMs and HBM bandwidth)."""
+    step_overhead_s: float = 0.0
+    """Fixed time per step outside the model (data loading, logging, launch gaps)."""
+    source: str = "defaults (uncalibrated)"
+
+
+def gemm_efficiency(m: float, n: float, k: float, *, e_max: float, half_dim: float) -> float:
+    """Efficiency of an M x K by K x N GEMM [0-1]."""
+    f = 1.0
+    for d in (m, n, k):
+        f *= d / (d + half_dim)
+    return e_max * f
+
+
+def gemm_time_s(m: float, n: float, k: float, *, peak_flop_per_s: float, e_max: float, half_dim: float) -> float:
+    """Time of one GEMM [s]."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    eff = gemm_efficiency(m, n, k, e_max=e_max, half_dim=half_dim)
+    return 2.0 * m * n * k / (peak_flop_per_s * eff)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTimes:
+    """One layer, one micro-batch, on one rank [s]: forward, input-gradient, weight-gradient parts, and
+    the attention core (the window a context-parallel exchange can hide behind)."""
+
+    fwd_s: float
+    bwd_input_s: float
+    bwd_weight_s: float
+    attention_fwd_s: float
+
+
+def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams, *, tokens: float,
+                seq_len: int, cp: int, tp: int, precision: str, causal_kernel: bool = True, cp_chunked: bool = True,
+                moe: bool = False, expert_tokens: float = 0.0, local_experts: float = 0.0) -> LayerTimes:
+    """Forward and backward time of one transformer layer for ``tokens`` tokens on a rank (T = b·S/cp).
+
+    GEMM shapes after tensor-parallel splitting (Megatron column/row split): QKV [T, D]x[D, (h_q+2h_kv)/t],
+    output [T, h_q/t]x[h_q/t, D], MLP up (and gate) [T, D]x[D, F/t], down [T, F/t]x[F/t, D]; the backward
+    runs the same shapes twice (input and weight gradient). MoE layers: each local expert processes
+    ``expert_tokens`` tokens (ETP = 1). Attention: 4·T·S_kv·h_q/t FLOPs forward (half when causal,
+    FlashAttention skips masked blocks), backward 2.5x forward (it recomputes QKᵀ).
+    """
+    D, t = model.hidden, float(tp)
+    fp8 = precision == "fp8" and accel.fp8_flop_per_s is not None
+    peak = accel.fp8_flop_per_s if fp8 else accel.bf16_flop_per_s
+    e_max = params.fp8_gemm_efficiency if fp8 else accel.gemm_efficiency
+    hd = params.gemm_half_dim
+
+    def g(m: float, n: float, k: float) -> float:
+        return gemm_time_s(m, n, k, peak_flop_per_s=peak, e_max=e_max, half_dim=hd)
+
+    if model.is_mla:
+        q_out = model.n_heads * model.qk_head_dim
+        kv_out = model.n_heads * (model.d_head + model.value_head_dim)
+        r_q, r_kv = model.q_lora_rank, model.kv_lora_rank
+        attn_proj = (g(tokens, r_q, D) + g(tokens, q_out / t, r_q) if r_q else g(tokens, q_out / t, D))
+        attn_proj += g(tokens, r_kv + model.qk_rope_head_dim, D) + g(tokens, kv_out / t, r_kv)
+    else:
+        attn_proj = g(tokens, (model.q_dim + 2 * model.kv_dim) / t, D)
+    attn_proj += g(tokens, D, model.q_dim / t)
+    n_in = 2 if model.gated_mlp else 1
+    if moe:
+        f = model.expert_ffn_hidden
+        mlp = local_experts * (g(expert_tokens, n_in * f, D) + g(expert_tokens, D, f))
+        mlp += model.n_shared_experts * (g(tokens, n_in * f / t, D) + g(tokens, D, f / t))
+        mlp += g(tokens, model.n_experts, D)  # router
+    else:
+        f = model.ffn_hidden
+        mlp = g(tokens, n_in * f / t, D) + g(tokens, D, f / t)
+    gemm_fwd = attn_proj + mlp
+    kv_len = seq_len  # every local query attends over the whole (gathered or ring-passed) sequence
+    attn_flop = 2.0 * tokens * kv_len * model.n_heads * (model.qk_head_dim + model.value_head_dim) / t
+    if causal_kernel:
+        attn_flop *= 0.5
+    # blocks of S/cp queries against S/cp keys with ring or all-gather CP; whole sequences otherwise
+    block = seq_len / cp if cp_chunked else seq_len
+    shape = (block / (block + params.attention_half_len)) ** 2
+    attn_fwd = attn_flop / (accel.bf16_flop_per_s * params.attention_efficiency * shape)
+    # Memory-bound elementwise work per token [bytes], bf16: two norms (read+write 2D each, twice),
+    # residual adds (3 x 2D, twice), rotary on q and k, the activation function (read 2F or F, write F).
+    f_local = (model.expert_ffn_hidden * model.top_k if moe else model.ffn_hidden) / t
+    ew_bytes = BF16_BYTES * tokens * (8 * D + 6 * D + 2 * (model.q_dim + model.kv_dim) / t + 3 * f_local)
+    ew_fwd = ew_bytes / (accel.hbm_bytes_per_s * params.memory_efficiency)
+    return LayerTimes(
+        fwd_s=gemm_fwd + attn_fwd + ew_fwd,
+        bwd_input_s=gemm_fwd + 2.5 * attn_fwd + 2 * ew_fwd,
+        bwd_weight_s=gemm_fwd,
+        attention_fwd_s=attn_fwd,
+    )
+
+
+def lm_head_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams, *, tokens: float, tp: int,
+                  precision: str) -> tuple[float, float]:
+    """(forward, backward) time of the LM head GEMM and the cross-entropy loss on the last stage [s]."""
+    fp8 = precision == "fp8" and accel.fp8_flop_per_s is not None
+    peak = accel.fp8_flop_per_s if fp8 else accel.bf16_flop_per_s
+    e_max = params.fp8_gemm_efficiency if fp8 else accel.gemm_efficiency
+    v_local = model.vocab / tp
+    gemm = gemm_time_s(tokens, v_local, model.hidden, peak_flop_per_s=peak, e_max=e_max,
+                       half_dim=params.gemm_half_dim)
+    loss_bytes = tokens * v_local * (2 + 4 + 4 + 4)  # read bf16 logits, fp32 upcast, softmax, gradient
+    loss = loss_bytes / (accel.hbm_bytes_per_s * params.memory_efficiency)
+    return gemm + loss / 2, 2 * gemm + loss / 2
+
+
+def optimizer_step_time_s(*, n_params_local: float, bytes_touched_per_param: float, accel: AcceleratorSpec,
+                          params: ComputeParams) -> float:
+    """Optimizer update, memory-bound [s]: every local parameter's states read and written once."""
+    return n_params_local * bytes_touched_per_param / (accel.hbm_bytes_per_s * params.memory_efficiency)

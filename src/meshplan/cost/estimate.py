@@ -1,0 +1,107 @@
+"""Result types of an evaluation: the communication ledger, memory and the estimate of one plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from meshplan.specs import Plan
+
+
+@dataclass(slots=True)
+class CommEntry:
+    """One kind of collective a step issues on one GPU, all its calls summed.
+
+    ``message_bytes`` is the payload of one call as nccl-tests defines it; ``bytes_per_gpu`` what the
+    GPU sends per step over all calls; ``time_s`` the time of all calls; ``window`` the compute that
+    can hide it ('forward', 'backward', 'first_forward', 'last_backward', 'attention', 'pipeline',
+    or 'none' for collectives on the critical path); ``edge_s`` the part no compute can hide (the
+    first all-gather before any compute, the last reduce-scatter after it).
+    """
+
+    collective: str
+    axis: str
+    purpose: str
+    phase: str
+    count: int
+    message_bytes: float
+    group_size: int
+    link: str
+    bytes_per_gpu: float
+    inter_node_bytes_per_gpu: float
+    time_s: float
+    window: str
+    edge_s: float = 0.0
+    exposed_s: float = 0.0
+
+    @property
+    def overlappable(self) -> bool:
+        return self.window != "none"
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryReport:
+    """Peak memory of the most loaded GPU (pipeline stage ``stage``), by term [bytes, binary GiB shown]."""
+
+    terms: dict[str, float]
+    static_bytes: float
+    activation_bytes: float
+    transient_bytes: float
+    runtime_bytes: float
+    peak_bytes: float
+    capacity_bytes: float
+    stage: int
+
+    @property
+    def headroom_bytes(self) -> float:
+        return self.capacity_bytes - self.peak_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class FlopReport:
+    """FLOPs per step [FLOP]: model FLOPs (MFU convention) and those the hardware executes (HFU)."""
+
+    model_flop_per_step: float
+    hardware_flop_per_step: float
+    model_flop_per_token: float
+    convention: str
+    model_flop_per_step_palm: float
+    model_flop_per_step_causal: float
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """Everything meshplan predicts for one plan. Infeasible plans carry reasons, not exceptions."""
+
+    model: str
+    cluster: str
+    n_gpus: int
+    plan: Plan
+    n_microbatches: int
+    global_batch_tokens: int
+    seq_len: int
+    feasible: bool
+    infeasible_reasons: list[str]
+    memory: MemoryReport
+    flops: FlopReport
+    step_time_s: float
+    time_breakdown: dict[str, float]
+    mfu: float
+    hfu: float
+    comm: list[CommEntry]
+    mode: str = "faithful"
+    notes: list[str] = field(default_factory=list)
+    bubble_fraction: float = 0.0
+    compute_source: str = "kernel model"
+    uncertainty: tuple[float, float] | None = None
+    """Relative band (low, high) on step time from cross-validated residuals, where known."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.global_batch_tokens / self.step_time_s if self.step_time_s > 0 else 0.0
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_s / self.n_gpus
+
+    def comm_time_s(self, *, exposed: bool = False) -> float:
+        return sum(e.exposed_s if exposed else e.time_s for e in self.comm)

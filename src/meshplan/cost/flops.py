@@ -1,0 +1,65 @@
+"""FLOPs per token and per step.
+
+Symbols: S sequence length, L layers, N heads, H head dim, h_q = N·H, D hidden, V vocab.
+
+A multiply-add counts as 2 FLOP. Forward + backward = 3 x forward (backward computes the input and
+the weight gradient, each as costly as the forward).
+
+References
+----------
+[1] A. Chowdhery et al., "PaLM," arXiv:2204.02311, Appendix B: 6N + 12·L·H·Q·T per token (attention
+    counted non-causal), model FLOPs utilisation (MFU) versus hardware FLOPs utilisation (HFU).
+[2] NVIDIA Megatron-LM, training.py::num_floating_point_operations: causal attention at half that.
+"""
+
+from __future__ import annotations
+
+from meshplan.cost.params import ParamCounts
+from meshplan.specs import ModelSpec
+
+
+def matmul_flop_per_token_fwd(counts: ParamCounts) -> float:
+    """Forward FLOPs of every weight matmul a token passes through [FLOP/token].
+
+    .. math:: 2·(N_{active} - N_{embedding} - N_{norms}) + 2·V·D_{head\\ if\\ tied}
+
+    Assumptions: embedding lookups and norms cost no matmul FLOPs; biases are counted as weights
+    (a <0.01 % excess on GPT-3); the LM head counts even when tied to the embedding; routed experts at k/E.
+    """
+    norms = counts.n_dense_layers * counts.norms_per_layer + counts.n_moe_layers * counts.norms_per_layer
+    norms += counts.final_norm
+    matmul_params = counts.active - counts.embedding - norms + counts.lm_head_matmul - counts.lm_head
+    return 2.0 * matmul_params
+
+
+def attention_flop_per_token_fwd(model: ModelSpec, *, seq_len: int, causal: bool) -> float:
+    """Forward FLOPs of the attention core (QKᵀ and A·V) per token, all layers [FLOP/token].
+
+    .. math:: 2·S·N·(H_{qk} + H_v)·L  (= 4·S·h_q·L when H_qk = H_v; halved for causal)
+
+    References: [1] (non-causal), [2] (causal).
+    """
+    per_layer = 2.0 * seq_len * model.n_heads * (model.qk_head_dim + model.value_head_dim)
+    return per_layer * model.n_layers * (0.5 if causal else 1.0)
+
+
+def model_flop_per_token(model: ModelSpec, counts: ParamCounts, *, seq_len: int, causal: bool) -> float:
+    """Model FLOPs per token, forward and backward [FLOP/token]: 6N + 12·L·h_q·S (PaLM) or 6N + 6·L·h_q·S."""
+    return 3.0 * (matmul_flop_per_token_fwd(counts)
+                  + attention_flop_per_token_fwd(model, seq_len=seq_len, causal=causal))
+
+
+def recompute_flop_per_token(model: ModelSpec, counts: ParamCounts, *, seq_len: int, recompute: str,
+                             flash_attention: bool, causal: bool) -> float:
+    """Extra forward FLOPs that activation recomputation executes [FLOP/token] (counted by HFU, not MFU).
+
+    'full' re-runs each block's forward (matmuls of the blocks and attention; the LM head is not
+    checkpointed); 'selective' re-runs the attention core only, which FlashAttention already recomputes
+    in its backward (so 0 extra with FlashAttention, by the convention of [1] and torchtitan).
+    """
+    attn = attention_flop_per_token_fwd(model, seq_len=seq_len, causal=causal)
+    if recompute == "full":
+        return matmul_flop_per_token_fwd(counts) - 2.0 * counts.lm_head_matmul + attn
+    if recompute == "selective" and not flash_attention:
+        return attn
+    return 0.0

@@ -1,0 +1,119 @@
+"""Per-GPU memory: model states, activations, transient buffers, runtime overheads. All [bytes].
+
+Symbols: Ψ parameters a rank's model shard holds before data-parallel sharding (after TP, PP, EP),
+N_d the sharding degree, b micro-batch size, S sequence, T = b·S/cp tokens on a rank, D hidden,
+h_q, h_kv attention widths, F (expert) FFN width, V vocab, t tensor-parallel degree.
+
+References
+----------
+[1] S. Rajbhandari et al., "ZeRO," arXiv:1910.02054, §3.1 and §5.1: 16Ψ mixed-precision Adam
+    (2 + 2 + K, K = 12), ZeRO-1 4Ψ + KΨ/N_d, ZeRO-2 2Ψ + 14Ψ/N_d, ZeRO-3 16Ψ/N_d.
+[2] Megatron-LM theoretical_memory_usage.py and dist_optimizer.md: 18Ψ (bf16 params, fp32 grads,
+    fp32 main params + Adam), distributed optimizer 6Ψ + 12Ψ/d.
+[3] PyTorch FSDP2 (_fully_shard.py, _fsdp_param.py): sharded parameters stay in their original dtype
+    (fp32) and serve as the optimizer's master copy; gradients are reduce-scattered in reduce_dtype;
+    with set_requires_gradient_sync(False) unsharded gradients accumulate in reduce_dtype.
+[4] V. Korthikanti et al., arXiv:2205.05198, Table 2: activation bytes per layer sbh(34 + 5as/h),
+    /t with tensor and sequence parallelism; 2sbh per layer with full recomputation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.specs import ModelSpec
+
+# Optimizer state bytes per parameter, excluding any fp32 master copy (formulas.md §4.1).
+OPTIMIZER_STATE_BYTES = {
+    "adamw": 8.0,               # fp32 m and v [1]
+    "adamw-bf16-moments": 4.0,  # bf16 m and v (DeepSeek-V3 §3.3; Megatron precision-aware optimizer)
+    "adam-8bit": 2.0,           # int8 block-wise m and v (bitsandbytes docs: 75 % less optimizer memory)
+    "sgd-momentum": 4.0,        # fp32 momentum buffer
+    "sgd": 0.0,
+    "adafactor": 0.0,           # factored second moment: 4·(rows+cols) B per matrix, <0.1 %; no momentum
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StateBytes:
+    """Bytes per parameter of each model state, and whether N_d divides it."""
+
+    params: float
+    params_sharded: bool
+    grads: float
+    grads_sharded: bool
+    master: float
+    optimizer: float
+
+
+def state_bytes_per_param(*, sharding: str, optimizer: str, dp_sharded: bool, reduce_dtype_bytes: float
+                          ) -> StateBytes:
+    """Bytes per parameter of parameters, gradients, master weights and optimizer state [bytes/param].
+
+    - 'fsdp' (PyTorch FSDP2 full shard; DDP when not sharded): fp32 params (the master copy), fp32
+      gradients, optimizer state; everything sharded over N_d [3]. 4 + 4 + 8 = 16 with AdamW.
+    - 'zero1'/'zero2'/'zero3' (DeepSpeed bf16): bf16 params and grads, fp32 master, optimizer [1].
+    - 'megatron': bf16 params, fp32 gradient buffer (not sharded), fp32 main params and optimizer
+      state sharded by the distributed optimizer [2]. 18 without sharding.
+    """
+    k = OPTIMIZER_STATE_BYTES[optimizer]
+    if sharding == "fsdp":
+        return StateBytes(4.0, dp_sharded, reduce_dtype_bytes, dp_sharded, 0.0, k)
+    if sharding == "megatron":
+        return StateBytes(2.0, False, 4.0, False, 4.0, k)
+    stage = int(sharding[-1])
+    return StateBytes(2.0, stage >= 3, 2.0, stage >= 2, 4.0, k)
+
+
+def model_state_bytes(*, n_params: float, shard_degree: int, state: StateBytes) -> dict[str, float]:
+    """Model states of ``n_params`` parameters sharded ``shard_degree`` ways, by term [bytes]."""
+    d = float(shard_degree)
+    return {
+        "params": n_params * state.params / (d if state.params_sharded else 1.0),
+        "grads": n_params * state.grads / (d if state.grads_sharded else 1.0),
+        "master_params": n_params * state.master / d,
+        "optimizer_state": n_params * state.optimizer / d,
+    }
+
+
+def layer_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: int, sp: bool,
+                                     flash_attention: bool, seq_len: int, moe_tokens_factor: float = 0.0,
+                                     moe_ffn_hidden: int = 0, n_shared: int = 0) -> float:
+    """Activation bytes one layer saves for backward, per token on the rank, no recompute [bytes/token].
+
+    .. math:: 8D/t_{sp} + (4h_q + 4h_{kv} + 6F)/t  + 2·N·S/t\\ (no\\ FlashAttention)
+
+    Generalises [4] Table 2 to GQA and SwiGLU (formulas.md §3.8): norm inputs 4D, QKV and MLP inputs 2D
+    each (all replicated unless sequence-parallel), Q, K, V and attention output 2 bytes each, gated MLP
+    6F (4F for GeLU). No dropout (Llama-style); bf16 activations. Without FlashAttention the softmax
+    output (2·N·S bytes per token) is stored too.
+    For an MoE layer, ``moe_tokens_factor`` = k·capacity·imbalance expert-token copies per token, each
+    storing 6F_e (gated) plus its dispatched input and combined output (2D each); shared experts store
+    6F_e per token each.
+    """
+    D = model.hidden
+    t = float(tp)
+    replicated = 8.0 * D
+    attn = 2.0 * model.n_heads * model.qk_head_dim + 2.0 * model.n_kv_heads * model.qk_head_dim
+    attn += 2.0 * model.n_kv_heads * model.value_head_dim + 2.0 * model.n_heads * model.value_head_dim
+    if model.is_mla:  # MLA also stores its compressed latents (q and kv) for the up-projections
+        attn += 2.0 * (model.q_lora_rank + model.kv_lora_rank)
+    act_per_f = 6.0 if model.gated_mlp else 4.0
+    mlp = act_per_f * ffn_hidden
+    if moe_tokens_factor:
+        mlp = moe_tokens_factor * (act_per_f * moe_ffn_hidden + 4.0 * D) + n_shared * act_per_f * moe_ffn_hidden
+    sharded = attn + mlp
+    if not flash_attention:
+        sharded += 2.0 * model.n_heads * seq_len
+    return (replicated / t if sp else replicated) + sharded / t
+
+
+def full_recompute_bytes_per_token(*, hidden: int, tp: int, sp: bool) -> float:
+    """Bytes per token per layer kept under full recomputation: the layer input, 2D (/t with SP) [4]."""
+    return 2.0 * hidden / (tp if sp else 1)
+
+
+def logits_bytes_per_token(*, vocab: int, tp: int) -> float:
+    """Loss working set per token on the last stage [bytes/token]: bf16 logits (2V), their fp32 upcast
+    for cross-entropy (4V) and its gradient (4V), vocab-parallel over t. Assumes no fused or chunked loss."""
+    return 10.0 * vocab / tp

@@ -1,0 +1,68 @@
+"""Where each mesh axis's process groups sit on the cluster, and so which link they run on.
+
+Ranks are laid out innermost axis first (tp, cp, dp_shard, dp_replicate, pp; torchtitan's order), so a
+group of axis ``a`` has ranks ``base + i·stride(a)`` with stride = product of the inner degrees.
+A group is intra-node when all its ranks fit in one node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.specs import ClusterSpec, Plan
+
+INTRA_NODE = "intra_node"
+INTER_NODE = "inter_node"
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """One process group of an axis: its size and how it spreads over nodes."""
+
+    axis: str
+    size: int
+    ranks_per_node: int
+    """Ranks of the group in each node it touches (r)."""
+
+    @property
+    def n_nodes(self) -> int:
+        return max(1, self.size // self.ranks_per_node)
+
+    @property
+    def link(self) -> str:
+        return INTRA_NODE if self.n_nodes == 1 else INTER_NODE
+
+
+def group(axis: str, size: int, stride: int, gpus_per_node: int) -> Group:
+    """Group of ``size`` ranks spaced ``stride`` apart on nodes of ``gpus_per_node`` GPUs."""
+    if size <= 1:
+        return Group(axis, 1, 1)
+    if stride * size <= gpus_per_node:
+        return Group(axis, size, size)
+    per_node = max(1, gpus_per_node // stride) if stride < gpus_per_node else 1
+    return Group(axis, size, min(size, per_node))
+
+
+def axis_groups(plan: Plan, cluster: ClusterSpec) -> dict[str, Group]:
+    """Groups of every axis, plus the combined ones the implementations use:
+
+    - 'dp_shard' is the FSDP / ZeRO / distributed-optimizer group: dp_shard·cp ranks (torchtitan's
+      dp_shard_cp mesh; Megatron shards the optimizer over DP·CP);
+    - 'ep' is ep consecutive ranks; 'edp' is expert data parallel, the rest of tp·cp·dp.
+    """
+    g = cluster.gpus_per_node
+    tp, cp, ds, dr, pp = plan.tp, plan.cp, plan.dp_shard, plan.dp_replicate, plan.pp
+    out = {
+        "tp": group("tp", tp, 1, g),
+        "cp": group("cp", cp, tp, g),
+        "dp_shard": group("dp_shard", ds * cp, tp, g),
+        "dp_replicate": group("dp_replicate", dr, tp * cp * ds, g),
+        "pp": group("pp", pp, tp * cp * ds * dr, g),
+        "ep": group("ep", plan.ep, 1, g),
+    }
+    expert_world = tp * cp * ds
+    if plan.ep > 1 and expert_world % plan.ep == 0:
+        out["edp"] = group("edp", expert_world // plan.ep, plan.ep, g)
+    else:
+        out["edp"] = out["dp_shard"]
+    return out

@@ -1,0 +1,68 @@
+"""Pipeline schedules: stage layout, bubble time and in-flight micro-batches.
+
+Symbols: p pipeline stages, m micro-batches per step, v model chunks per rank (interleaving),
+t_F, t_B, t_W forward, input-gradient and weight-gradient time of one micro-batch on one stage
+(full backward t_B + t_W).
+
+References
+----------
+[1] D. Narayanan et al., SC'21, arXiv:2104.04473, §2.2: 1F1B bubble (p-1)(t_F + t_B,full); interleaved
+    divides it by v and multiplies point-to-point traffic by v.
+[2] P. Qi et al., "Zero Bubble Pipeline Parallelism," ICLR 2024: ZB-H1 bubble (p-1)(t_F + t_B - t_W)
+    at the activation memory of 1F1B; ZB-V (two chunks per rank, V-shape) near zero bubble at the same
+    memory when t_F = t_B = t_W, in general (p-1)·max(0, t_F + t_B - 2·t_W).
+[3] V. Korthikanti et al., arXiv:2205.05198, §4.2.3: the first 1F1B stage holds p micro-batches in
+    flight; interleaving multiplies it by (1 + (p-1)/(p·v)).
+"""
+
+from __future__ import annotations
+
+from meshplan.specs import ModelSpec
+
+
+def stage_layers(model: ModelSpec, pp: int) -> list[tuple[int, int]]:
+    """(dense layers, MoE layers) on each stage; the remainder goes to the first stages, and the
+    leading dense layers of an MoE model are taken in order."""
+    base, extra = divmod(model.n_layers, pp)
+    out: list[tuple[int, int]] = []
+    start = 0
+    dense_end = model.n_layers - model.n_moe_layers
+    for s in range(pp):
+        n = base + (1 if s < extra else 0)
+        dense = max(0, min(start + n, dense_end) - start)
+        out.append((dense, n - dense))
+        start += n
+    return out
+
+
+def in_flight_microbatches(*, schedule: str, pp: int, m: int, vpp: int, stage: int) -> float:
+    """Micro-batches whose activations stage ``stage`` holds at its peak [micro-batches of its layers] [3]."""
+    if pp == 1:
+        return 1.0
+    if schedule == "gpipe":
+        return float(m)
+    held = float(min(m, pp - stage))
+    if schedule == "interleaved":
+        held = min(float(m), held * (1.0 + (pp - 1) / (pp * vpp)))
+    return held
+
+
+def bubble_time_s(*, schedule: str, pp: int, vpp: int, t_f_s: float, t_b_s: float, t_w_s: float) -> float:
+    """Idle time of a pipeline rank per step [s] ([1], [2]). t_b_s is the input-gradient part of the
+    backward, t_w_s the weight-gradient part."""
+    if pp == 1:
+        return 0.0
+    full = t_f_s + t_b_s + t_w_s
+    if schedule in ("gpipe", "1f1b"):
+        return (pp - 1) * full
+    if schedule == "interleaved":
+        return (pp - 1) * full / vpp
+    if schedule == "zb-h1":
+        return (pp - 1) * max(0.0, t_f_s + t_b_s - t_w_s)
+    return (pp - 1) * max(0.0, t_f_s + t_b_s - 2.0 * t_w_s)  # zb-v
+
+
+def bubble_fraction(*, schedule: str, pp: int, m: int, vpp: int) -> float:
+    """Bubble as a fraction of the step's wall time for t_F = t_B = t_W: (p-1)/(m+p-1) for 1F1B."""
+    bubble = bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, t_f_s=1.0, t_b_s=1.0, t_w_s=1.0)
+    return bubble / (bubble + 3.0 * m)

@@ -1,0 +1,59 @@
+"""Structural checks of a plan against the model and the cluster. Violations raise SpecError naming the
+field and what is allowed: these plans cannot be built at all (as opposed to plans that run out of
+memory, which are estimates with ``feasible=False``)."""
+
+from __future__ import annotations
+
+from meshplan.errors import SpecError
+from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan) -> None:
+    n = cluster.n_gpus
+    if plan.world_size != n:
+        raise SpecError("plan", f"degrees dp_replicate={plan.dp_replicate} x dp_shard={plan.dp_shard} x "
+                                f"cp={plan.cp} x tp={plan.tp} x pp={plan.pp} = {plan.world_size}, but the cluster "
+                                f"has {n} GPUs ({cluster.n_nodes} nodes x {cluster.gpus_per_node})")
+    if model.n_heads % plan.tp:
+        raise SpecError("plan.tp", f"must divide n_heads={model.n_heads} of {model.name}; allowed: "
+                                   f"{_divisors(model.n_heads)}")
+    if not model.is_mla and model.n_kv_heads % plan.tp:
+        raise SpecError("plan.tp", f"must divide n_kv_heads={model.n_kv_heads} of {model.name}; allowed: "
+                                   f"{_divisors(model.n_kv_heads)}")
+    if plan.cp > 1:
+        if job.seq_len % (2 * plan.cp):
+            raise SpecError("plan.cp", f"2·cp must divide seq_len={job.seq_len} (load-balanced causal "
+                                       f"chunks); got cp={plan.cp}")
+        if plan.cp_impl == "a2a":
+            heads, kv = model.n_heads // plan.tp, (model.n_kv_heads // plan.tp if not model.is_mla else 0)
+            if heads % plan.cp or (kv and kv % plan.cp):
+                raise SpecError("plan.cp", f"Ulysses all-to-all needs cp to divide the heads per TP rank "
+                                           f"({heads} query, {kv} KV); got cp={plan.cp}")
+    if plan.pp > model.n_layers:
+        raise SpecError("plan.pp", f"{plan.pp} stages for {model.n_layers} layers; allowed: 1..{model.n_layers}")
+    chunks = plan.pp * plan.model_chunks
+    if plan.model_chunks > 1 and model.n_layers % chunks:
+        raise SpecError("plan.vpp", f"n_layers={model.n_layers} must divide into pp x chunks = {plan.pp} x "
+                                    f"{plan.model_chunks}")
+    if plan.ep > 1:
+        if not model.is_moe:
+            raise SpecError("plan.ep", f"{model.name} is dense; expert parallelism needs an MoE model")
+        if model.n_experts % plan.ep:
+            raise SpecError("plan.ep", f"must divide n_experts={model.n_experts}; allowed: "
+                                       f"{_divisors(model.n_experts)}")
+        folded = plan.tp * plan.cp * plan.dp_shard
+        if folded % plan.ep:
+            raise SpecError("plan.ep", f"must divide tp x cp x dp_shard = {folded} (experts fold onto those "
+                                       f"ranks); got {plan.ep}")
+    if plan.pp > 1 and plan.sharding in ("zero2", "zero3"):
+        raise SpecError("plan.sharding", "DeepSpeed's pipeline engine supports ZeRO-1 only; with pp > 1 use "
+                                         "zero1, megatron or fsdp")
+    raf = plan.reshard_after_forward
+    if not isinstance(raf, bool) and plan.shard_degree % raf:
+        raise SpecError("plan.reshard_after_forward", f"must divide dp_shard x cp = {plan.shard_degree}")
+    if plan.sharding != "fsdp" and raf is not True:
+        raise SpecError("plan.reshard_after_forward", "is an FSDP2 option; use sharding=fsdp")

@@ -1,0 +1,281 @@
+"""Explanations built from estimates: why a plan wins, what the others lack, what to measure first,
+and the worked example's four questions answered for any scenario. Pure data; report/ renders it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from meshplan.cost.estimate import Estimate
+from meshplan.cost.simplified import evaluate_simplified
+from meshplan.cost.step import evaluate
+from meshplan.errors import SpecError
+from meshplan.search.conditions import Condition, find_conditions
+from meshplan.search.search import SearchResult, search
+from meshplan.search.space import Space, family
+from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
+from meshplan.units import GB, format_gb, format_gib, format_seconds
+
+FAMILY_NAMES = {"ddp": "DDP", "fsdp": "FSDP full shard", "hsdp": "HSDP", "tp": "TP x data parallel",
+                "pp": "pipeline", "cp": "context parallel", "ep": "expert parallel"}
+
+
+def dominant_terms(est: Estimate, n: int = 3) -> list[tuple[str, float]]:
+    """The largest terms of the step-time breakdown [s], largest first."""
+    return sorted(((k, v) for k, v in est.time_breakdown.items() if v > 0), key=lambda kv: -kv[1])[:n]
+
+
+def binding_resource(est: Estimate) -> str:
+    """One line: what limits this plan (compute, a link, the bubble, or memory)."""
+    terms = dominant_terms(est, 5)
+    step = est.step_time_s
+    comp = est.time_breakdown.get("compute", 0.0) + est.time_breakdown.get("recompute", 0.0)
+    exposed = sum(v for k, v in est.time_breakdown.items() if k.startswith("exposed"))
+    parts = [f"compute {comp / step:.0%} of the step"]
+    if est.time_breakdown.get("recompute", 0.0) > 0:
+        parts.append(f"of which recomputation {est.time_breakdown['recompute'] / step:.0%}")
+    if exposed > 0.005 * step:
+        worst = max((kv for kv in terms if kv[0].startswith("exposed")), key=lambda kv: kv[1], default=None)
+        parts.append(f"exposed communication {exposed / step:.0%}" + (f" (mostly {worst[0][8:]})" if worst else ""))
+    if est.time_breakdown.get("pipeline bubble", 0.0) > 0.005 * step:
+        parts.append(f"pipeline bubble {est.time_breakdown['pipeline bubble'] / step:.0%}")
+    parts.append(f"memory {format_gib(est.memory.peak_bytes)} of {format_gib(est.memory.capacity_bytes)}")
+    return "; ".join(parts)
+
+
+def why_not(est: Estimate, best: Estimate) -> str:
+    """One line with numbers: what a losing plan lacks against the best."""
+    if not est.feasible:
+        return est.infeasible_reasons[0]
+    gap = est.step_time_s / best.step_time_s - 1.0
+    diffs = []
+    for key in set(est.time_breakdown) | set(best.time_breakdown):
+        d = est.time_breakdown.get(key, 0.0) - best.time_breakdown.get(key, 0.0)
+        diffs.append((d, key))
+    d, key = max(diffs)
+    return (f"{gap:+.1%} step time ({format_seconds(est.step_time_s)} vs {format_seconds(best.step_time_s)}); "
+            f"most of the gap is {key} (+{format_seconds(d)})")
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    what: str
+    why: str
+
+
+def measure_first(best: Estimate, conditions: list[Condition]) -> list[Measurement]:
+    """What to measure first on the real cluster, and what each result would change."""
+    out = [Measurement(
+        "tokens/s and MFU of the recommended plan on a few steps",
+        f"the prediction is {best.tokens_per_s_per_gpu:,.0f} tokens/s per GPU (MFU {best.mfu:.1%}, "
+        f"{best.compute_source}); a lower measured MFU with the same exposed communication points at kernel "
+        "efficiency, which scales every plan alike and rarely changes the ranking")]
+    comm = sorted(best.comm, key=lambda e: -e.time_s)
+    if comm:
+        top = comm[0]
+        slack = ""
+        if top.overlappable and top.time_s > 0:
+            hidden = top.time_s - top.exposed_s
+            slack = (f"; {format_seconds(hidden)} of its {format_seconds(top.time_s)} per step is hidden behind "
+                     f"{top.window} compute")
+        bw = [c for c in conditions if c.condition == "inter_node_bandwidth" and c.direction == "below"]
+        change = (f"; if it is below the equivalent of {bw[0].value:.3g} GB/s per GPU, {bw[0].plan} becomes best"
+                  if bw and top.link == "inter_node" else "")
+        out.append(Measurement(
+            f"{top.collective} bus bandwidth on the {top.axis} group ({top.group_size} GPUs, {top.link}) at "
+            f"{format_gb(top.message_bytes)} messages (meshplan measure collectives)",
+            f"it is the largest collective of the step: {format_gb(top.bytes_per_gpu)} per GPU{slack}{change}"))
+    out.append(Measurement(
+        "a profiler trace of one step: exposed NCCL time per collective and the per-rank step-time spread",
+        f"the model predicts {format_seconds(best.comm_time_s(exposed=True))} of exposed communication per step; "
+        "a spread between ranks above a few percent means stragglers (a slow node or NIC) that no plan fixes"))
+    out.append(Measurement(
+        "peak memory per rank (torch.cuda.max_memory_allocated)",
+        f"predicted {format_gib(best.memory.peak_bytes)} of {format_gib(best.memory.capacity_bytes)}; with more "
+        "headroom a larger micro-batch or less recomputation would be faster"))
+    return out
+
+
+@dataclass(slots=True)
+class Question:
+    title: str
+    lines: list[str] = field(default_factory=list)
+    estimates: dict[str, Estimate] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class PlanAnalysis:
+    """The answer to a planning question: the search, the recommendation and its reasons."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    job: JobSpec
+    result: SearchResult
+    conditions: list[Condition]
+    measurements: list[Measurement]
+    questions: list[Question]
+    mode: str
+    simplified: dict[str, Estimate] = field(default_factory=dict)
+
+
+def _try(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, mfu: float | None) -> Estimate | None:
+    try:
+        return evaluate(model, cluster, job, plan, mfu=mfu)
+    except SpecError:
+        return None
+
+
+def _fsdp_traffic(est: Estimate) -> tuple[float, float, float, float]:
+    """(bytes per GPU, inter-node bytes per GPU, time, exposed) of the data-parallel collectives."""
+    dp = [e for e in est.comm if e.axis in ("dp_shard", "dp_replicate", "edp")]
+    return (sum(e.bytes_per_gpu for e in dp), sum(e.inter_node_bytes_per_gpu for e in dp),
+            sum(e.time_s for e in dp), sum(e.exposed_s for e in dp))
+
+
+def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Space | None = None,
+            mfu: float | None = None, with_conditions: bool = True, progress=None) -> PlanAnalysis:
+    """Search, recommend, and answer the worked example's four questions for this scenario."""
+    space = space or Space()
+    result = search(model, cluster, job, space, mfu=mfu, progress=progress)
+    n, g = cluster.n_gpus, cluster.gpus_per_node
+    best = result.recommended
+    questions: list[Question] = []
+    simple_mfu = mfu if mfu is not None else 0.4
+    simplified: dict[str, Estimate] = {}
+
+    # Q1: memory
+    q1 = Question("Memory: can DDP fit, and what does full sharding leave?")
+    ddp = _try(model, cluster, job, Plan(dp_replicate=n), mfu)
+    full = _try(model, cluster, job, Plan(dp_shard=n), mfu)
+    if ddp:
+        q1.estimates["ddp"] = ddp
+        simplified["ddp"] = evaluate_simplified(model, cluster, job, Plan(dp_replicate=n), mfu=simple_mfu)
+        verdict = "does not fit" if not ddp.feasible else "fits"
+        q1.lines.append(f"DDP (a full replica per GPU) {verdict}: model states alone are "
+                        f"{format_gib(ddp.memory.static_bytes)} per GPU against {format_gib(ddp.memory.capacity_bytes)}"
+                        f" (simplified: 16 B x parameters = {simplified['ddp'].memory.static_bytes / GB:,.0f} GB).")
+    if full:
+        q1.estimates["fsdp"] = full
+        simplified["fsdp"] = evaluate_simplified(model, cluster, job, Plan(dp_shard=n), mfu=simple_mfu)
+        t = full.memory.terms
+        q1.lines.append(
+            f"Fully sharded over {n} GPUs: model states {format_gib(full.memory.static_bytes)} per GPU "
+            f"(simplified: {simplified['fsdp'].memory.static_bytes / GB:.1f} GB); with "
+            f"micro-batch {full.plan.mbs} and recompute={full.plan.recompute}, activations add "
+            f"{format_gib(full.memory.activation_bytes)}, transient buffers (gathered FSDP units, logits) "
+            f"{format_gib(full.memory.transient_bytes)} and runtime overheads {format_gib(full.memory.runtime_bytes)}"
+            f": peak {format_gib(full.memory.peak_bytes)} of {format_gib(full.memory.capacity_bytes)}.")
+        if full.plan.recompute != "none":
+            bare = _try(model, cluster, job, Plan(dp_shard=n, mbs=1, recompute="none"), mfu)
+            if bare is not None and not bare.feasible:
+                q1.lines.append(
+                    f"Without recomputation even one sequence per micro-batch needs "
+                    f"{format_gib(bare.memory.activation_bytes)} of activations (peak "
+                    f"{format_gib(bare.memory.peak_bytes)}): activation checkpointing is required, and it costs "
+                    f"{full.time_breakdown.get('recompute', 0.0) / full.step_time_s:.0%} of the step.")
+    questions.append(q1)
+
+    # Q2: FSDP step time and traffic
+    q2 = Question("Step time and FSDP communication: is it hidden?")
+    if full:
+        s = simplified["fsdp"]
+        s_bytes = sum(e.bytes_per_gpu for e in s.comm)
+        s_time = sum(e.time_s for e in s.comm)
+        q2.lines.append(f"Simplified: {s.flops.model_flop_per_step:.3g} FLOPs per step, "
+                        f"{format_seconds(s.step_time_s)} "
+                        f"at {simple_mfu:.0%} MFU; FSDP moves {format_gb(s_bytes)} per GPU, "
+                        f"{format_seconds(s_time)} at {cluster.inter.nic_bytes_per_s / GB:.0f} GB/s.")
+        b, inter, t, exp = _fsdp_traffic(full)
+        q2.lines.append(
+            f"Predicted ({full.compute_source}): {full.flops.model_flop_per_step:.3g} model FLOPs "
+            f"({full.flops.convention} convention), step {format_seconds(full.step_time_s)}, MFU {full.mfu:.1%}; "
+            f"FSDP sends {format_gb(b)} per GPU per step over {full.n_microbatches} micro-batches, of which "
+            f"{format_gb(inter)} crosses the NIC; {format_seconds(t)} of collectives, "
+            f"{format_seconds(exp)} exposed ({(1 - exp / t) if t else 1:.0%} hidden).")
+        q2.lines.append(
+            "Why the figures differ: each micro-batch re-gathers every unit (FSDP2 reshards after forward and "
+            "after backward), gradients are reduce-scattered in fp32 (reduce_dtype), the exact parameter count "
+            "is used, and a ring across nodes drives every NIC of a node at once, so each GPU's NIC carries only "
+            "its share of the traffic.")
+        small = replace(job, global_batch_tokens=max(job.seq_len * n, job.global_batch_tokens // 4))
+        e_small = _try(model, cluster, small, Plan(dp_shard=n), mfu)
+        if e_small:
+            q2.estimates["fsdp_quarter_batch"] = e_small
+            s_small = evaluate_simplified(model, cluster, small, Plan(dp_shard=n), mfu=simple_mfu)
+            simplified["fsdp_quarter_batch"] = s_small
+            _, _, t2, exp2 = _fsdp_traffic(e_small)
+            q2.lines.append(
+                f"At a {small.global_batch_tokens:,}-token batch: simplified step "
+                f"{format_seconds(s_small.step_time_s)} "
+                f"with the same {format_seconds(s_time)} of traffic; predicted step "
+                f"{format_seconds(e_small.step_time_s)}, {format_seconds(t2)} of FSDP collectives, "
+                f"{format_seconds(exp2)} exposed.")
+        q2.estimates["fsdp"] = full
+    questions.append(q2)
+
+    # Q3: the TP x DP alternative
+    q3 = Question(f"The 2-D alternative: TP={g} inside each node x data parallel across nodes")
+    if n % g == 0 and model.n_heads % g == 0 and (model.is_mla or model.n_kv_heads % g == 0) and n > g:
+        tp_plan = Plan(tp=g, dp_shard=n // g)
+        tp = _try(model, cluster, job, tp_plan, mfu)
+        if tp:
+            q3.estimates["tp"] = tp
+            s = evaluate_simplified(model, cluster, job, tp_plan, mfu=simple_mfu)
+            simplified["tp"] = s
+            for axis in dict.fromkeys(e.axis for e in s.comm):
+                es = [e for e in s.comm if e.axis == axis]
+                extra = (f"; {format_gb(es[0].message_bytes)} per all-reduce, "
+                         f"{format_gb(es[0].bytes_per_gpu / es[0].count)} sent per GPU per all-reduce"
+                         if axis == "tp" else "")
+                q3.lines.append(f"Simplified {axis} ({es[0].link}): {format_gb(sum(e.bytes_per_gpu for e in es))} per "
+                                f"GPU, {format_seconds(sum(e.time_s for e in es))}{extra}")
+            by_axis: dict[tuple[str, str], list] = {}
+            for e in tp.comm:
+                by_axis.setdefault((e.axis, e.link), []).append(e)
+            for (axis, link), es in by_axis.items():
+                q3.lines.append(
+                    f"Predicted {axis} ({link}, {es[0].group_size} GPUs): "
+                    f"{format_gb(sum(e.bytes_per_gpu for e in es))} per "
+                    f"GPU in {sum(e.count for e in es):,} calls, {format_seconds(sum(e.time_s for e in es))}, "
+                    f"{format_seconds(sum(e.exposed_s for e in es))} exposed.")
+            q3.lines.append(f"Step {format_seconds(tp.step_time_s)} (MFU {tp.mfu:.1%}) against "
+                            f"{format_seconds(full.step_time_s) if full else 'n/a'} for full sharding; "
+                            + ("feasible." if tp.feasible else "infeasible: " + "; ".join(tp.infeasible_reasons)))
+    else:
+        q3.lines.append(f"TP={g} does not divide this model's heads or the GPU count; not applicable.")
+    questions.append(q3)
+
+    # Q4: recommendation
+    q4 = Question("Recommendation, what to measure first, and when to change it")
+    conditions: list[Condition] = []
+    if best is None:
+        q4.lines.append("No plan in the searched space fits; the closest is: "
+                        + (result.ranked[0].infeasible_reasons[0] if result.ranked else "no plan enumerated"))
+    else:
+        q4.estimates["recommended"] = best
+        q4.lines.append(f"Recommended: {best.plan.label()} ({best.plan.to_string()}): step "
+                        f"{format_seconds(best.step_time_s)}, MFU {best.mfu:.1%}, "
+                        f"{best.tokens_per_s_per_gpu:,.0f} tokens/s per GPU.")
+        q4.lines.append("Why: " + binding_resource(best) + ".")
+        runner = next((e for e in result.feasible[1:]), None)
+        if runner:
+            q4.lines.append(f"Runner-up: {runner.plan.label()} ({runner.plan.to_string()}), "
+                            f"{runner.step_time_s / best.step_time_s - 1:+.1%}.")
+        for fam, e in result.best_by_family().items():
+            if e is best or family(best.plan) == fam:
+                continue
+            q4.lines.append(f"Best {FAMILY_NAMES[fam]} plan {e.plan.label()}: {why_not(e, best)}.")
+        faster = [e for e in result.feasible if e.step_time_s < best.step_time_s]
+        if faster:
+            q4.lines.append(f"{len(faster)} plan(s) predict up to "
+                            f"{1 - min(e.step_time_s for e in faster) / best.step_time_s:.1%} less step time but fall "
+                            "within the 1 % tie band, where the simpler plan (fewer axes, fewer options) and more "
+                            "memory headroom win.")
+        if with_conditions:
+            def best_of(m: ModelSpec, c: ClusterSpec, j: JobSpec) -> Estimate | None:
+                return search(m, c, j, space, mfu=mfu).recommended
+
+            conditions = find_conditions(model, cluster, job, best, best_of, mfu=mfu)
+    measurements = measure_first(best, conditions) if best else []
+    questions.append(q4)
+    return PlanAnalysis(model=model, cluster=cluster, job=job, result=result, conditions=conditions,
+                        measurements=measurements, questions=questions, mode="faithful", simplified=simplified)

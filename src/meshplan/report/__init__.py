@@ -1,0 +1,1 @@
+"""Reports: the only place (with the CLI) that formats numbers for people."""

@@ -1,0 +1,111 @@
+"""Plain-text reports. Memory in binary GiB, traffic in decimal GB, times in s/ms."""
+
+from __future__ import annotations
+
+from meshplan.cost.estimate import Estimate
+from meshplan.explain import PlanAnalysis, binding_resource
+from meshplan.units import format_gb, format_gib, format_seconds
+
+
+def _table(rows: list[list[str]], header: list[str]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
+    out = [line, "  ".join("-" * w for w in widths)]
+    for r in rows:
+        out.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
+    return out
+
+
+def comm_table(est: Estimate) -> list[str]:
+    rows = [[e.collective, e.axis, e.link, str(e.group_size), f"{e.count:,}", format_gb(e.message_bytes),
+             format_gb(e.bytes_per_gpu), format_seconds(e.time_s), format_seconds(e.exposed_s),
+             "yes" if e.overlappable else "no", e.purpose] for e in est.comm]
+    return _table(rows, ["collective", "axis", "link", "n", "calls", "message", "per GPU", "time", "exposed",
+                         "overlap", "what"])
+
+
+def memory_lines(est: Estimate) -> list[str]:
+    m = est.memory
+    out = [f"memory per GPU (stage {m.stage}, binary GiB): peak {format_gib(m.peak_bytes)} of "
+           f"{format_gib(m.capacity_bytes)} ({m.peak_bytes / m.capacity_bytes:.0%})"]
+    for k, v in m.terms.items():
+        if v > 0:
+            out.append(f"  {k:<32} {format_gib(v):>12}")
+    return out
+
+
+def estimate_text(est: Estimate) -> str:
+    p = est.plan
+    lines = [f"meshplan evaluate: {est.model} on {est.cluster} x {est.n_gpus} GPUs, "
+             f"{est.global_batch_tokens:,} tokens per step, sequence {est.seq_len} ({est.mode} mode)",
+             f"plan: {p.label()}  [{p.to_string()}]  micro-batches per step: {est.n_microbatches}",
+             "feasible: " + ("yes" if est.feasible else "NO"), *(f"  - {r}" for r in est.infeasible_reasons), ""]
+    lines += memory_lines(est)
+    lines += ["", f"FLOPs per step: {est.flops.model_flop_per_step:.4g} model ({est.flops.convention}), "
+                  f"{est.flops.hardware_flop_per_step:.4g} executed (with recomputation)"]
+    if est.step_time_s == est.step_time_s:
+        lines.append(f"step time {format_seconds(est.step_time_s)}  MFU {est.mfu:.1%}  HFU {est.hfu:.1%}  "
+                     f"{est.tokens_per_s_per_gpu:,.0f} tokens/s per GPU  ({est.compute_source})")
+        if est.uncertainty:
+            lo, hi = est.uncertainty
+            lines.append(f"  step-time band from validation residuals: {lo:+.0%} .. {hi:+.0%}")
+        lines.append("time breakdown (sums to the step):")
+        for k, v in est.time_breakdown.items():
+            if v > 0:
+                lines.append(f"  {k:<40} {format_seconds(v):>10}  {v / est.step_time_s:6.1%}")
+        if est.mode == "faithful":
+            lines.append("limited by: " + binding_resource(est))
+    if est.comm:
+        lines += ["", "communication per step (bytes: decimal GB; 'per GPU' = sent by one GPU, all calls):"]
+        lines += comm_table(est)
+    lines += [f"note: {n}" for n in est.notes]
+    return "\n".join(lines)
+
+
+def ranked_table(estimates: list[Estimate], top: int) -> list[str]:
+    rows = []
+    for i, e in enumerate(estimates[:top], 1):
+        exposed = e.comm_time_s(exposed=True)
+        p = e.plan
+        opts = [p.sharding] if p.shard_degree > 1 else []
+        if p.pp > 1:
+            opts.append(p.schedule + (f"/v{p.vpp}" if p.vpp > 1 else ""))
+        rows.append([str(i), p.label(), ",".join(opts), f"mbs={p.mbs},{p.recompute}", str(e.n_microbatches),
+                     format_seconds(e.step_time_s) if e.step_time_s == e.step_time_s else "-",
+                     f"{e.mfu:.1%}" if e.mfu == e.mfu else "-", format_seconds(exposed),
+                     format_gib(e.memory.peak_bytes), "yes" if e.feasible else "no",
+                     "" if e.feasible else e.infeasible_reasons[0][:70]])
+    return _table(rows, ["#", "plan", "options", "micro-batch", "m", "step", "MFU", "exposed comm", "peak mem", "fits",
+                         "why not"])
+
+
+def plan_text(a: PlanAnalysis, *, top: int = 10) -> str:
+    r = a.result
+    lines = [f"meshplan plan: {a.model.name} on {a.cluster.name}, {a.cluster.n_nodes} nodes x "
+             f"{a.cluster.gpus_per_node} GPUs, {a.job.global_batch_tokens:,} tokens per step, sequence "
+             f"{a.job.seq_len}, {a.job.optimizer}, {a.job.precision}",
+             f"searched {r.n_plans:,} plans ({r.n_configurations:,} configurations with micro-batch sizes and "
+             f"recompute modes) in {r.elapsed_s:.2f} s; {len(r.feasible):,} fit in memory", ""]
+    for i, q in enumerate(a.questions, 1):
+        lines.append(f"{i}. {q.title}")
+        lines += [f"   {line}" for line in q.lines]
+        if i == 4:
+            if a.measurements:
+                lines.append("   Measure first:")
+                lines += [f"   - {m.what}: {m.why}" for m in a.measurements]
+            if a.conditions:
+                lines.append("   When to change the plan (computed by re-running the search):")
+                lines += [f"   - {c.text}" for c in a.conditions]
+            elif a.result.recommended is not None:
+                lines.append("   The recommendation holds over every condition swept (batch /8..x8, inter-node "
+                             "bandwidth /8..x8, GPUs /8..x8, sequence length, depth).")
+        lines.append("")
+    lines.append(f"Top {min(top, len(r.ranked))} of {len(r.ranked)} plans (infeasible plans are listed with reasons "
+                 "in --json):")
+    lines += ranked_table(r.ranked, top)
+    infeasible = [e for e in r.ranked if not e.feasible]
+    if infeasible:
+        lines += ["", f"{len(infeasible)} plans do not fit; for example:"]
+        for e in infeasible[:3]:
+            lines.append(f"  {e.plan.label()}: {e.infeasible_reasons[0]}")
+    return "\n".join(lines)

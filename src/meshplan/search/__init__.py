@@ -1,0 +1,1 @@
+"""Enumerate plans, evaluate them, rank them, and find where the best plan changes."""

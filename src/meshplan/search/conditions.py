@@ -1,0 +1,164 @@
+"""Conditions of change: for the recommended plan, vary one condition at a time and find where a
+different plan becomes best, by walking a geometric grid and bisecting between the last value where
+the recommendation holds and the first where it does not. Every point is a full search."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from meshplan.cost.estimate import Estimate
+from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
+from meshplan.units import GB, format_tokens
+
+SearchFn = Callable[[ModelSpec, ClusterSpec, JobSpec], Estimate | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    condition: str
+    """'batch_tokens', 'inter_node_bandwidth', 'gpus', 'seq_len' or 'model_layers'."""
+    direction: str
+    """'below' or 'above' the threshold the other plan wins."""
+    value: float
+    """First value (in the condition's unit) at which ``plan`` is best."""
+    last_same_value: float
+    """Last value checked at which the recommendation still holds."""
+    unit: str
+    base_value: float
+    plan: str
+    plan_string: str
+    speedup: float
+    """Step time of the recommendation over the new plan's, at ``value``."""
+    text: str
+
+
+def structural_key(plan: Plan) -> str:
+    """A plan without its micro-batch size and recompute mode (those follow from memory)."""
+    return replace(plan, mbs=None, recompute=None).to_string()
+
+
+@dataclass(frozen=True, slots=True)
+class _Knob:
+    name: str
+    unit: str
+    base: float
+    apply: Callable[[float], tuple[ModelSpec, ClusterSpec, JobSpec] | None]
+    integer: bool
+    fmt: Callable[[float], str]
+    continuous: bool
+
+
+def _knobs(model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> list[_Knob]:
+    def batch(v: float) -> tuple[ModelSpec, ClusterSpec, JobSpec] | None:
+        seqs = int(v) // job.seq_len
+        return None if seqs < 1 else (model, cluster, replace(job, global_batch_tokens=seqs * job.seq_len))
+
+    def bandwidth(v: float) -> tuple[ModelSpec, ClusterSpec, JobSpec]:
+        return model, replace(cluster, inter=replace(cluster.inter, nic_bytes_per_s=v * GB)), job
+
+    def gpus(v: float) -> tuple[ModelSpec, ClusterSpec, JobSpec] | None:
+        nodes = round(v / cluster.gpus_per_node)
+        return None if nodes < 1 else (model, replace(cluster, n_nodes=nodes), job)
+
+    def seq(v: float) -> tuple[ModelSpec, ClusterSpec, JobSpec] | None:
+        s = int(v)
+        if s < 128 or job.global_batch_tokens % s:
+            return None
+        return model, cluster, replace(job, seq_len=s)
+
+    def layers(v: float) -> tuple[ModelSpec, ClusterSpec, JobSpec] | None:
+        n = int(v)
+        if n < 1 or n <= model.n_dense_layers:
+            return None
+        return replace(model, n_layers=n, nominal_params=None), cluster, job
+
+    return [
+        _Knob("batch_tokens", "tokens per step", job.global_batch_tokens, batch, True,
+              lambda v: f"{format_tokens(v)} tokens per step", True),
+        _Knob("inter_node_bandwidth", "GB/s per GPU", cluster.inter.nic_bytes_per_s / GB, bandwidth, False,
+              lambda v: f"{v:.3g} GB/s of inter-node bandwidth per GPU", True),
+        _Knob("gpus", "GPUs", cluster.n_gpus, gpus, True, lambda v: f"{int(v)} GPUs", False),
+        _Knob("seq_len", "tokens", job.seq_len, seq, True, lambda v: f"sequence length {int(v)}", False),
+        _Knob("model_layers", "layers", model.n_layers, layers, True,
+              lambda v: f"{int(v)} layers (model size x{v / model.n_layers:.2g})", False),
+    ]
+
+
+def find_conditions(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, recommended: Estimate,
+                    search_best: SearchFn, *, steps: int = 3, bisections: int = 4,
+                    only: tuple[str, ...] | None = None, mfu: float | None = None) -> list[Condition]:
+    """Thresholds, one per condition and direction where the recommendation changes within ``steps``
+    doublings (halvings) of the condition. ``search_best`` runs the search and returns its best plan."""
+    base_key = structural_key(recommended.plan)
+    out: list[Condition] = []
+    for knob in _knobs(model, cluster, job):
+        if only and knob.name not in only:
+            continue
+        for direction, factor in (("below", 0.5), ("above", 2.0)):
+            cond = _walk(knob, direction, factor, base_key, recommended, search_best, steps, bisections, mfu)
+            if cond:
+                out.append(cond)
+    return out
+
+
+def _walk(knob: _Knob, direction: str, factor: float, base_key: str, base: Estimate, search_best: SearchFn,
+          steps: int, bisections: int, mfu: float | None) -> Condition | None:
+    def best_at(v: float) -> Estimate | None:
+        scenario = knob.apply(v)
+        return None if scenario is None else search_best(*scenario)
+
+    same = knob.base
+    for i in range(1, steps + 1):
+        v = knob.base * factor**i
+        if knob.integer:
+            v = float(round(v))
+        other = best_at(v)
+        if other is None:
+            return None
+        if structural_key(other.plan) == base_key:
+            same = v
+            continue
+        lo, hi = same, v
+        if knob.continuous:
+            for _ in range(bisections):
+                mid = math.sqrt(lo * hi)
+                if knob.integer:
+                    mid = float(round(mid))
+                    if mid in (lo, hi):
+                        break
+                cand = best_at(mid)
+                if cand is None:
+                    break
+                if structural_key(cand.plan) == base_key:
+                    lo = mid
+                else:
+                    hi, other = mid, cand
+        base_then = _evaluate_at(knob, hi, base, mfu)
+        speedup = (base_then.step_time_s / other.step_time_s) if (base_then and base_then.feasible) else float("inf")
+        gain = "the recommendation no longer fits" if math.isinf(speedup) else f"{speedup:.2f}x faster"
+        text = (f"{direction} {knob.fmt(hi)}" if knob.continuous else f"at {knob.fmt(hi)}")
+        text += f", {other.plan.label()} is best ({gain})"
+        return Condition(condition=knob.name, direction=direction, value=hi, last_same_value=lo, unit=knob.unit,
+                         base_value=knob.base, plan=other.plan.label(), plan_string=structural_key(other.plan),
+                         speedup=speedup, text=text)
+    return None
+
+
+def _evaluate_at(knob: _Knob, value: float, base: Estimate, mfu: float | None) -> Estimate | None:
+    """The recommended plan itself, re-evaluated at ``value`` (None where it cannot be built there)."""
+    from meshplan.cost.step import evaluate
+    from meshplan.errors import SpecError
+
+    scenario = knob.apply(value)
+    if scenario is None:
+        return None
+    model, cluster, job = scenario
+    plan = replace(base.plan, mbs=None, recompute=None)
+    if plan.world_size != cluster.n_gpus:
+        return None
+    try:
+        return evaluate(model, cluster, job, plan, mfu=mfu)
+    except SpecError:
+        return None

@@ -1,0 +1,107 @@
+"""Accelerator, node links and cluster specs. All rates in bytes/s or FLOP/s, per direction, per GPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from meshplan.errors import SpecError
+from meshplan.specs._validate import fraction, one_of, positive_int, positive_number
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AcceleratorSpec:
+    """One GPU: dense peaks (no sparsity), HBM, and the best measured GEMM efficiency."""
+
+    name: str
+    description: str
+    bf16_flop_per_s: float
+    """Dense BF16 tensor-core peak."""
+    fp8_flop_per_s: float | None
+    """Dense FP8 peak, None where the part has no FP8."""
+    hbm_capacity_bytes: float
+    hbm_bytes_per_s: float
+    gemm_efficiency: float
+    """Best-shape BF16 matmul throughput over peak (maximum achievable matmul FLOPS)."""
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        positive_number(f"accelerator[{self.name}].bf16_flop_per_s", self.bf16_flop_per_s)
+        if self.fp8_flop_per_s is not None:
+            positive_number(f"accelerator[{self.name}].fp8_flop_per_s", self.fp8_flop_per_s)
+        positive_number(f"accelerator[{self.name}].hbm_capacity_bytes", self.hbm_capacity_bytes)
+        positive_number(f"accelerator[{self.name}].hbm_bytes_per_s", self.hbm_bytes_per_s)
+        fraction(f"accelerator[{self.name}].gemm_efficiency", self.gemm_efficiency)
+
+    def peak_flop_per_s(self, precision: str) -> float:
+        """Dense peak for the compute precision ('bf16' or 'fp8')."""
+        if precision == "fp8":
+            if self.fp8_flop_per_s is None:
+                raise SpecError("job.precision", f"{self.name} has no FP8 tensor cores; use bf16")
+            return self.fp8_flop_per_s
+        return self.bf16_flop_per_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IntraNodeLink:
+    """The scale-up fabric inside a node (NVLink through NVSwitch, or AMD xGMI point-to-point)."""
+
+    kind: str
+    """'nvswitch' (any GPU reaches any other at full rate) or 'xgmi' (point-to-point mesh)."""
+    link_bytes_per_s: float
+    """Spec bandwidth per GPU per direction (for 'xgmi': per peer link)."""
+    ring_busbw_bytes_per_s: float
+    """Measured large-message ring bus bandwidth (nccl-tests busbw) for all the node's GPUs."""
+    nvls_busbw_bytes_per_s: float | None = None
+    """Measured NVLink-SHARP all-reduce busbw; None where NVLS does not exist."""
+    nvls_min_gpus: int = 5
+    """Smallest group NCCL runs NVLS on (formulas.md §1.4)."""
+    p2p_bytes_per_s: float = 0.0
+    """Measured unidirectional point-to-point copy bandwidth (send/recv)."""
+    latency_s: float = 20e-6
+    """Per-collective latency inside a node (alpha)."""
+    half_size_bytes: float = 8 * 2**20
+    """Message size at which a collective reaches half of its bus bandwidth."""
+
+    def __post_init__(self) -> None:
+        one_of("cluster.intra.kind", self.kind, ("nvswitch", "xgmi"))
+        positive_number("cluster.intra.link_bytes_per_s", self.link_bytes_per_s)
+        positive_number("cluster.intra.ring_busbw_bytes_per_s", self.ring_busbw_bytes_per_s)
+        positive_number("cluster.intra.latency_s", self.latency_s)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InterNodeLink:
+    """The scale-out network: one NIC per GPU (InfiniBand, RoCE, EFA)."""
+
+    nic_bytes_per_s: float
+    """Spec NIC bandwidth per GPU per direction (400 Gb/s NDR = 50e9)."""
+    efficiency: float = 0.92
+    """Fraction of the NIC rate NCCL reaches on large messages."""
+    latency_s: float = 40e-6
+    half_size_bytes: float = 64 * 2**20
+
+    def __post_init__(self) -> None:
+        positive_number("cluster.inter.nic_bytes_per_s", self.nic_bytes_per_s)
+        fraction("cluster.inter.efficiency", self.efficiency)
+        positive_number("cluster.inter.latency_s", self.latency_s)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    """n_nodes identical nodes of gpus_per_node accelerators."""
+
+    name: str
+    accelerator: AcceleratorSpec
+    n_nodes: int
+    gpus_per_node: int
+    intra: IntraNodeLink
+    inter: InterNodeLink
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        positive_int("cluster.nodes", self.n_nodes)
+        positive_int("cluster.gpus_per_node", self.gpus_per_node)
+
+    @property
+    def n_gpus(self) -> int:
+        return self.n_nodes * self.gpus_per_node

@@ -1,0 +1,73 @@
+"""Training job: batch, sequence, optimizer, precision, FLOP convention, runtime overheads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.errors import SpecError
+from meshplan.specs._validate import fraction, one_of, positive_int, positive_number
+from meshplan.units import GiB
+
+OPTIMIZERS = ("adamw", "adamw-bf16-moments", "adam-8bit", "sgd-momentum", "sgd", "adafactor")
+PRECISIONS = ("bf16", "fp8")
+FLOP_CONVENTIONS = ("palm", "causal")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeOverheads:
+    """Memory outside the model's tensors, reported as its own terms. All [bytes] except the fraction."""
+
+    cuda_context_bytes: float = 0.5 * GiB
+    """CUDA context with lazy module loading: ~300-400 MB (pytorch#107667); 0.5 GiB stated."""
+    nccl_bytes_per_group: float = 0.25 * GiB
+    """NCCL channel buffers per process group a rank belongs to (heuristic: 0.5-2 GB for several
+    groups, formulas.md §4.2; nccl#864)."""
+    allocator_fraction: float = 0.05
+    """Caching-allocator fragmentation and workspace, as a fraction of the tensor peak (heuristic,
+    formulas.md §4.2: max(5 %, 2 GB) suggested)."""
+
+    def __post_init__(self) -> None:
+        if self.cuda_context_bytes < 0 or self.nccl_bytes_per_group < 0:
+            raise SpecError("job.runtime", "overheads must be non-negative")
+        fraction("job.runtime.allocator_fraction", self.allocator_fraction, allow_zero=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSpec:
+    """What is trained and how: batch per optimizer step, sequence, optimizer, precision."""
+
+    global_batch_tokens: int
+    """Tokens per optimizer step (summed over all data-parallel replicas)."""
+    seq_len: int
+    """S, tokens per sequence."""
+    optimizer: str = "adamw"
+    precision: str = "bf16"
+    """Compute precision of the GEMMs: 'bf16' or 'fp8' (FP8 linears, BF16 elsewhere)."""
+    reduce_dtype_bytes: float = 4.0
+    """Bytes per element of gradient reduction (FSDP2 MixedPrecisionPolicy.reduce_dtype; fp32 = 4)."""
+    flash_attention: bool = True
+    flop_convention: str = "palm"
+    """Attention FLOPs for MFU: 'palm' (non-causal, 12·L·h_q·S per token) or 'causal' (half)."""
+    moe_capacity_factor: float = 1.0
+    """Tokens an expert processes relative to a perfectly balanced share (1.0: dropless, balanced)."""
+    moe_routing_imbalance: float = 1.0
+    """Busiest expert-parallel rank's tokens over the mean (1.0: balanced; heuristic 1.1-1.5 unmeasured)."""
+    runtime: RuntimeOverheads = RuntimeOverheads()
+
+    def __post_init__(self) -> None:
+        positive_int("job.global_batch_tokens", self.global_batch_tokens)
+        positive_int("job.seq_len", self.seq_len)
+        one_of("job.optimizer", self.optimizer, OPTIMIZERS)
+        one_of("job.precision", self.precision, PRECISIONS)
+        one_of("job.flop_convention", self.flop_convention, FLOP_CONVENTIONS)
+        positive_number("job.reduce_dtype_bytes", self.reduce_dtype_bytes)
+        positive_number("job.moe_capacity_factor", self.moe_capacity_factor)
+        if self.moe_routing_imbalance < 1.0:
+            raise SpecError("job.moe_routing_imbalance", f"must be >= 1.0, got {self.moe_routing_imbalance}")
+        if self.global_batch_tokens % self.seq_len:
+            raise SpecError("job.global_batch_tokens",
+                            f"must be a multiple of seq_len={self.seq_len}; got {self.global_batch_tokens}")
+
+    @property
+    def global_batch_seqs(self) -> int:
+        return self.global_batch_tokens // self.seq_len

@@ -1,0 +1,127 @@
+"""Transformer architecture spec.
+
+Symbols (docs/notation.md): L layers, D = ``hidden``, N heads, K KV heads, H head dim,
+F = ``ffn_hidden``, V vocab, E experts, k = ``top_k``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.errors import SpecError
+from meshplan.specs._validate import non_negative_int, one_of, positive_int, positive_number
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer (Llama / GPT style), dense or mixture-of-experts."""
+
+    name: str
+    n_layers: int
+    """L, transformer blocks."""
+    hidden: int
+    """D, model width."""
+    n_heads: int
+    """N, query heads."""
+    n_kv_heads: int
+    """K, key/value heads (K = N for multi-head, K < N for grouped-query attention)."""
+    ffn_hidden: int
+    """F, intermediate size of a dense MLP."""
+    vocab: int
+    """V, vocabulary size."""
+    gated_mlp: bool = True
+    """SwiGLU-style MLP with three matrices (gate, up, down); False: two-matrix GeLU MLP."""
+    tied_embeddings: bool = False
+    """The LM head reuses the input embedding matrix."""
+    head_dim: int | None = None
+    """H; defaults to hidden / n_heads."""
+    norm: str = "rmsnorm"
+    """'rmsnorm' (weight only) or 'layernorm' (weight and bias)."""
+    linear_bias: bool = False
+    """Biases on the attention and MLP projections (GPT-2/3 style)."""
+    learned_pos_emb: int = 0
+    """Rows of a learned absolute position embedding (0 for rotary)."""
+    n_experts: int = 0
+    """E, routed experts per MoE layer (0: dense model)."""
+    top_k: int = 0
+    """k, experts each token is routed to."""
+    expert_ffn_hidden: int = 0
+    """Intermediate size of one expert's MLP."""
+    n_shared_experts: int = 0
+    """Experts every token passes through (DeepSeek style), each of size expert_ffn_hidden."""
+    n_dense_layers: int = 0
+    """Leading layers with a dense MLP in an MoE model (DeepSeek-V3: 3)."""
+    q_lora_rank: int = 0
+    """Multi-head latent attention (MLA): rank of the query down-projection (0: no query compression)."""
+    kv_lora_rank: int = 0
+    """MLA: rank of the joint key/value compression; 0 means ordinary (grouped-query) attention."""
+    qk_rope_head_dim: int = 0
+    """MLA: per-head rotary part of queries and keys, added to head_dim (the non-rotary part)."""
+    v_head_dim: int = 0
+    """MLA: per-head value width (0: head_dim)."""
+    nominal_params: float | None = None
+    """The parameter count the model is known by, if it differs from the exact count."""
+    source: str = ""
+    """Where the architecture comes from."""
+
+    def __post_init__(self) -> None:
+        for f in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab"):
+            positive_int(f"model.{f}", getattr(self, f))
+        for f in ("learned_pos_emb", "n_experts", "top_k", "expert_ffn_hidden", "n_shared_experts",
+                  "n_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+            non_negative_int(f"model.{f}", getattr(self, f))
+        one_of("model.norm", self.norm, ("rmsnorm", "layernorm"))
+        if self.head_dim is not None:
+            positive_int("model.head_dim", self.head_dim)
+        elif self.hidden % self.n_heads:
+            raise SpecError("model.n_heads", f"must divide hidden={self.hidden} (or give head_dim); "
+                                             f"got {self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise SpecError("model.n_kv_heads", f"must divide n_heads={self.n_heads}; got {self.n_kv_heads}")
+        if self.n_experts:
+            if not 1 <= self.top_k <= self.n_experts:
+                raise SpecError("model.top_k", f"must be in 1..n_experts={self.n_experts} for an MoE model; "
+                                               f"got {self.top_k}")
+            positive_int("model.expert_ffn_hidden", self.expert_ffn_hidden)
+            if self.n_dense_layers >= self.n_layers:
+                raise SpecError("model.n_dense_layers", f"must be below n_layers={self.n_layers}")
+        elif self.top_k or self.n_shared_experts:
+            raise SpecError("model.n_experts", "top_k and shared experts need n_experts > 0")
+        if self.nominal_params is not None:
+            positive_number("model.nominal_params", self.nominal_params)
+
+    @property
+    def d_head(self) -> int:
+        """H, per-head width."""
+        return self.head_dim if self.head_dim is not None else self.hidden // self.n_heads
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one head's query and key (MLA: non-rotary plus rotary part)."""
+        return self.d_head + (self.qk_rope_head_dim if self.is_mla else 0)
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.v_head_dim or self.d_head
+
+    @property
+    def q_dim(self) -> int:
+        """h_q = N·H, width of the attention output (the input of the output projection)."""
+        return self.n_heads * self.value_head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """h_kv = K·H, width of each of the key and value projections."""
+        return self.n_kv_heads * self.d_head
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    @property
+    def n_moe_layers(self) -> int:
+        return self.n_layers - self.n_dense_layers if self.is_moe else 0

@@ -1,0 +1,220 @@
+"""The parallelism plan: degrees of each mesh axis and the options of each parallelism.
+
+Mesh axes, outermost to innermost (torchtitan's order, `ParallelDims`): pp, dp_replicate, dp_shard,
+cp, tp. Inner axes get consecutive ranks, so an inner axis stays inside a node when it fits.
+The world size is dp_replicate·dp_shard·cp·tp·pp. Expert parallelism folds onto the same ranks:
+expert layers use ep consecutive ranks of the tp·cp·dp ranks of a pipeline stage (Megatron's
+parallel folding with expert-TP = 1); expert weights are data-parallel over the remaining
+tp·cp·dp/ep ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from meshplan.errors import SpecError
+from meshplan.specs._validate import one_of, positive_int
+
+DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")
+RECOMPUTE = ("none", "selective", "full")
+SHARDING = ("fsdp", "zero1", "zero2", "zero3", "megatron")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
+CP_IMPLS = ("ring", "a2a", "allgather")
+GRAD_SYNC = ("every", "last")
+
+# What a plan string may say, and what each key means; aliases on the right.
+_ALIASES = {"fsdp": "dp_shard", "ddp": "dp_replicate", "dp": "dp_replicate", "vp": "vpp",
+            "micro_batch_size": "mbs", "ac": "recompute"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """A parallel layout and its options. Degrees of 1 switch a parallelism off."""
+
+    dp_replicate: int = 1
+    """Replicas that all-reduce gradients (DDP; the replicate axis of HSDP)."""
+    dp_shard: int = 1
+    """Ranks that shard parameters, gradients and optimizer state (FSDP / ZeRO)."""
+    cp: int = 1
+    """Context parallel: ranks that split each sequence."""
+    tp: int = 1
+    """Tensor parallel (Megatron column/row split of every block)."""
+    pp: int = 1
+    """Pipeline stages."""
+    ep: int = 1
+    """Expert parallel: ranks that split the experts of an MoE layer."""
+    mbs: int | None = None
+    """Micro-batch size in sequences; None: the largest that fits in memory."""
+    recompute: str | None = None
+    """Activation recomputation: 'none', 'selective' (attention core), 'full' (whole block);
+    None: the least that fits."""
+    sharding: str = "fsdp"
+    """Semantics of the dp_shard axis: 'fsdp' (PyTorch FSDP2 fully_shard), 'zero1'/'zero2'/'zero3'
+    (DeepSpeed), 'megatron' (Megatron-LM distributed optimizer)."""
+    reshard_after_forward: bool | int = True
+    """FSDP2: free gathered parameters after forward (True), keep them (False), or keep a shard of
+    this many ranks (an int, e.g. the node size) so the backward all-gather stays small."""
+    grad_sync: str | None = None
+    """'every': reduce gradients after every micro-batch; 'last': only after the last (DDP no_sync,
+    FSDP2 set_requires_gradient_sync(False), which holds unsharded gradients). None: what each
+    implementation does by default: 'every' for FSDP2 and ZeRO-2/3, 'last' for DDP, ZeRO-1 and
+    Megatron's gradient buffer."""
+    sp: bool | None = None
+    """Megatron sequence parallelism on the tp axis; None: on whenever tp > 1."""
+    schedule: str = "1f1b"
+    """Pipeline schedule: 'gpipe', '1f1b', 'interleaved', 'zb-h1', 'zb-v'."""
+    vpp: int = 1
+    """Virtual stages (model chunks) per pipeline rank for 'interleaved'."""
+    cp_impl: str = "ring"
+    """Context parallel exchange: 'ring' (p2p KV passes), 'allgather' (KV all-gather) or 'a2a'
+    (Ulysses all-to-all)."""
+    async_tp: bool = False
+    """Overlap TP/SP collectives with the GEMMs they feed (micro-pipelined async-TP)."""
+
+    def __post_init__(self) -> None:
+        for d in DEGREES:
+            positive_int(f"plan.{d}", getattr(self, d))
+        positive_int("plan.vpp", self.vpp)
+        if self.mbs is not None:
+            positive_int("plan.mbs", self.mbs)
+        if self.recompute is not None:
+            one_of("plan.recompute", self.recompute, RECOMPUTE)
+        one_of("plan.sharding", self.sharding, SHARDING)
+        one_of("plan.schedule", self.schedule, SCHEDULES)
+        one_of("plan.cp_impl", self.cp_impl, CP_IMPLS)
+        if self.grad_sync is not None:
+            one_of("plan.grad_sync", self.grad_sync, GRAD_SYNC)
+        raf = self.reshard_after_forward
+        if not isinstance(raf, bool):
+            positive_int("plan.reshard_after_forward", raf)
+        if self.vpp > 1 and self.schedule != "interleaved":
+            raise SpecError("plan.vpp", f"virtual stages need schedule=interleaved; got schedule={self.schedule}")
+        if self.schedule == "interleaved" and self.pp > 1 and self.vpp < 2:
+            raise SpecError("plan.vpp", "schedule=interleaved needs vpp >= 2")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.cp * self.tp * self.pp
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel replicas of the batch: dp_replicate·dp_shard."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.tp > 1 and (self.sp is None or self.sp)
+
+    @property
+    def shard_degree(self) -> int:
+        """Ranks that shard dense model states: dp_shard·cp (torchtitan's dp_shard_cp mesh)."""
+        return self.dp_shard * self.cp
+
+    @property
+    def effective_grad_sync(self) -> str:
+        if self.grad_sync is not None:
+            return self.grad_sync
+        if self.sharding in ("zero1", "megatron"):
+            return "last"
+        if self.sharding == "fsdp" and self.shard_degree == 1:
+            return "last"  # DDP with no_sync()
+        return "every"
+
+    @property
+    def model_chunks(self) -> int:
+        """Model chunks per pipeline rank: vpp for interleaved, 2 for ZB-V, else 1."""
+        if self.schedule == "zb-v":
+            return 2
+        return self.vpp if self.schedule == "interleaved" else 1
+
+    def label(self) -> str:
+        """Short human name, e.g. 'TP=8 x FSDP=8' or 'HSDP 8x8'."""
+        parts = []
+        if self.pp > 1:
+            parts.append(f"PP={self.pp}")
+        if self.tp > 1:
+            parts.append(f"TP={self.tp}")
+        if self.cp > 1:
+            parts.append(f"CP={self.cp}")
+        if self.ep > 1:
+            parts.append(f"EP={self.ep}")
+        shard_name = "FSDP" if self.sharding == "fsdp" else self.sharding.upper()
+        if self.dp_replicate > 1 and self.dp_shard > 1:
+            parts.append(f"HSDP={self.dp_replicate}x{self.dp_shard}")
+        elif self.dp_shard > 1:
+            parts.append(f"{shard_name}={self.dp_shard}")
+        elif self.dp_replicate > 1:
+            parts.append(f"DDP={self.dp_replicate}")
+        return " x ".join(parts) if parts else "single GPU"
+
+    def to_string(self) -> str:
+        """The plan string that parses back to this plan (non-default fields only)."""
+        out = []
+        default = Plan()
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v != getattr(default, f.name):
+                out.append(f"{f.name}={str(v).lower() if isinstance(v, bool) else v}")
+        return ",".join(out) or "dp_replicate=1"
+
+
+def _parse_value(key: str, raw: str) -> object:
+    ftype = {f.name: f.type for f in fields(Plan)}[key]
+    low = raw.strip().lower()
+    if key == "reshard_after_forward":
+        if low in ("true", "false"):
+            return low == "true"
+        return _int(key, raw)
+    if "bool" in str(ftype):
+        if low in ("true", "1", "yes", "on"):
+            return True
+        if low in ("false", "0", "no", "off"):
+            return False
+        raise SpecError(f"plan.{key}", f"must be true or false; got {raw!r}")
+    if "int" in str(ftype):
+        return _int(key, raw)
+    return low
+
+
+def _int(key: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise SpecError(f"plan.{key}", f"must be an integer; got {raw!r}") from None
+
+
+def parse_plan(text: str, world_size: int | None = None) -> Plan:
+    """Parse 'tp=8,dp_shard=8,mbs=1,recompute=full'. One degree may be -1: it takes what is left of
+    ``world_size``. Unknown keys and malformed items raise SpecError listing what is allowed."""
+    allowed = [f.name for f in fields(Plan)]
+    values: dict[str, object] = {}
+    if not text or not text.strip():
+        raise SpecError("plan", "is empty; write e.g. 'dp_shard=64' or 'tp=8,dp_shard=8'")
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        if "=" not in item:
+            raise SpecError("plan", f"item {item.strip()!r} is not key=value; keys: {', '.join(allowed)}")
+        key, raw = (s.strip() for s in item.split("=", 1))
+        key = _ALIASES.get(key.lower(), key.lower())
+        if key not in allowed:
+            raise SpecError("plan", f"unknown key {key!r}; allowed: {', '.join(allowed)}")
+        if key in values:
+            raise SpecError(f"plan.{key}", "given twice")
+        values[key] = _parse_value(key, raw)
+    fill = [k for k in DEGREES if values.get(k) == -1]
+    if fill:
+        if len(fill) > 1 or world_size is None:
+            raise SpecError("plan", "at most one degree may be -1, and only when the GPU count is known")
+        rest = 1
+        for k in DEGREES:
+            if k != "ep" and k not in fill:
+                rest *= int(values.get(k, 1))  # type: ignore[arg-type]
+        if world_size % rest:
+            raise SpecError(f"plan.{fill[0]}", f"cannot fill: {world_size} GPUs is not a multiple of {rest}")
+        values[fill[0]] = world_size // rest
+    return Plan(**values)  # type: ignore[arg-type]
+
+
+def with_degrees(plan: Plan, **degrees: int) -> Plan:
+    return replace(plan, **degrees)

@@ -1,0 +1,73 @@
+"""Unit constants and the only formatting helpers for numbers shown to a user.
+
+Inside meshplan every quantity is in base units: bytes, seconds, FLOP, FLOP/s, bytes/s, tokens.
+Conversion happens only at the edges: the catalog loader (input) and the report (output).
+
+Convention (formulas.md §0):
+- memory capacities and footprints are binary: GiB = 2**30 bytes;
+- bandwidth and traffic are decimal: GB = 10**9 bytes, GB/s per direction, per GPU.
+"""
+
+from __future__ import annotations
+
+KiB = 2**10
+MiB = 2**20
+GiB = 2**30
+
+KB = 10**3
+MB = 10**6
+GB = 10**9
+TB = 10**12
+
+TERA = 10**12
+PETA = 10**15
+MICRO = 1e-6
+
+Bytes = float
+Seconds = float
+Flop = float
+
+
+def format_gib(n_bytes: float) -> str:
+    """Memory footprint in binary GiB, e.g. ``'17.5 GiB'``."""
+    return f"{n_bytes / GiB:.1f} GiB"
+
+
+def format_gb(n_bytes: float) -> str:
+    """Traffic in decimal units (GB or TB), e.g. ``'413 GB'``."""
+    if abs(n_bytes) >= TB:
+        return f"{n_bytes / TB:.2f} TB"
+    if abs(n_bytes) >= GB:
+        return f"{n_bytes / GB:.3g} GB"
+    return f"{n_bytes / MB:.3g} MB"
+
+
+def format_seconds(t_s: float) -> str:
+    if t_s >= 1.0:
+        return f"{t_s:.2f} s"
+    if t_s >= 1e-3:
+        return f"{t_s * 1e3:.1f} ms"
+    return f"{t_s * 1e6:.0f} us"
+
+
+def format_tokens(n: float) -> str:
+    """Token counts as a user writes them: 4194304 -> '4M', 1572864 -> '1.5M'."""
+    for div, suffix in ((2**30, "G"), (2**20, "M"), (2**10, "K")):
+        if n >= div:
+            v = n / div
+            return f"{v:.3g}{suffix}"
+    return f"{n:.0f}"
+
+
+def parse_size(text: str) -> int:
+    """Parse '4M', '512K', '4194304', '1.5M' (binary multiples, as token batches are quoted)."""
+    t = text.strip().upper()
+    mult = 1
+    for suffix, m in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if t.endswith(suffix):
+            mult, t = m, t[:-1]
+            break
+    value = float(t) * mult
+    if value != int(value):
+        raise ValueError(f"{text!r} is not a whole number")
+    return int(value)

@@ -1,0 +1,116 @@
+"""The command line, in-process: the issue's commands, JSON schema fields, and bad input."""
+
+import json
+
+import pytest
+
+from meshplan.cli import main
+
+BASE = ["--model", "seed-70b", "--cluster", "h100-sxm", "--nodes", "8", "--gpus-per-node", "8",
+        "--batch-tokens", "4194304"]
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("plan", ["dp_shard=64", "dp_shard=8,tp=8", "dp_replicate=64", "dp_replicate=8,dp_shard=8"])
+def test_evaluate_json(capsys, plan):
+    code, out, _ = run(capsys, "evaluate", *BASE, "--plan", plan, "--json")
+    assert code == 0
+    d = json.loads(out)
+    for key in ("feasible", "infeasible_reasons", "plan", "memory", "flops_per_step", "step_time_s", "mfu", "comm"):
+        assert key in d
+    for key in ("static_bytes", "activation_bytes", "peak_bytes", "capacity_bytes"):
+        assert key in d["memory"]
+    for key in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "mbs", "n_microbatches", "recompute"):
+        assert key in d["plan"]
+    for e in d["comm"]:
+        assert {"collective", "axis", "link", "bytes_per_gpu", "time_s", "exposed_s"} <= set(e)
+        assert e["link"] in ("intra_node", "inter_node")
+    if plan == "dp_replicate=64":
+        assert d["feasible"] is False
+        assert "GiB" in d["infeasible_reasons"][0]
+
+
+def test_evaluate_worked_example_assumptions(capsys):
+    code, out, _ = run(capsys, "evaluate", *BASE, "--plan", "dp_shard=64", "--assumptions", "worked-example",
+                       "--mfu", "0.4", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["mode"] == "worked-example"
+    assert d["step_time_s"] == pytest.approx(69.6, rel=5e-3)
+
+
+def test_evaluate_text(capsys):
+    code, out, _ = run(capsys, "evaluate", *BASE, "--plan", "tp=8,dp_shard=8")
+    assert code == 0 and "communication per step" in out and "intra_node" in out
+
+
+def test_plan_overrides_json(capsys):
+    code, out, _ = run(capsys, "plan", "--space", "dp-tp", "--nodes", "4", "--inter-node-bandwidth", "25",
+                       "--batch-tokens", "2M", "--seq-len", "2048", "--json", "--no-conditions")
+    d = json.loads(out)
+    assert code == 0
+    assert d["scenario"]["n_gpus"] == 32 and d["scenario"]["global_batch_tokens"] == 2 * 2**20
+    assert d["recommended"]["feasible"] is True
+
+
+def test_catalog(capsys):
+    code, out, _ = run(capsys, "catalog")
+    assert code == 0
+    for name in ("h100-sxm", "h200", "a100-40gb", "a100-80gb", "b200", "mi300x", "llama-2-7b", "llama-2-13b",
+                 "llama-2-70b", "llama-3-8b", "llama-3-70b", "llama-3.1-405b", "gpt3-175b", "seed-70b",
+                 "mixtral-8x7b", "deepseek-v3"):
+        assert name in out
+
+
+@pytest.mark.parametrize(("argv", "field"), [
+    (["evaluate", "--model", "gpt5", "--plan", "dp_shard=64"], "model"),
+    (["evaluate", "--cluster", "tpu-v9", "--plan", "dp_shard=64"], "cluster"),
+    (["evaluate", "--plan", "dp_shard=63"], "plan"),
+    (["evaluate", "--plan", "tp=3,dp_shard=21,dp_replicate=1"], "plan"),
+    (["evaluate", "--plan", "tp=16,dp_shard=4"], "plan.tp"),
+    (["evaluate", "--plan", "dp_shard=sixty"], "plan.dp_shard"),
+    (["evaluate", "--plan", "dp_shard"], "plan"),
+    (["evaluate", "--plan", "frobnicate=2"], "plan"),
+    (["evaluate", "--plan", "dp_shard=64,ep=2"], "plan.ep"),
+    (["evaluate", "--plan", "pp=64,dp_shard=1,tp=1", "--model", "llama-2-7b"], "plan.pp"),
+    (["evaluate", "--plan", "dp_shard=64", "--model", "missing.toml"], "model"),
+    (["evaluate", "--plan", "dp_shard=64", "--seq-len", "1000"], "job.global_batch_tokens"),
+])
+def test_bad_input_exits_2_with_one_line(capsys, argv, field):
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert err.startswith("meshplan: error:") and field in err
+    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["evaluate", "--plan", "dp_shard=64", "--nodes", "0"],
+                                  ["evaluate", "--plan", "dp_shard=64", "--batch-tokens", "-5"],
+                                  ["evaluate", "--plan", "dp_shard=64", "--mfu", "1.5"]])
+def test_bad_numbers_exit_2(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_malformed_spec_file(capsys, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("n_layers = [oops")
+    code, _, err = run(capsys, "evaluate", "--model", str(bad), "--plan", "dp_shard=64")
+    assert code == 2 and "malformed TOML" in err
+    extra = tmp_path / "extra.toml"
+    extra.write_text('name="x"\nn_layers=2\nhidden=64\nn_heads=4\nn_kv_heads=4\nffn_hidden=128\nvocab=100\nwings=2\n')
+    code, _, err = run(capsys, "evaluate", "--model", str(extra), "--plan", "dp_shard=64")
+    assert code == 2 and "wings" in err
+
+
+def test_model_spec_file(capsys, tmp_path):
+    f = tmp_path / "tiny.toml"
+    f.write_text('name="tiny"\nn_layers=4\nhidden=512\nn_heads=8\nn_kv_heads=8\nffn_hidden=2048\nvocab=32000\n')
+    code, out, _ = run(capsys, "evaluate", "--model", str(f), "--plan", "dp_shard=64", "--json")
+    assert code == 0 and json.loads(out)["model"] == "tiny"

@@ -1,0 +1,51 @@
+"""Memory formulas against published examples."""
+
+import pytest
+
+from meshplan import load_model
+from meshplan.cost import memory as mem
+
+
+@pytest.mark.parametrize(("stage", "expected_gb"), [(None, 120.0), ("zero1", 31.4), ("zero2", 16.6),
+                                                     ("zero3", 1.9)])
+def test_zero_paper_7_5b_on_64(stage, expected_gb):
+    """Rajbhandari et al. 2020, Figure 1 / §5: Ψ = 7.5B, N_d = 64: 120, 31.4, 16.6, 1.9 GB."""
+    sharding = stage or "zero1"
+    state = mem.state_bytes_per_param(sharding=sharding, optimizer="adamw", dp_sharded=True,
+                                      reduce_dtype_bytes=4.0)
+    total = sum(mem.model_state_bytes(n_params=7.5e9, shard_degree=1 if stage is None else 64,
+                                      state=state).values())
+    assert total / 1e9 == pytest.approx(expected_gb, abs=0.06)
+
+
+def test_megatron_18_and_distributed_optimizer():
+    """Megatron theoretical_memory_usage.py: 18 B/param, 6 + 12/d with the distributed optimizer."""
+    state = mem.state_bytes_per_param(sharding="megatron", optimizer="adamw", dp_sharded=True, reduce_dtype_bytes=4)
+    assert sum(mem.model_state_bytes(n_params=1.0, shard_degree=1, state=state).values()) == 18.0
+    assert sum(mem.model_state_bytes(n_params=1.0, shard_degree=8, state=state).values()) == pytest.approx(6 + 12 / 8)
+
+
+def test_korthikanti_table2_without_dropout():
+    """Korthikanti et al. 2022 Table 2, no parallelism: sbh(34 + 5as/h) with dropout. Without dropout
+    (no 2sbh masks, no as²b mask and 2as²b dropout output) it is sbh(32 + 2as/h); with TP + SP all of it
+    divides by t."""
+    h, a, s = 4096, 32, 2048
+    from dataclasses import replace
+
+    m = replace(load_model("llama-2-7b"), gated_mlp=False, ffn_hidden=4 * h, n_kv_heads=a)
+    per_token = mem.layer_activation_bytes_per_token(m, ffn_hidden=4 * h, tp=1, sp=False, flash_attention=False,
+                                                     seq_len=s)
+    assert per_token == pytest.approx(h * (32 + 2 * a * s / h))
+    tp_sp = mem.layer_activation_bytes_per_token(m, ffn_hidden=4 * h, tp=8, sp=True, flash_attention=True, seq_len=s)
+    assert tp_sp == pytest.approx(h * 32 / 8)
+    tp_only = mem.layer_activation_bytes_per_token(m, ffn_hidden=4 * h, tp=8, sp=False, flash_attention=True,
+                                                   seq_len=s)
+    assert tp_only == pytest.approx(h * (8 + 24 / 8))
+
+
+def test_llama3_8b_layer_activations_34_sbh():
+    """formulas.md §7 #3: Llama-3-8B layer at S = 8192, b = 1, FA, no TP: 34.0·sbh = 1.0625 GiB."""
+    m = load_model("llama-3-8b")
+    b = mem.layer_activation_bytes_per_token(m, ffn_hidden=m.ffn_hidden, tp=1, sp=False, flash_attention=True,
+                                             seq_len=8192) * 8192
+    assert b / 2**30 == pytest.approx(1.0625, rel=1e-3)

@@ -1,0 +1,127 @@
+"""Invariants of the cost model, checked on generated scenarios (hypothesis)."""
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tests.strategies import clusters, jobs, models
+
+from meshplan import Plan, evaluate
+from meshplan.cost.collectives import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    REDUCE_SCATTER,
+    busbw_factor,
+    bytes_sent_per_rank,
+    collective_time_s,
+)
+from meshplan.cost.mesh import group
+from meshplan.cost.pipeline import bubble_fraction
+from meshplan.errors import SpecError
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _eval(model, cluster, job, plan):
+    try:
+        return evaluate(model, cluster, job, replace(plan, mbs=1, recompute="full"))
+    except SpecError:
+        return None
+
+
+@SETTINGS
+@given(models(), clusters(), jobs(), st.sampled_from(["dp_shard", "tp", "pp", "cp"]))
+def test_static_memory_never_grows_with_a_sharding_degree(model, cluster, job, axis):
+    """Moving a factor 2 from dp_replicate to a sharding axis never increases model-state bytes, and
+    activation bytes never grow either (TP and CP split them, PP holds fewer layers per stage)."""
+    n = cluster.n_gpus
+    if n < 2:
+        return
+    small = Plan(dp_replicate=n)
+    big = replace(small, dp_replicate=n // 2, **{axis: 2})
+    a, b = _eval(model, cluster, job, small), _eval(model, cluster, job, big)
+    if a is None or b is None:
+        return
+    assert b.memory.static_bytes <= a.memory.static_bytes * (1 + 1e-12)
+    if axis in ("tp", "cp"):
+        assert b.memory.activation_bytes <= a.memory.activation_bytes * (1 + 1e-12)
+
+
+@SETTINGS
+@given(models(moe=True), clusters(nodes=st.sampled_from([1, 2])), jobs())
+def test_expert_parallel_shards_expert_states(model, cluster, job):
+    n = cluster.n_gpus
+    a = _eval(model, cluster, job, Plan(dp_shard=n))
+    b = _eval(model, cluster, job, Plan(dp_shard=n, ep=min(8, n)))
+    if a is None or b is None or n < 2:
+        return
+    assert b.memory.static_bytes <= a.memory.static_bytes * (1 + 1e-12)
+
+
+@SETTINGS
+@given(models(), clusters(), jobs(), st.data())
+def test_no_traffic_on_an_axis_of_degree_one(model, cluster, job, data):
+    n = cluster.n_gpus
+    tp = data.draw(st.sampled_from([t for t in (1, 2, 4, 8) if n % t == 0 and t <= cluster.gpus_per_node]))
+    rest = n // tp
+    ds = data.draw(st.sampled_from([d for d in (1, 2, 4, 8, 16, 32, 64) if rest % d == 0]))
+    plan = Plan(tp=tp, dp_shard=ds, dp_replicate=rest // ds)
+    est = _eval(model, cluster, job, plan)
+    if est is None:
+        return
+    degree = {"tp": plan.tp, "cp": plan.cp, "pp": plan.pp, "ep": plan.ep, "dp_shard": plan.shard_degree,
+              "dp_replicate": plan.dp_replicate, "edp": plan.shard_degree}
+    for e in est.comm:
+        assert degree[e.axis] > 1, e
+
+
+@SETTINGS
+@given(models(), clusters(), jobs())
+def test_model_flops_do_not_depend_on_the_plan(model, cluster, job):
+    n = cluster.n_gpus
+    flops = set()
+    for plan in (Plan(dp_replicate=n), Plan(dp_shard=n), Plan(tp=min(n, 2), dp_shard=max(1, n // 2))):
+        est = _eval(model, cluster, job, plan)
+        if est is not None:
+            flops.add(round(est.flops.model_flop_per_step))
+    assert len(flops) <= 1
+
+
+@SETTINGS
+@given(models(), clusters(), jobs())
+def test_breakdown_sums_to_step_time(model, cluster, job):
+    est = _eval(model, cluster, job, Plan(dp_shard=cluster.n_gpus))
+    if est is None:
+        return
+    assert sum(est.time_breakdown.values()) == pytest.approx(est.step_time_s, rel=1e-3)
+
+
+@given(st.floats(1e3, 1e11), st.integers(2, 1024))
+def test_ring_all_reduce_bytes_equal_reduce_scatter_plus_all_gather(size, n):
+    ar = bytes_sent_per_rank(ALL_REDUCE, size, n)
+    assert ar == pytest.approx(bytes_sent_per_rank(REDUCE_SCATTER, size, n) + bytes_sent_per_rank(ALL_GATHER, size, n))
+
+
+@given(st.integers(2, 4096))
+def test_bus_factor_is_n_minus_one_over_n(n):
+    for op in (ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL):
+        assert busbw_factor(op, n) == pytest.approx((n - 1) / n)
+    assert busbw_factor(ALL_REDUCE, n) == pytest.approx(2 * (n - 1) / n)
+    assert busbw_factor(ALL_REDUCE, 1) == 0.0
+
+
+@SETTINGS
+@given(clusters(), st.sampled_from([ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL]),
+       st.sampled_from([2, 4, 8, 16, 64]), st.sampled_from([1, 8]), st.floats(1e4, 1e10), st.floats(1.01, 10))
+def test_collective_time_grows_with_message_size(cluster, op, size, stride, msg, factor):
+    g = group("x", size, stride, cluster.gpus_per_node)
+    assert collective_time_s(op, msg * factor, g, cluster) >= collective_time_s(op, msg, g, cluster)
+
+
+@given(st.sampled_from(["1f1b", "interleaved", "zb-h1", "gpipe"]), st.integers(2, 32), st.integers(1, 256))
+def test_bubble_shrinks_with_more_microbatches(schedule, p, m):
+    v = 2 if schedule == "interleaved" else 1
+    assert bubble_fraction(schedule=schedule, pp=p, m=m + 1, vpp=v) <= bubble_fraction(schedule=schedule, pp=p,
+                                                                                         m=m, vpp=v)
