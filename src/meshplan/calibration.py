@@ -1,7 +1,9 @@
-"""Compute-model parameters per accelerator, from the catalog's calibration files.
+"""Compute-model parameters per accelerator and software stack, from the catalog's calibration files.
 
-``catalog/calibration/<accelerator>.toml`` holds parameters fitted on published runs (with their
-provenance: procedure, rows, cross-validated error); ``default.toml`` holds stated defaults.
+``catalog/calibration/default.toml`` holds stated defaults with sources. ``fitted.toml``, written by
+``meshplan validate --calibrate``, holds parameters fitted on published runs with their provenance
+(procedure, rows, cross-validated error): a ``[global]`` table, ``[accelerator.<name>]`` tables
+(``gemm_scale``) and ``[software.<name>]`` tables (overheads), and ``[uncertainty]`` bands.
 """
 
 from __future__ import annotations
@@ -9,24 +11,51 @@ from __future__ import annotations
 import tomllib
 from functools import cache
 from importlib import resources
+from typing import Any
 
 from meshplan.cost.compute import ComputeParams
 
-_FIELDS = ("gemm_half_dim", "fp8_gemm_efficiency", "attention_efficiency", "attention_half_len", "memory_efficiency",
-           "overlap_efficiency", "comm_slowdown", "step_overhead_s")
+FIELDS = ("gemm_scale", "gemm_half_dim", "fp8_gemm_efficiency", "attention_efficiency", "attention_half_len",
+          "memory_efficiency", "overlap_efficiency", "comm_slowdown", "step_overhead_s", "layer_overhead_s",
+          "moe_gemm_efficiency", "moe_permute_passes", "causal_attention_fraction")
+# accelerators that share a calibration (same silicon, different memory or node)
+FAMILY = {"h200": "h100-sxm", "a100-40gb": "a100-80gb", "b300": "b200", "gb300": "gb200"}
 
 
 @cache
-def _load(name: str) -> dict[str, object] | None:
+def _load(name: str) -> dict[str, Any]:
     entry = resources.files("meshplan.catalog").joinpath("calibration", f"{name}.toml")
-    if not entry.is_file():
-        return None
-    return tomllib.loads(entry.read_text())
+    return tomllib.loads(entry.read_text()) if entry.is_file() else {}
 
 
-def compute_params_for(accelerator: str) -> ComputeParams:
-    """Calibrated compute parameters for ``accelerator``; the defaults where none were fitted."""
-    base = _load("default") or {}
-    data = {**base, **(_load(accelerator) or {})}
-    kwargs = {k: float(data[k]) for k in _FIELDS if k in data}  # type: ignore[arg-type]
-    return ComputeParams(**kwargs, source=str(data.get("source", "defaults")))
+def family(accelerator: str) -> str:
+    return FAMILY.get(accelerator, accelerator)
+
+
+def params_from(tables: list[dict[str, Any]], source: str) -> ComputeParams:
+    merged: dict[str, Any] = {}
+    for t in tables:
+        merged.update({k: v for k, v in t.items() if k in FIELDS})
+    return ComputeParams(**{k: float(v) for k, v in merged.items()}, source=source)
+
+
+def compute_params_for(accelerator: str, software: str = "generic") -> ComputeParams:
+    """Fitted compute parameters for ``accelerator`` and ``software``; stated defaults where none were fitted."""
+    fitted = _load("fitted")
+    tables = [_load("default")]
+    source = str(_load("default").get("source", "defaults"))
+    if fitted:
+        tables += [fitted.get("global", {}), fitted.get("accelerator", {}).get(family(accelerator), {}),
+                   fitted.get("software", {}).get(software, {})]
+        source = str(fitted.get("source", "fitted"))
+    return params_from(tables, source)
+
+
+def uncertainty_band(accelerator: str, software: str) -> tuple[float, float] | None:
+    """(low, high) relative step-time band from cross-validated residuals of similar rows, or None."""
+    bands = _load("fitted").get("uncertainty", {})
+    for key in (f"{family(accelerator)}/{software}", family(accelerator), "all"):
+        if key in bands:
+            b = bands[key]
+            return float(b["low"]), float(b["high"])
+    return None

@@ -25,8 +25,20 @@ References: nccl_tests_perf, thakur2005, ml_engineering (see meshplan.references
 
 from __future__ import annotations
 
+import functools
+import math
+from typing import NamedTuple
+
 from meshplan.cost.mesh import Group
-from meshplan.specs import ClusterSpec
+from meshplan.specs import ClusterSpec, InterNodeLink, IntraNodeLink
+
+
+class _Links(NamedTuple):
+    """The parts of a ClusterSpec a collective's time depends on (hashable, for the cache)."""
+
+    intra: IntraNodeLink
+    inter: InterNodeLink
+    gpus_per_node: int
 
 ALL_GATHER = "all_gather"
 REDUCE_SCATTER = "reduce_scatter"
@@ -57,7 +69,7 @@ def size_efficiency(message_bytes: float, half_size_bytes: float) -> float:
     return message_bytes / (message_bytes + half_size_bytes)
 
 
-def intra_busbw(op: str, n_in_node: int, cluster: ClusterSpec) -> float:
+def intra_busbw(op: str, n_in_node: int, cluster: ClusterSpec | _Links) -> float:
     """Bus bandwidth of a collective among n GPUs of one node [bytes/s]."""
     link = cluster.intra
     if op == SEND_RECV:
@@ -69,22 +81,51 @@ def intra_busbw(op: str, n_in_node: int, cluster: ClusterSpec) -> float:
     return link.ring_busbw_bytes_per_s
 
 
-def _nic_bytes_per_s(cluster: ClusterSpec) -> float:
+def latency_s(op: str, grp: Group, cluster: ClusterSpec | _Links) -> float:
+    """Latency of one call [s], NCCL's composition (formulas.md §1.3, tuning.cc): a fixed part plus one
+    hop per ring step, (n-1) steps for all-gather / reduce-scatter and 2(n-1) for a ring all-reduce, of
+    which (k-1) (or 2(k-1)) cross nodes; a ring all-reduce across nodes is x1.4 (NCCL's 'plateau'), and
+    NCCL may pick a tree instead: 2·((r-1)·intra + log2(k)·inter) hops. All-to-all and send/recv pay the
+    fixed part (their transfers run concurrently)."""
+    n, k = grp.size, grp.n_nodes
+    intra, inter = cluster.intra, cluster.inter
+    base = intra.latency_s if k == 1 else inter.latency_s
+    if op in (SEND_RECV, ALL_TO_ALL) or n <= 1:
+        return base
+    steps_inter = k - 1
+    steps_intra = (n - 1) - steps_inter
+    ring = steps_intra * intra.hop_latency_s + steps_inter * inter.hop_latency_s
+    if op != ALL_REDUCE:
+        return base + ring
+    if k == 1:
+        return base + 2 * ring
+    tree = 2 * ((grp.ranks_per_node - 1) * intra.hop_latency_s + math.log2(k) * inter.hop_latency_s)
+    return base + min(1.4 * 2 * ring, tree)
+
+
+def _nic_bytes_per_s(cluster: ClusterSpec | _Links) -> float:
     return cluster.inter.nic_bytes_per_s * cluster.inter.efficiency
 
 
 def collective_time_s(op: str, message_bytes: float, grp: Group, cluster: ClusterSpec) -> float:
     """Time of one call of ``op`` with payload ``message_bytes`` on group ``grp`` [s]. 0 for a group of 1."""
+    return _collective_time_s(op, message_bytes, grp, cluster.intra, cluster.inter, cluster.gpus_per_node)
+
+
+@functools.lru_cache(maxsize=65536)
+def _collective_time_s(op: str, message_bytes: float, grp: Group, intra: IntraNodeLink, inter: InterNodeLink,
+                       gpus_per_node: int) -> float:
+    cluster = _Links(intra, inter, gpus_per_node)
     n = grp.size
     if message_bytes <= 0 or (n <= 1 and op != SEND_RECV):
         return 0.0
     intra, inter = cluster.intra, cluster.inter
     if grp.n_nodes == 1:
         bw = intra_busbw(op, n, cluster) * size_efficiency(message_bytes, intra.half_size_bytes)
-        return intra.latency_s + message_bytes * busbw_factor(op, n) / bw
+        return latency_s(op, grp, cluster) + message_bytes * busbw_factor(op, n) / bw
     r = grp.ranks_per_node
     nic = _nic_bytes_per_s(cluster) * size_efficiency(message_bytes, inter.half_size_bytes)
-    alpha = inter.latency_s
+    alpha = latency_s(op, grp, cluster)
     if op == SEND_RECV:
         return alpha + message_bytes / nic
     if op == ALL_TO_ALL:

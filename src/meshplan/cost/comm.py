@@ -19,7 +19,10 @@ Semantics per implementation (formulas.md §3, checked against the sources cited
 - Tensor parallelism [shoeybi2019, korthikanti2022]: 2 all-reduces forward, 2 backward per layer; with
   sequence parallelism all-gather/reduce-scatter pairs instead (same bytes); Megatron-core re-gathers
   the sequence-parallel input in backward for the weight gradient (+2 all-gathers); full recomputation
-  repeats the forward collectives.
+  repeats the forward collectives (in PyTorch all but the block's last, which early-stopping
+  checkpointing skips); the vocab-parallel embedding's reduce-scatter is undone by an all-gather of its
+  gradient in backward. These counts match what PyTorch issues under a fake process group
+  (docs/crosscheck.md).
 - Context parallelism: ring passes (cp-1) KV chunks forward and KV plus dKV backward
   [liu2023ring]; 'allgather' gathers KV and reduce-scatters dKV; 'a2a' (Ulysses) exchanges Q, K, V
   and the output by all-to-all [jacobs2023ulysses].
@@ -163,6 +166,10 @@ def _tensor_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffi
     msg = st.tokens * model.hidden * ACT_BYTES
     per_layer_calls = st.m * st.n_layers
     recomp = st.recompute == "full"
+    # PyTorch's non-reentrant checkpoint stops recomputing once the last saved tensor is rebuilt
+    # (torch/utils/checkpoint.py, set_checkpoint_early_stop), so a block's final reduction after the MLP
+    # is not re-run; Megatron's recomputation re-runs the whole forward.
+    recompute_rs = 2 if plan.sharding == "megatron" else 1
     window_f = "forward" if plan.async_tp else "none"
     window_b = "backward" if plan.async_tp else "none"
     if plan.sequence_parallel:
@@ -182,10 +189,12 @@ def _tensor_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffi
             led.add(ALL_GATHER, "tp", "SP all-gather (recomputed forward)", "backward", 2 * per_layer_calls,
                     msg, window_b)
             led.add(REDUCE_SCATTER, "tp", "SP reduce-scatter (recomputed forward)", "backward",
-                    2 * per_layer_calls, msg, window_b)
+                    recompute_rs * per_layer_calls, msg, window_b)
         if st.has_embedding:
             led.add(REDUCE_SCATTER, "tp", "vocab-parallel embedding output (forward)", "forward", st.m, msg,
                     window_f)
+            led.add(ALL_GATHER, "tp", "vocab-parallel embedding output grad (backward)", "backward", st.m, msg,
+                    window_b)
         if st.has_lm_head:
             led.add(ALL_GATHER, "tp", "LM head input all-gather (forward)", "forward", st.m, msg, window_f)
             led.add(REDUCE_SCATTER, "tp", "LM head input-grad reduce-scatter (backward)", "backward", st.m,
@@ -196,8 +205,8 @@ def _tensor_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffi
         led.add(ALL_REDUCE, "tp", "TP all-reduce of input grads (backward)", "backward", 2 * per_layer_calls,
                 msg, window_b)
         if recomp:
-            led.add(ALL_REDUCE, "tp", "TP all-reduce (recomputed forward)", "backward", 2 * per_layer_calls,
-                    msg, window_b)
+            led.add(ALL_REDUCE, "tp", "TP all-reduce (recomputed forward)", "backward",
+                    recompute_rs * per_layer_calls, msg, window_b)
         if st.has_embedding:
             led.add(ALL_REDUCE, "tp", "vocab-parallel embedding output (forward)", "forward", st.m, msg, window_f)
         if st.has_lm_head:

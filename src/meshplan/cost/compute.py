@@ -29,6 +29,8 @@ BF16_BYTES = 2.0
 class ComputeParams:
     """Physical efficiency parameters shared by every plan on an accelerator (calibrated, not per row)."""
 
+    gemm_scale: float = 1.0
+    """Achieved over best-case (MAMF) matmul efficiency in training kernels, per accelerator."""
     gemm_half_dim: float = 128.0
     """d_{1/2} of the GEMM shape factor [elements]."""
     fp8_gemm_efficiency: float = 0.72
@@ -46,6 +48,16 @@ class ComputeParams:
     """Compute slowdown while a collective runs beside it (NCCL kernels take SMs and HBM bandwidth)."""
     step_overhead_s: float = 0.0
     """Fixed time per step outside the model (data loading, logging, launch gaps)."""
+    layer_overhead_s: float = 0.0
+    """Fixed time per layer per micro-batch, forward and backward together (kernel launches and
+    synchronisation the roofline does not see; depends on the software stack)."""
+    moe_gemm_efficiency: float = 0.7
+    """Expert (grouped) GEMMs over dense GEMMs of the same shape."""
+    moe_permute_passes: float = 4.0
+    """Memory passes over each routed token copy (permute, unpermute, their gradients: 4 at least)."""
+    causal_attention_fraction: float = 0.5
+    """Time of a causal attention kernel over the non-causal one of the same shape (0.5: masked blocks
+    skipped perfectly)."""
     source: str = "defaults (uncalibrated)"
 
 
@@ -74,6 +86,7 @@ class LayerTimes:
     bwd_input_s: float
     bwd_weight_s: float
     attention_fwd_s: float
+    gemm_fwd_s: float
 
 
 def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams, *, tokens: float,
@@ -90,7 +103,7 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     D, t = model.hidden, float(tp)
     fp8 = precision == "fp8" and accel.fp8_flop_per_s is not None
     peak = accel.fp8_flop_per_s if fp8 else accel.bf16_flop_per_s
-    e_max = params.fp8_gemm_efficiency if fp8 else accel.gemm_efficiency
+    e_max = (params.fp8_gemm_efficiency if fp8 else accel.gemm_efficiency) * params.gemm_scale
     hd = params.gemm_half_dim
 
     def g(m: float, n: float, k: float) -> float:
@@ -108,7 +121,7 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     n_in = 2 if model.gated_mlp else 1
     if moe:
         f = model.expert_ffn_hidden
-        mlp = local_experts * (g(expert_tokens, n_in * f, D) + g(expert_tokens, D, f))
+        mlp = local_experts * (g(expert_tokens, n_in * f, D) + g(expert_tokens, D, f)) / params.moe_gemm_efficiency
         mlp += model.n_shared_experts * (g(tokens, n_in * f / t, D) + g(tokens, D, f / t))
         mlp += g(tokens, model.n_experts, D)  # router
     else:
@@ -118,7 +131,7 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     kv_len = seq_len  # every local query attends over the whole (gathered or ring-passed) sequence
     attn_flop = 2.0 * tokens * kv_len * model.n_heads * (model.qk_head_dim + model.value_head_dim) / t
     if causal_kernel:
-        attn_flop *= 0.5
+        attn_flop *= params.causal_attention_fraction
     # blocks of S/cp queries against S/cp keys with ring or all-gather CP; whole sequences otherwise
     block = seq_len / cp if cp_chunked else seq_len
     shape = (block / (block + params.attention_half_len)) ** 2
@@ -127,12 +140,16 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     # residual adds (3 x 2D, twice), rotary on q and k, the activation function (read 2F or F, write F).
     f_local = (model.expert_ffn_hidden * model.top_k if moe else model.ffn_hidden) / t
     ew_bytes = BF16_BYTES * tokens * (8 * D + 6 * D + 2 * (model.q_dim + model.kv_dim) / t + 3 * f_local)
+    if moe:  # token permutation to experts and back: each copy written and read, dispatch and combine
+        ew_bytes += BF16_BYTES * params.moe_permute_passes * expert_tokens * local_experts * D
     ew_fwd = ew_bytes / (accel.hbm_bytes_per_s * params.memory_efficiency)
+    over = params.layer_overhead_s
     return LayerTimes(
-        fwd_s=gemm_fwd + attn_fwd + ew_fwd,
-        bwd_input_s=gemm_fwd + 2.5 * attn_fwd + 2 * ew_fwd,
-        bwd_weight_s=gemm_fwd,
+        fwd_s=gemm_fwd + attn_fwd + ew_fwd + over / 3,
+        bwd_input_s=gemm_fwd + 2.5 * attn_fwd + 2 * ew_fwd + over / 3,
+        bwd_weight_s=gemm_fwd + over / 3,
         attention_fwd_s=attn_fwd,
+        gemm_fwd_s=gemm_fwd,
     )
 
 
@@ -141,7 +158,7 @@ def lm_head_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParam
     """(forward, backward) time of the LM head GEMM and the cross-entropy loss on the last stage [s]."""
     fp8 = precision == "fp8" and accel.fp8_flop_per_s is not None
     peak = accel.fp8_flop_per_s if fp8 else accel.bf16_flop_per_s
-    e_max = params.fp8_gemm_efficiency if fp8 else accel.gemm_efficiency
+    e_max = (params.fp8_gemm_efficiency if fp8 else accel.gemm_efficiency) * params.gemm_scale
     v_local = model.vocab / tp
     gemm = gemm_time_s(tokens, v_local, model.hidden, peak_flop_per_s=peak, e_max=e_max,
                        half_dim=params.gemm_half_dim)

@@ -69,6 +69,29 @@ class FlopReport:
 
 
 @dataclass(frozen=True, slots=True)
+class StageDetail:
+    """What the timeline simulator needs of one pipeline stage (not part of the JSON schema).
+
+    Times are per micro-batch on one GPU of the stage [s]: the transformer layers' forward, input-gradient,
+    weight-gradient and recomputation parts, the attention core's forward, and the LM head's forward and
+    backward (last stage only)."""
+
+    stage: int
+    n_layers: int
+    t_f_s: float
+    t_b_s: float
+    t_w_s: float
+    t_r_s: float
+    attention_fwd_s: float
+    head_f_s: float
+    head_b_s: float
+    comm: list[CommEntry]
+    optimizer_s: float
+    breakdown: dict[str, float]
+    time_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Estimate:
     """Everything meshplan predicts for one plan. Infeasible plans carry reasons, not exceptions."""
 
@@ -94,6 +117,10 @@ class Estimate:
     compute_source: str = "kernel model"
     uncertainty: tuple[float, float] | None = None
     """Relative band (low, high) on step time from cross-validated residuals, where known."""
+    stages: tuple[StageDetail, ...] = ()
+    """Per-stage detail for the simulator (first and last pipeline stage)."""
+    closed_form_step_time_s: float | None = None
+    """The closed form's step time when ``step_time_s`` comes from the timeline simulator."""
 
     @property
     def tokens_per_s(self) -> float:

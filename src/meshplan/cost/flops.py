@@ -60,6 +60,8 @@ def recompute_flop_per_token(model: ModelSpec, counts: ParamCounts, *, seq_len: 
     attn = attention_flop_per_token_fwd(model, seq_len=seq_len, causal=causal)
     if recompute == "full":
         return matmul_flop_per_token_fwd(counts) - 2.0 * counts.lm_head_matmul + attn
+    if recompute == "sac":  # every other matmul of the blocks is recomputed
+        return 0.5 * (matmul_flop_per_token_fwd(counts) - 2.0 * counts.lm_head_matmul)
     if recompute == "selective" and not flash_attention:
         return attn
     return 0.0

@@ -108,6 +108,21 @@ def layer_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: i
     return (replicated / t if sp else replicated) + sharded / t
 
 
+def sac_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: int, sp: bool) -> float:
+    """Bytes per token per layer kept by torchtitan's op-level selective activation checkpointing [bytes].
+
+    The policy saves the outputs of compute-heavy ops (every other matmul, FlashAttention) and recomputes
+    the rest (norms, activation functions, rotary, the other matmuls) (torchtitan
+    activation_checkpoint.py, ``_save_list`` and "save every other mm"). Stored: the block input 2D
+    (/t with SP), the attention output 2·h_q/t and half of the matmul outputs
+    2·(h_q + 2h_kv + D + n_in·F + D)/2, TP-sharded.
+    """
+    D = model.hidden
+    n_in = 2 if model.gated_mlp else 1
+    mm_out = 2.0 * (model.n_heads * model.qk_head_dim + 2 * model.kv_dim + D + n_in * ffn_hidden + D)
+    return 2.0 * D / (tp if sp else 1) + (2.0 * model.q_dim + 0.5 * mm_out) / tp
+
+
 def full_recompute_bytes_per_token(*, hidden: int, tp: int, sp: bool) -> float:
     """Bytes per token per layer kept under full recomputation: the layer input, 2D (/t with SP) [4]."""
     return 2.0 * hidden / (tp if sp else 1)

@@ -12,8 +12,10 @@ cover (``edge_s``), is exposed. Hidden traffic slows compute by ``comm_slowdown`
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from meshplan.cost import memory as mem
 from meshplan.cost.comm import StageTraffic, Unit, comm_ledger
@@ -24,7 +26,7 @@ from meshplan.cost.compute import (
     lm_head_times,
     optimizer_step_time_s,
 )
-from meshplan.cost.estimate import CommEntry, Estimate, FlopReport, MemoryReport
+from meshplan.cost.estimate import CommEntry, Estimate, FlopReport, MemoryReport, StageDetail
 from meshplan.cost.flops import model_flop_per_token, recompute_flop_per_token
 from meshplan.cost.mesh import Group, axis_groups
 from meshplan.cost.params import ParamCounts, param_counts
@@ -34,6 +36,25 @@ from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.units import MiB, format_gib
 
 DDP_BUCKET_BYTES = 25 * MiB  # torch DDP default bucket_cap_mb=25
+
+
+class _AccelKey(NamedTuple):
+    """The accelerator figures the compute model reads (hashable, for the cache)."""
+
+    bf16_flop_per_s: float
+    fp8_flop_per_s: float | None
+    gemm_efficiency: float
+    hbm_bytes_per_s: float
+
+
+@functools.lru_cache(maxsize=16384)
+def _layer_times(model: ModelSpec, accel: _AccelKey, compute: ComputeParams, tokens: float, seq_len: int, cp: int,
+                 tp: int, precision: str, moe: bool, expert_tokens: float, local: float, cp_chunked: bool
+                 ) -> LayerTimes:
+    """layer_times, memoised: a search evaluates the same layer shapes under many sharding variants."""
+    return layer_times(model, accel, compute, tokens=tokens, seq_len=seq_len, cp=cp, tp=tp,  # type: ignore[arg-type]
+                       precision=precision, moe=moe, expert_tokens=expert_tokens, local_experts=local,
+                       cp_chunked=cp_chunked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,13 +87,6 @@ class _StageCtx:
 
     def params(self, group: str) -> float:
         return sum(u.n_params * u.count for u in self.units if u.group == group)
-
-
-@dataclass(frozen=True, slots=True)
-class _StageTime:
-    comm: list[CommEntry]
-    breakdown: dict[str, float]
-    time_s: float
 
 
 def _local_params(counts: ParamCounts, plan: Plan, s: int, n_dense: int, n_moe: int, tied_copy: bool
@@ -140,6 +154,12 @@ def _stage_memory(c: _StageCtx) -> MemoryReport:
     if recompute == "full":
         stored = tokens * layers * mem.full_recompute_bytes_per_token(hidden=model.hidden, tp=plan.tp, sp=sp)
         working = tokens * max(a_dense, a_moe)
+    elif recompute == "sac":
+        sac_d = mem.sac_activation_bytes_per_token(model, ffn_hidden=model.ffn_hidden, tp=plan.tp, sp=sp)
+        sac_m = (mem.sac_activation_bytes_per_token(model, ffn_hidden=model.expert_ffn_hidden * model.top_k,
+                                                    tp=plan.tp, sp=sp) if c.n_moe else 0.0)
+        stored = tokens * (c.n_dense * sac_d + c.n_moe * sac_m)
+        working = tokens * (max(a_dense, a_moe) - max(sac_d, sac_m))
     else:
         stored = tokens * (c.n_dense * a_dense + c.n_moe * a_moe)
     act_terms = {"activations": held * stored}
@@ -186,8 +206,9 @@ def _stage_memory(c: _StageCtx) -> MemoryReport:
                         capacity_bytes=c.cluster.accelerator.hbm_capacity_bytes, stage=c.s)
 
 
-def _stage_compute(c: _StageCtx, compute: ComputeParams) -> tuple[float, float, float, float, float]:
-    """Per micro-batch on stage ``c.s``: (t_F, t_B, t_W, t_R recompute, attention forward) [s]."""
+def _stage_compute(c: _StageCtx, compute: ComputeParams) -> tuple[float, ...]:
+    """Per micro-batch on stage ``c.s`` [s]: (t_F, t_B, t_W, t_R recompute, attention forward) of the layers,
+    and the LM head's forward and backward (0 except on the last stage)."""
     model, job, plan, accel = c.model, c.job, c.plan, c.cluster.accelerator
     tokens = c.tokens
     sp = plan.sequence_parallel
@@ -199,9 +220,9 @@ def _stage_compute(c: _StageCtx, compute: ComputeParams) -> tuple[float, float, 
             expert_tokens = (t_rank * plan.ep * model.top_k * job.moe_capacity_factor * job.moe_routing_imbalance
                              / model.n_experts)
             local = model.n_experts / plan.ep
-        return layer_times(model, accel, compute, tokens=tokens, seq_len=job.seq_len, cp=plan.cp, tp=plan.tp,
-                           precision=job.precision, moe=moe, expert_tokens=expert_tokens, local_experts=local,
-                           cp_chunked=plan.cp_impl != "a2a")
+        return _layer_times(model, _AccelKey(accel.bf16_flop_per_s, accel.fp8_flop_per_s, accel.gemm_efficiency,
+                                             accel.hbm_bytes_per_s), compute, tokens, job.seq_len, plan.cp, plan.tp,
+                            job.precision, moe, expert_tokens, local, plan.cp_impl != "a2a")
 
     kinds = [(c.n_dense, lt(False))] + ([(c.n_moe, lt(True))] if c.n_moe else [])
     t_f = sum(n * x.fwd_s for n, x in kinds)
@@ -211,19 +232,21 @@ def _stage_compute(c: _StageCtx, compute: ComputeParams) -> tuple[float, float, 
     t_r = 0.0
     if c.recompute == "full":
         t_r = t_f
+    elif c.recompute == "sac":
+        t_r = 0.5 * sum(n * x.gemm_fwd_s for n, x in kinds)
     elif c.recompute == "selective" and not job.flash_attention:
         t_r = attn
+    hf = hb = 0.0
     if c.last:
         hf, hb = lm_head_times(model, accel, compute, tokens=tokens, tp=plan.tp, precision=job.precision)
-        t_f, t_b = t_f + hf, t_b + hb
-    return t_f, t_b, t_w, t_r, attn
+    return t_f, t_b, t_w, t_r, attn, hf, hb
 
 
-def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, float, float, float, float]
-                ) -> _StageTime:
+def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) -> StageDetail:
     """Communication ledger, exposure and the stage's step time [s]."""
     plan, job, m = c.plan, c.job, c.m
-    t_f, t_b, t_w, t_r, attn = times
+    lf, lb, t_w, t_r, attn, hf, hb = times
+    t_f, t_b = lf + hf, lb + hb
     st = StageTraffic(units=c.units, n_layers=c.n_dense + c.n_moe, n_moe_layers=c.n_moe, has_embedding=c.s == 0,
                       has_lm_head=c.last, tokens=c.tokens, m=m, recompute=c.recompute)
     ledger = comm_ledger(c.model, c.cluster, job, plan, c.groups, st)
@@ -250,7 +273,9 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, float,
     breakdown["optimizer step"] = opt
     breakdown["comm contention"] = compute.comm_slowdown * hidden
     breakdown["step overhead"] = compute.step_overhead_s
-    return _StageTime(ledger, breakdown, sum(breakdown.values()))
+    return StageDetail(stage=c.s, n_layers=c.n_dense + c.n_moe, t_f_s=lf, t_b_s=lb, t_w_s=t_w, t_r_s=t_r,
+                       attention_fwd_s=attn, head_f_s=hf, head_b_s=hb, comm=ledger, optimizer_s=opt,
+                       breakdown=breakdown, time_s=sum(breakdown.values()))
 
 
 def _memory_only_estimate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, job: JobSpec,
@@ -310,10 +335,11 @@ def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec,
     if mfu is not None:
         # compute runs at the given MFU: hardware FLOPs per GPU / (peak · mfu); scale the kernel model to it
         target = flops.hardware_flop_per_step / cluster.n_gpus / (peak * mfu)
-        kernel = m * sum(times[0][:4])
+        kernel = m * (sum(times[0][:4]) + sum(times[0][5:]))
         scale = target / kernel if kernel > 0 else 1.0
         times = [tuple(x * scale for x in t) for t in times]  # type: ignore[misc]
-    slowest = max((_stage_time(c, compute, t) for c, t in zip(ctxs, times, strict=True)), key=lambda x: x.time_s)
+    details = tuple(_stage_time(c, compute, t) for c, t in zip(ctxs, times, strict=True))
+    slowest = max(details, key=lambda x: x.time_s)
     step = slowest.time_s
     return Estimate(
         model=model.name, cluster=cluster.name, n_gpus=cluster.n_gpus, plan=plan, n_microbatches=m,
@@ -322,6 +348,7 @@ def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec,
         mfu=flops.model_flop_per_step / (cluster.n_gpus * peak * step),
         hfu=flops.hardware_flop_per_step / (cluster.n_gpus * peak * step),
         comm=slowest.comm, bubble_fraction=bubble_fraction(schedule=plan.schedule, pp=plan.pp, m=m, vpp=plan.vpp),
+        stages=details,
         compute_source=f"assumed MFU {mfu:.0%}" if mfu is not None else f"kernel model ({compute.source})",
     )
 
@@ -340,10 +367,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *
     if compute is None:
         from meshplan.calibration import compute_params_for  # catalog data, loaded lazily once
 
-        compute = compute_params_for(cluster.accelerator.name)
+        compute = compute_params_for(cluster.accelerator.name, job.software)
     counts = param_counts(model)
     recomputes = [plan.recompute] if plan.recompute else (
-        ["none", "full"] if job.flash_attention else ["none", "selective", "full"])
+        ["none", "sac", "full"] if job.flash_attention else ["none", "selective", "sac", "full"])
     mbs_list = [plan.mbs] if plan.mbs else _mbs_options(job, plan)
     cache: dict[tuple[str, int], Estimate] = {}
 

@@ -58,7 +58,9 @@ class IntraNodeLink:
     p2p_bytes_per_s: float = 0.0
     """Measured unidirectional point-to-point copy bandwidth (send/recv)."""
     latency_s: float = 20e-6
-    """Per-collective latency inside a node (alpha)."""
+    """Fixed latency of one collective call inside a node (launch and setup)."""
+    hop_latency_s: float = 3.4e-6
+    """Latency of one ring step over NVLink (NCCL tuning.cc hwLat NVLink, Ring, Simple: 3.4 us)."""
     half_size_bytes: float = 8 * 2**20
     """Message size at which a collective reaches half of its bus bandwidth."""
 
@@ -78,6 +80,9 @@ class InterNodeLink:
     efficiency: float = 0.92
     """Fraction of the NIC rate NCCL reaches on large messages."""
     latency_s: float = 40e-6
+    """Fixed latency of one collective call that crosses nodes."""
+    hop_latency_s: float = 14e-6
+    """Latency of one ring step over the network (NCCL tuning.cc hwLat NET, Ring, Simple: 14 us)."""
     half_size_bytes: float = 64 * 2**20
 
     def __post_init__(self) -> None:

@@ -11,6 +11,7 @@ from meshplan.units import GiB
 OPTIMIZERS = ("adamw", "adamw-bf16-moments", "adam-8bit", "sgd-momentum", "sgd", "adafactor")
 PRECISIONS = ("bf16", "fp8")
 FLOP_CONVENTIONS = ("palm", "causal")
+SOFTWARE = ("generic", "megatron", "torchtitan", "llm-foundry")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,6 +54,9 @@ class JobSpec:
     moe_routing_imbalance: float = 1.0
     """Busiest expert-parallel rank's tokens over the mean (1.0: balanced; heuristic 1.1-1.5 unmeasured)."""
     runtime: RuntimeOverheads = RuntimeOverheads()
+    software: str = "generic"
+    """Software stack, for its calibrated overheads: 'megatron' (Megatron-LM / NeMo, fused kernels),
+    'torchtitan' (PyTorch FSDP2), 'llm-foundry' (Composer / FSDP1) or 'generic'."""
 
     def __post_init__(self) -> None:
         positive_int("job.global_batch_tokens", self.global_batch_tokens)
@@ -60,6 +64,7 @@ class JobSpec:
         one_of("job.optimizer", self.optimizer, OPTIMIZERS)
         one_of("job.precision", self.precision, PRECISIONS)
         one_of("job.flop_convention", self.flop_convention, FLOP_CONVENTIONS)
+        one_of("job.software", self.software, SOFTWARE)
         positive_number("job.reduce_dtype_bytes", self.reduce_dtype_bytes)
         positive_number("job.moe_capacity_factor", self.moe_capacity_factor)
         if self.moe_routing_imbalance < 1.0:

@@ -16,7 +16,7 @@ from meshplan.errors import SpecError
 from meshplan.specs._validate import one_of, positive_int
 
 DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "sac", "full")
 SHARDING = ("fsdp", "zero1", "zero2", "zero3", "megatron")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 CP_IMPLS = ("ring", "a2a", "allgather")
@@ -46,8 +46,10 @@ class Plan:
     mbs: int | None = None
     """Micro-batch size in sequences; None: the largest that fits in memory."""
     recompute: str | None = None
-    """Activation recomputation: 'none', 'selective' (attention core), 'full' (whole block);
-    None: the least that fits."""
+    """Activation recomputation: 'none'; 'selective' (Megatron: the attention core only, which
+    FlashAttention already recomputes); 'sac' (torchtitan selective activation checkpointing, op
+    policy: keep every other matmul output and the attention output, recompute the rest); 'full'
+    (whole block from its input). None: the fastest that fits."""
     sharding: str = "fsdp"
     """Semantics of the dp_shard axis: 'fsdp' (PyTorch FSDP2 fully_shard), 'zero1'/'zero2'/'zero3'
     (DeepSpeed), 'megatron' (Megatron-LM distributed optimizer)."""

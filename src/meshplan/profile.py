@@ -1,0 +1,99 @@
+"""Measured profiles (``meshplan measure``) fed back into the planner (``--profile FILE``).
+
+Schema ``meshplan.profile/1`` (JSON; all base units):
+
+.. code-block:: text
+
+    schema            "meshplan.profile/1"
+    created           ISO-8601 time of the measurement
+    device            what ran it, e.g. "NVIDIA H200" or "cpu"
+    backend           "nccl" or "gloo"
+    world_size, nproc_per_node
+    gemm              list of {m, n, k, dtype, median_s, p10_s, p90_s, flop_per_s}
+    gemm_best_flop_per_s   the best measured throughput for dtype bf16 (or null)
+    collectives       list of {op, link, group_size, message_bytes, median_s, algbw_bytes_per_s,
+                           busbw_bytes_per_s}      (op: all_gather | reduce_scatter | all_reduce |
+                           all_to_all | send_recv; link: intra_node | inter_node)
+    collective_fits   {"<op>@<link>": {alpha_s, busbw_bytes_per_s, group_size, n_points}}
+                      the alpha-beta fit t = alpha + S·f(op, n)/busbw of the sweep
+    step              optional: {plan, model, step_time_s, tokens_per_s, mfu, peak_memory_bytes_per_rank,
+                           exposed_comm_s_by_collective, rank_step_time_spread, ...}
+
+How a profile changes the planner: the fitted bus bandwidth and latency of each link replace the
+catalog's (all-reduce fits set the NVLS figure where the node has NVLS, other collectives the ring
+figure; inter-node fits set the NIC rate at efficiency 1), and the best measured BF16 GEMM throughput
+sets the accelerator's GEMM efficiency (measured / catalog peak). Each replaced value is listed in
+the estimate's notes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from meshplan.errors import SpecError
+from meshplan.specs import ClusterSpec
+from meshplan.units import GB
+
+SCHEMA = "meshplan.profile/1"
+
+
+def load_profile(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError("profile", f"file {str(path)!r} not found")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise SpecError("profile", f"malformed JSON in {path}: {exc}") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        got = data.get("schema") if isinstance(data, dict) else None
+        raise SpecError("profile.schema", f"must be {SCHEMA!r}; got {got!r}")
+    return data
+
+
+def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[ClusterSpec, list[str]]:
+    """The cluster with measured figures in place of catalog ones, and a note per replaced value."""
+    notes: list[str] = []
+    intra, inter, accel = cluster.intra, cluster.inter, cluster.accelerator
+    fits = profile.get("collective_fits") or {}
+    for key, fit in sorted(fits.items()):
+        try:
+            op, link = key.split("@")
+            busbw = float(fit["busbw_bytes_per_s"])
+            alpha = float(fit["alpha_s"])
+        except (ValueError, KeyError, TypeError):
+            raise SpecError(f"profile.collective_fits.{key}", "needs 'op@link' keys with alpha_s and "
+                                                              "busbw_bytes_per_s") from None
+        if busbw <= 0:
+            continue
+        alpha = max(alpha, 0.0)
+        if link == "intra_node":
+            if op == "all_reduce" and intra.nvls_busbw_bytes_per_s:
+                intra = replace(intra, nvls_busbw_bytes_per_s=busbw)
+            elif op == "send_recv":
+                intra = replace(intra, p2p_bytes_per_s=busbw)
+            elif op in ("all_gather", "reduce_scatter"):
+                intra = replace(intra, ring_busbw_bytes_per_s=busbw)
+            else:
+                continue
+            if alpha > 0:
+                intra = replace(intra, latency_s=alpha)
+        elif link == "inter_node" and op in ("all_gather", "reduce_scatter", "send_recv"):
+            per_gpu = busbw if op == "send_recv" else busbw / max(1, int(fit.get("ranks_per_node", 1)))
+            inter = replace(inter, nic_bytes_per_s=per_gpu, efficiency=1.0, latency_s=alpha or inter.latency_s)
+        else:
+            continue
+        notes.append(f"profile: {op} on {link} measured at {busbw / GB:.3g} GB/s busbw, alpha {alpha * 1e6:.0f} us")
+    best = profile.get("gemm_best_flop_per_s")
+    if best:
+        eff = min(1.0, float(best) / accel.bf16_flop_per_s)
+        accel = replace(accel, gemm_efficiency=eff)
+        notes.append(f"profile: best BF16 GEMM {float(best) / 1e12:.3g} TFLOP/s measured on "
+                     f"{profile.get('device', '?')} = {eff:.1%} of the {accel.name} peak")
+        if str(profile.get("device", "")).lower() in ("cpu", ""):
+            notes.append("profile: GEMM figures were measured on a CPU; they describe that machine, not "
+                         f"{accel.name}")
+    return replace(cluster, intra=intra, inter=inter, accelerator=accel), notes
