@@ -1,0 +1,15 @@
+"""Uncertainty of a prediction: the band of cross-validated residuals of similar published runs
+(same accelerator family and software stack, else the family, else all rows), from the calibration."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshplan.calibration import uncertainty_band
+from meshplan.cost.estimate import Estimate
+
+
+def attach_band(est: Estimate, *, accelerator: str, software: str) -> Estimate:
+    """``est`` with ``uncertainty`` set: the 10th-90th percentile of (measured step / predicted step - 1)."""
+    band = uncertainty_band(accelerator, software)
+    return est if band is None else replace(est, uncertainty=band)

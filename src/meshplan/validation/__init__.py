@@ -1,0 +1,1 @@
+"""Validation against published training runs, and calibration of the compute model on them."""

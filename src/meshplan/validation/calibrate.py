@@ -1,0 +1,226 @@
+"""Fit the compute model's physical parameters on published runs, and cross-validate the fit.
+
+Procedure (docs/calibration.md):
+1. Parameters: a few global ones (attention efficiency and its block-length constant, the GEMM shape
+   constant, overlap efficiency, compute slowdown under communication, expert-GEMM efficiency), one
+   per accelerator family (``gemm_scale``: training-kernel over best-case matmul efficiency) and two
+   per software stack (``layer_overhead_s``, ``step_overhead_s``). None is per row.
+2. Loss: mean |log(predicted / measured)| of tokens/s per GPU over the training rows (robust to the
+   few rows whose published configuration is incomplete).
+3. Optimiser: cyclic coordinate descent, a golden-section search per parameter within physical bounds,
+   three rounds, starting from the stated defaults; a parameter's search re-evaluates only the rows it
+   affects.
+4. Cross-validation: k folds (rows assigned by index, deterministic), each fitted from the defaults on
+   the other folds and used to predict its own rows; the reported error is over those out-of-fold
+   predictions. Optionally leave-one-source-group-out.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from meshplan.calibration import FAMILY, _load, family, params_from
+from meshplan.cost.compute import ComputeParams
+from meshplan.validation.validate import RowResult, predict
+
+GOLDEN = (math.sqrt(5) - 1) / 2
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    key: str
+    scope: str
+    """'global', 'accelerator:<family>' or 'software:<stack>'."""
+    lo: float
+    hi: float
+    log: bool = False
+
+
+GLOBAL_PARAMS = [
+    Param("attention_efficiency", "global", 0.1, 0.9),
+    Param("attention_half_len", "global", 16.0, 8192.0, log=True),
+    Param("gemm_half_dim", "global", 8.0, 2048.0, log=True),
+    Param("overlap_efficiency", "global", 0.2, 1.0),
+    Param("comm_slowdown", "global", 0.0, 0.6),
+    Param("moe_gemm_efficiency", "global", 0.1, 1.0),
+    Param("fp8_gemm_efficiency", "global", 0.3, 0.95),
+    Param("causal_attention_fraction", "global", 0.5, 1.0),
+    Param("moe_permute_passes", "global", 4.0, 64.0, log=True),
+]
+
+
+def parameter_space(rows: list[RowResult]) -> list[Param]:
+    fams = sorted({family(r.scenario.cluster.accelerator.name) for r in rows if r.scenario})
+    stacks = sorted({r.scenario.job.software for r in rows if r.scenario})
+    out = list(GLOBAL_PARAMS)
+    out += [Param("gemm_scale", f"accelerator:{f}", 0.3, 1.25) for f in fams]
+    for s in stacks:
+        out += [Param("layer_overhead_s", f"software:{s}", 0.0, 0.01),
+                Param("step_overhead_s", f"software:{s}", 0.0, 3.0)]
+    return out
+
+
+State = dict[str, dict]
+
+
+def empty_state() -> State:
+    return {"global": {}, "accelerator": {}, "software": {}}
+
+
+def _get(state: State, p: Param) -> dict:
+    if p.scope == "global":
+        return state["global"]
+    kind, name = p.scope.split(":")
+    return state["accelerator" if kind == "accelerator" else "software"].setdefault(name, {})
+
+
+def params_for(state: State, accelerator: str, software: str) -> ComputeParams:
+    tables = [_load("default"), state["global"], state["accelerator"].get(family(accelerator), {}),
+              state["software"].get(software, {})]
+    return params_from(tables, "calibration in progress")
+
+
+def _affects(p: Param, r: RowResult) -> bool:
+    if p.scope == "global":
+        return True
+    kind, name = p.scope.split(":")
+    sc = r.scenario
+    assert sc is not None
+    return family(sc.cluster.accelerator.name) == name if kind == "accelerator" else sc.job.software == name
+
+
+def _row_loss(r: RowResult, state: State) -> float:
+    sc = r.scenario
+    assert sc is not None
+    est = predict(sc, params_for(state, sc.cluster.accelerator.name, sc.job.software))
+    pred = est.tokens_per_s_per_gpu
+    if not pred > 0 or not math.isfinite(pred):
+        return 5.0
+    return abs(math.log(pred / sc.measured_tokens_per_s_per_gpu))
+
+
+def fit(rows: list[RowResult], *, rounds: int = 3, progress: Callable[[str], None] | None = None) -> State:
+    """Fit the parameter space on ``rows`` (which must have scenarios) from the defaults."""
+    state = empty_state()
+    defaults = ComputeParams()
+    space = parameter_space(rows)
+    for rnd in range(rounds):
+        for p in space:
+            subset = [r for r in rows if _affects(p, r)]
+            if not subset:
+                continue
+            table = _get(state, p)
+            start = table.get(p.key, getattr(defaults, p.key))
+
+            def loss(x: float, table: dict = table, p: Param = p, subset: list = subset) -> float:
+                table[p.key] = x
+                return sum(_row_loss(r, state) for r in subset)
+
+            table[p.key] = _golden(loss, p, start)
+            if progress:
+                progress(f"round {rnd + 1}/{rounds} {p.scope}.{p.key} = {table[p.key]:.4g}")
+    return state
+
+
+def _golden(loss: Callable[[float], float], p: Param, start: float, iters: int = 14) -> float:
+    """Golden-section search of ``loss`` over [lo, hi] (log-spaced if ``p.log``); keeps ``start`` unless
+    something better is found."""
+    def to_x(u: float) -> float:
+        return math.exp(u) if p.log else u
+
+    lo, hi = (math.log(p.lo), math.log(p.hi)) if p.log else (p.lo, p.hi)
+    best_x, best = start, loss(start)
+    a, b = lo, hi
+    c, d = b - GOLDEN * (b - a), a + GOLDEN * (b - a)
+    fc, fd = loss(to_x(c)), loss(to_x(d))
+    for _ in range(iters):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - GOLDEN * (b - a)
+            fc = loss(to_x(c))
+        else:
+            a, c, fc = c, d, fd
+            d = a + GOLDEN * (b - a)
+            fd = loss(to_x(d))
+    for x, f in ((to_x(c), fc), (to_x(d), fd)):
+        if f < best:
+            best_x, best = x, f
+    loss(best_x)  # leave the state at the optimum
+    return best_x
+
+
+def folds(rows: list[RowResult], k: int) -> list[list[RowResult]]:
+    """Deterministic k-fold split of the modelled rows (by a multiplicative hash of the row index)."""
+    out: list[list[RowResult]] = [[] for _ in range(k)]
+    for r in rows:
+        out[(r.row * 2654435761) % (2**32) % k].append(r)
+    return out
+
+
+def cross_validate(rows: list[RowResult], *, k: int = 5, rounds: int = 2, by_group: bool = False,
+                   progress: Callable[[str], None] | None = None) -> None:
+    """Fill ``cv_predicted_tokens_per_s_per_gpu`` of every row from a fit that did not see it."""
+    modelled = [r for r in rows if r.scenario is not None and r.measured_tokens_per_s_per_gpu]
+    if by_group:
+        groups = sorted({r.source_group for r in modelled})
+        parts = [[r for r in modelled if r.source_group == g] for g in groups]
+    else:
+        parts = folds(modelled, k)
+    for i, held in enumerate(parts):
+        held_ids = {id(r) for r in held}
+        train = [r for r in modelled if id(r) not in held_ids]
+        state = fit(train, rounds=rounds)
+        for r in held:
+            sc = r.scenario
+            assert sc is not None
+            r.cv_predicted_tokens_per_s_per_gpu = predict(
+                sc, params_for(state, sc.cluster.accelerator.name, sc.job.software)).tokens_per_s_per_gpu
+        if progress:
+            progress(f"fold {i + 1}/{len(parts)} done")
+
+
+def uncertainty_bands(rows: list[RowResult]) -> dict[str, dict[str, float]]:
+    """Relative step-time bands (10th and 90th percentile of the out-of-fold tokens/s errors, turned into
+    step-time ratios) per accelerator family and stack, per family, and overall."""
+    groups: dict[str, list[float]] = {}
+    for r in rows:
+        e = r.cv_error
+        if e is None or r.scenario is None:
+            continue
+        step_ratio = 1.0 / (1.0 + e) - 1.0  # predicted step over measured step, minus one
+        fam = family(r.scenario.cluster.accelerator.name)
+        for key in (f"{fam}/{r.scenario.job.software}", fam, "all"):
+            groups.setdefault(key, []).append(step_ratio)
+    out = {}
+    for key, v in groups.items():
+        if len(v) < 8:
+            continue
+        q = statistics.quantiles(v, n=10)
+        # the measured step lies within [pred/(1+hi), pred/(1+lo)]: report it relative to the prediction
+        out[key] = {"low": 1.0 / (1.0 + q[-1]) - 1.0, "high": 1.0 / (1.0 + q[0]) - 1.0, "rows": len(v)}
+    return out
+
+
+def to_toml(state: State, *, source: str, summary: dict, bands: dict[str, dict[str, float]]) -> str:
+    """The fitted parameters as catalog/calibration/fitted.toml."""
+    def table(d: dict) -> list[str]:
+        return [f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {float(v):.6g}" for k, v in sorted(d.items())]
+
+    lines = ["# Written by `meshplan validate --calibrate`; see docs/calibration.md for the procedure.",
+             f"source = {source!r}"]
+    for k, v in summary.items():
+        lines.append(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v:.6g}")
+    lines += ["", "[global]", *table(state["global"])]
+    for name, t in sorted(state["accelerator"].items()):
+        lines += ["", f"[accelerator.{name}]", *table(t)]
+    for name, t in sorted(state["software"].items()):
+        lines += ["", f"[software.{name}]", *table(t)]
+    for key, b in sorted(bands.items()):
+        lines += ["", f'[uncertainty."{key}"]', f"low = {b['low']:.4f}", f"high = {b['high']:.4f}",
+                  f"rows = {b['rows']}"]
+    unused = [a for a in FAMILY if a not in state["accelerator"]]
+    del unused
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,188 @@
+"""`meshplan validate`: predict published runs, compare, calibrate, cross-validate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from meshplan.calibration import compute_params_for
+from meshplan.validation.validate import RowResult, load_scenarios, read_rows, run, summary
+
+BINS = (0.02, 0.05, 0.10, 0.20, 0.50)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("validate", help="predict published training runs and compare with the measurements")
+    p.add_argument("path", help="CSV with the columns of shared/data/published_runs.csv")
+    p.add_argument("--json", action="store_true", help="one record per row and summaries")
+    p.add_argument("--plot", metavar="FILE", help="write predicted against measured tokens/s (PNG)")
+    p.add_argument("--cv", type=int, default=5, metavar="K",
+                   help="k-fold cross-validation: refit on k-1 folds, predict the k-th (0: skip; default 5)")
+    p.add_argument("--cv-rounds", type=int, default=2, help="coordinate-descent rounds per fold (default 2)")
+    p.add_argument("--by-source", action="store_true", help="also leave one source group out at a time")
+    p.add_argument("--calibrate", metavar="TOML", help="fit on every row and write the parameters to TOML")
+    p.add_argument("--max-cv-mape", type=float, default=None,
+                   help="exit 1 if the cross-validated MAPE of tokens/s per GPU exceeds this fraction")
+    p.set_defaults(func=cmd_validate)
+
+
+def _progress(msg: str) -> None:
+    if sys.stderr.isatty():
+        print(f"\r{msg:<80}", end="", file=sys.stderr, flush=True)
+
+
+def _record(r: RowResult) -> dict[str, Any]:
+    if r.scenario is None:
+        return {"row": r.row, "source_group": r.source_group, "model": r.model, "skipped": r.skipped}
+    d = {
+        "row": r.row, "source_group": r.source_group, "model": r.model, "gpu": r.gpu, "plan": r.plan,
+        "software": r.scenario.job.software,
+        "predicted_tokens_per_s_per_gpu": r.predicted_tokens_per_s_per_gpu,
+        "measured_tokens_per_s_per_gpu": r.measured_tokens_per_s_per_gpu,
+        "measured_from": r.scenario.measured_from,
+        "error": r.error,
+        "cv_predicted_tokens_per_s_per_gpu": r.cv_predicted_tokens_per_s_per_gpu,
+        "cv_error": r.cv_error,
+        "predicted_step_time_s": r.predicted_step_time_s,
+        "measured_step_time_s": r.measured_step_time_s,
+        "predicted_fits_in_memory": r.predicted_feasible,
+    }
+    if r.measured_peak_memory_bytes:
+        d["predicted_peak_memory_bytes"] = r.predicted_peak_memory_bytes
+        d["measured_peak_memory_bytes"] = r.measured_peak_memory_bytes
+        d["memory_error"] = r.memory_error
+    return d
+
+
+def _histogram(errors: list[float]) -> list[str]:
+    out = []
+    lo = 0.0
+    for hi in (*BINS, float("inf")):
+        n = sum(1 for e in errors if lo <= abs(e) < hi)
+        label = f"{lo:>4.0%}-{hi:<4.0%}" if hi != float("inf") else f"  >{lo:.0%}    "
+        out.append(f"  {label} {n:>4} {'#' * round(60 * n / max(1, len(errors)))}")
+        lo = hi
+    return out
+
+
+def _fmt(s: dict) -> str:
+    if not s.get("count"):
+        return "no rows"
+    return (f"n={s['count']:<4} MAPE {s['mape']:6.1%}  median {s['median_ape']:6.1%}  p90 {s['p90_ape']:6.1%}  "
+            f"worst {s['worst_ape']:7.1%}  bias {s['bias']:+6.1%}")
+
+
+def text_report(results: list[RowResult], fit: dict, cv: dict | None, group_cv: dict | None) -> str:
+    lines = [f"meshplan validate: {fit['rows']} rows, {fit['modelled']} modelled, {fit['skipped']} skipped",
+             "", "tokens/s per GPU, predicted against measured (error = predicted/measured - 1):",
+             f"  fit (catalog parameters)      {_fmt(fit['tokens_per_s_per_gpu'])}"]
+    if cv:
+        lines.append(f"  cross-validated (k-fold)      {_fmt(cv['tokens_per_s_per_gpu'])}")
+    if group_cv:
+        lines.append(f"  leave-one-source-group-out    {_fmt(group_cv['tokens_per_s_per_gpu'])}")
+    main = cv or fit
+    lines += ["", "by source group" + (" (cross-validated)" if cv else "") + ":"]
+    lines += [f"  {k:<28} {_fmt(v)}" for k, v in main["by_source_group"].items()]
+    lines += ["", "by accelerator" + (" (cross-validated)" if cv else "") + ":"]
+    lines += [f"  {k:<28} {_fmt(v)}" for k, v in main["by_gpu"].items()]
+    errs = [r.cv_error if cv else r.error for r in results]
+    errs = [e for e in errs if e is not None]
+    lines += ["", "absolute error histogram:", *_histogram(errs)]
+    lines += ["", f"peak memory (GiB as reported, torchtitan rows): {_fmt(fit['peak_memory'])}"]
+    worst = sorted((r for r in results if r.error is not None), key=lambda r: -abs(r.cv_error or r.error or 0))[:12]
+    lines += ["", "largest errors:"]
+    for r in worst:
+        e = r.cv_error if r.cv_error is not None else r.error
+        lines.append(f"  row {r.row:>3} {e:+7.1%}  {r.source_group[:22]:<22} {r.model[:26]:<26} {r.gpu[:16]:<16} "
+                     f"{r.plan}")
+    skipped = [r for r in results if r.skipped]
+    if skipped:
+        lines += ["", f"skipped ({len(skipped)}):"]
+        reasons: dict[str, list[int]] = {}
+        for r in skipped:
+            reasons.setdefault(r.skipped or "", []).append(r.row)
+        for reason, ids in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
+            more = " ..." if len(ids) > 8 else ""
+            lines.append(f"  {len(ids):>3} rows: {reason} (rows {', '.join(map(str, ids[:8]))}{more})")
+    return "\n".join(lines)
+
+
+def _plot(results: list[RowResult], path: str, use_cv: bool) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    groups = sorted({r.source_group for r in results if r.error is not None})
+    for g in groups:
+        rs = [r for r in results if r.source_group == g and r.error is not None]
+        pred = [(r.cv_predicted_tokens_per_s_per_gpu if use_cv else r.predicted_tokens_per_s_per_gpu) for r in rs]
+        ax.scatter([r.measured_tokens_per_s_per_gpu for r in rs], pred, s=12, label=g, alpha=0.75)
+    lo, hi = 5, 1e5
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    for f in (0.8, 1.25):
+        ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
+    ax.set(xscale="log", yscale="log", xlabel="measured tokens/s per GPU",
+           ylabel=("cross-validated " if use_cv else "") + "predicted tokens/s per GPU",
+           title="meshplan against published runs (dotted: ±20-25 %)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from meshplan.validation import calibrate as cal
+
+    results = load_scenarios(read_rows(args.path))
+    modelled = [r for r in results if r.scenario is not None]
+    if args.calibrate:
+        state = cal.fit(modelled, rounds=3, progress=_progress)
+        cal.cross_validate(results, k=max(2, args.cv or 5), rounds=args.cv_rounds, progress=_progress)
+        bands = cal.uncertainty_bands(results)
+        cv_sum = summary(results, use_cv=True)["tokens_per_s_per_gpu"]
+        text = cal.to_toml(state, source=f"fitted on {len(modelled)} rows of {Path(args.path).name} by "
+                                         "meshplan validate --calibrate (docs/calibration.md)",
+                           summary={"rows": float(len(modelled)), "cv_mape": cv_sum["mape"] or 0.0,
+                                    "cv_median_ape": cv_sum["median_ape"] or 0.0}, bands=bands)
+        Path(args.calibrate).write_text(text)
+        print(f"wrote {args.calibrate}", file=sys.stderr)
+
+        def compute_for(a: str, s: str):
+            return cal.params_for(state, a, s)
+    else:
+        compute_for = compute_params_for
+        if args.cv:
+            cal.cross_validate(results, k=args.cv, rounds=args.cv_rounds, progress=_progress)
+    run(results, compute_for)
+    fit_sum = summary(results, use_cv=False)
+    cv_sum = summary(results, use_cv=True) if (args.cv or args.calibrate) else None
+    group_sum = None
+    if args.by_source:
+        saved = [r.cv_predicted_tokens_per_s_per_gpu for r in results]
+        cal.cross_validate(results, by_group=True, rounds=args.cv_rounds, progress=_progress)
+        group_sum = summary(results, use_cv=True)
+        for r, v in zip(results, saved, strict=True):
+            r.cv_predicted_tokens_per_s_per_gpu = v
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    if args.plot:
+        _plot(results, args.plot, use_cv=cv_sum is not None)
+    if args.json:
+        print(json.dumps({"schema": "meshplan.validate/1", "summary": {"fit": fit_sum, "cross_validated": cv_sum,
+                                                                        "leave_one_source_out": group_sum},
+                          "rows": [_record(r) for r in results]}, indent=1))
+    else:
+        print(text_report(results, fit_sum, cv_sum, group_sum))
+    if args.max_cv_mape is not None:
+        mape = (cv_sum or fit_sum)["tokens_per_s_per_gpu"]["mape"]  # type: ignore[index]
+        if mape is None or mape > args.max_cv_mape:
+            print(f"meshplan: validate: cross-validated MAPE {mape:.1%} exceeds {args.max_cv_mape:.1%}",
+                  file=sys.stderr)
+            return 1
+        print(f"cross-validated MAPE {mape:.2%} <= threshold {args.max_cv_mape:.1%}", file=sys.stderr)
+    return 0

@@ -1,0 +1,255 @@
+"""Turn a row of a published-runs CSV (columns of shared/data/published_runs.csv) into meshplan specs.
+
+Every mapping decision is written here once; a row that cannot be modelled gets a reason instead of
+being dropped. Inferred pieces (gated MLP from the model family, the Megatron distributed optimizer
+for NeMo rows, a node size for NVL72 racks) follow the data file's README.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+from meshplan.catalog import load_cluster, load_model
+from meshplan.errors import SpecError
+from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
+from meshplan.units import GiB
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A row as meshplan sees it: what to evaluate, what was measured."""
+
+    row: int
+    source_group: str
+    gpu: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    job: JobSpec
+    plan: Plan
+    measured_tokens_per_s_per_gpu: float
+    measured_from: str
+    """'tokens_per_sec_per_gpu' or how it was derived (e.g. from tflops_per_gpu)."""
+    measured_step_time_s: float | None
+    measured_peak_memory_bytes: float | None
+    flops_counting: str
+    precision_label: str
+
+
+class Skip(Exception):
+    """A row meshplan does not model, with the reason."""
+
+
+# gpu_type prefix -> (catalog accelerator, overrides)
+_GPUS = [
+    ("H100 SXM 96GB", "h100-sxm", {"hbm_capacity_gib": 96}),
+    ("H100", "h100-sxm", {}),
+    ("H200", "h200", {}),
+    ("A100 40GB", "a100-40gb", {}),
+    ("A100", "a100-80gb", {}),
+    ("GB200", "gb200", {}),
+    ("GB300", "gb300", {}),
+    ("B200", "b200", {}),
+    ("B300", "b300", {}),
+]
+
+SOFTWARE_OF_GROUP = {
+    "MosaicML llm-foundry": "llm-foundry",
+    "torchtitan": "torchtitan",
+    "NVIDIA dgxc-benchmarking": "megatron",
+    "NeMo / Megatron-Bridge": "megatron",
+    "Megatron-LM papers": "megatron",
+    "Megatron-LM": "megatron",
+}
+
+_GATED_FAMILIES = ("llama", "mixtral", "qwen", "deepseek", "kimi", "gpt-oss", "grok", "mistral")
+
+
+def _f(row: dict[str, str], key: str) -> float | None:
+    v = (row.get(key) or "").strip()
+    if not v:
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        return None
+
+
+def _i(row: dict[str, str], key: str, default: int | None = None) -> int | None:
+    v = _f(row, key)
+    return default if v is None else int(v)
+
+
+def _model(row: dict[str, str], idx: int) -> ModelSpec:
+    name = row["model"]
+    low = name.lower()
+    notes = row.get("notes", "")
+    if "nemotron-h" in low or "mamba" in notes.lower():
+        raise Skip("hybrid Mamba/attention stack: Mamba layers are not modelled")
+    if low.startswith("deepseek-v3"):
+        base = load_model("deepseek-v3")
+        return replace(base, name=name, nominal_params=None)
+    L, h, heads = _i(row, "n_layers"), _i(row, "hidden"), _i(row, "n_heads")
+    kv = _i(row, "n_kv_heads", heads)
+    ffn = _i(row, "ffn_hidden", 4 * h if h else None)
+    vocab = _i(row, "vocab")
+    if not (L and h and heads and ffn and vocab):
+        raise Skip("model dimensions incomplete")
+    gated = any(f in low for f in _GATED_FAMILIES) and "squared-relu" not in notes.lower()
+    kwargs: dict[str, Any] = {}
+    moe = re.search(r"MoE[^;|]*?(\d+)\s+(?:routed\s+)?experts?[^;|]*?top-(\d+)", notes)
+    if "kimi" in low:
+        base = load_model("deepseek-v3")
+        return replace(base, name=name, n_heads=heads, n_kv_heads=heads, n_experts=384, vocab=vocab,
+                       n_dense_layers=1, nominal_params=None)
+    if moe:
+        n_exp, top = int(moe.group(1)), int(moe.group(2))
+        shared = 1 if re.search(r"\+\s*1 shared", notes) else 0
+        kwargs = {"n_experts": n_exp, "top_k": top, "expert_ffn_hidden": ffn, "n_shared_experts": shared}
+    head_dim = None
+    if h % heads:
+        head_dim = 128
+    elif "qwen3" in low or "gpt-oss" in low:
+        head_dim = 128 if "qwen3" in low else 64
+    try:
+        return ModelSpec(name=name, n_layers=L, hidden=h, n_heads=heads, n_kv_heads=kv, ffn_hidden=ffn, vocab=vocab,
+                         gated_mlp=gated, head_dim=head_dim, tied_embeddings=low.startswith("mpt"), **kwargs)
+    except SpecError as exc:
+        raise Skip(f"model spec: {exc}") from None
+
+
+def _cluster(row: dict[str, str]) -> ClusterSpec:
+    gpu = row["gpu_type"]
+    n = _i(row, "n_gpus")
+    if not n:
+        raise Skip("n_gpus missing")
+    match = next(((name, overrides) for prefix, name, overrides in _GPUS if gpu.startswith(prefix)), None)
+    if match is None:
+        raise Skip(f"accelerator {gpu!r} not in the catalog")
+    name, overrides = match
+    gpn = _i(row, "gpus_per_node", 8) or 8
+    if gpn > 8:  # an NVL72 domain: jobs use whole trays; take the largest power of two dividing the job
+        gpn = math.gcd(n, 64)
+    gpn = min(gpn, n)
+    nodes = max(1, n // gpn)
+    if nodes * gpn != n:
+        raise Skip(f"{n} GPUs do not fill nodes of {gpn}")
+    inter = None
+    m = re.search(r"(\d+)\s*Gbps node-node", row.get("interconnect", ""))
+    if m:
+        inter = int(m.group(1)) / 8 / gpn  # Gb/s per node -> GB/s per GPU
+    m = re.search(r"(\d+)\s*Gb/s per GPU", row.get("interconnect", ""))
+    if m:
+        inter = int(m.group(1)) / 8
+    cluster = load_cluster(name, nodes=nodes, gpus_per_node=gpn, inter_node_gb_per_s=inter)
+    if "hbm_capacity_gib" in overrides:
+        cluster = replace(cluster, accelerator=replace(cluster.accelerator,
+                                                       hbm_capacity_bytes=overrides["hbm_capacity_gib"] * GiB))
+    return cluster
+
+
+def _precision(row: dict[str, str]) -> str:
+    p = row["precision"].lower()
+    if "fp4" in p:
+        raise Skip("NVFP4 compute is not modelled")
+    return "fp8" if ("fp8" in p) else "bf16"
+
+
+def _plan(row: dict[str, str], model: ModelSpec, n_gpus: int) -> Plan:
+    tp, pp, cp, ep = (_i(row, k, 1) or 1 for k in ("tp", "pp", "cp", "ep"))
+    dp = _i(row, "dp") or n_gpus // (tp * pp * cp)
+    if tp * pp * cp * dp != n_gpus:
+        raise Skip(f"layout tp·pp·cp·dp = {tp * pp * cp * dp} does not match {n_gpus} GPUs")
+    z = (row.get("zero_or_fsdp") or "").lower()
+    group = row["source_group"]
+    sharding = "fsdp"
+    raf: bool | int = True
+    dp_shard, dp_rep = dp, 1
+    if "jax fsdp" in z:
+        m = re.search(r"degree (\d+); dp (\d+)", z)
+        if m:
+            dp_shard, dp_rep = int(m.group(1)), int(m.group(2))
+            if dp_shard * dp_rep != dp:
+                dp_shard, dp_rep = dp, 1
+    elif "shard_grad_op" in z:
+        raf = False
+    elif z.startswith("zero3"):
+        sharding = "zero3"
+    elif "fsdp" in z:
+        pass
+    elif group in ("NVIDIA dgxc-benchmarking", "NeMo / Megatron-Bridge", "Megatron-LM") or "distributed optimizer" in z:
+        sharding = "megatron"
+    elif group == "Megatron-LM papers":
+        sharding, dp_shard, dp_rep = "fsdp", 1, dp  # 2020-2022 Megatron: DDP, optimizer not sharded
+    if ep > 1 and (tp * cp * dp_shard) % ep:
+        raise Skip(f"ep={ep} does not fold into tp·cp·dp_shard = {tp * cp * dp_shard}")
+    vpp = _i(row, "virtual_pp")
+    schedule, v = "1f1b", 1
+    if pp > 1 and vpp and vpp > 1 and model.n_layers % (pp * vpp) == 0:
+        schedule, v = "interleaved", vpp
+    rc = (row.get("recompute") or "").lower()
+    if rc.startswith("selective") and ("op" in rc or "sac" in rc):
+        recompute: str | None = "sac"  # torchtitan selective AC, op policy
+    elif rc.startswith("selective"):
+        recompute = "selective"
+    else:
+        recompute = "full" if rc.startswith("full") else "none" if rc.startswith("none") else None
+    spv = (row.get("sequence_parallel") or "").lower()
+    sp = None if not spv else spv.startswith("y")
+    if group in ("NVIDIA dgxc-benchmarking", "NeMo / Megatron-Bridge", "Megatron-LM") and not spv:
+        sp = True
+    mbs = _i(row, "micro_batch_size")
+    try:
+        return Plan(dp_replicate=dp_rep, dp_shard=dp_shard, tp=tp, pp=pp, cp=cp, ep=ep, mbs=mbs, recompute=recompute,
+                    sharding=sharding, reshard_after_forward=raf, sp=sp, schedule=schedule, vpp=v)
+    except SpecError as exc:
+        raise Skip(f"plan: {exc}") from None
+
+
+def _measured_tokens(row: dict[str, str], model: ModelSpec) -> tuple[float, str]:
+    tps = _f(row, "tokens_per_sec_per_gpu")
+    if tps:
+        return tps, "tokens_per_sec_per_gpu"
+    tflops = _f(row, "tflops_per_gpu")
+    if not tflops:
+        raise Skip("no throughput measured (tokens/s and TFLOP/s both blank)")
+    from meshplan.cost.flops import model_flop_per_token, recompute_flop_per_token
+    from meshplan.cost.params import param_counts
+
+    counts = param_counts(model)
+    seq = int(_f(row, "seq_len") or 0)
+    f = model_flop_per_token(model, counts, seq_len=seq, causal=False)
+    how = "tflops_per_gpu / model FLOPs per token (non-causal)"
+    if row.get("flops_counting", "").lower().startswith("hardware-like"):
+        f += recompute_flop_per_token(model, counts, seq_len=seq, recompute="full", flash_attention=True,
+                                      causal=False)
+        how = "tflops_per_gpu / hardware FLOPs per token (with the full-recompute forward)"
+    return tflops * 1e12 / f, how
+
+
+def scenario_from_row(idx: int, row: dict[str, str]) -> Scenario:
+    """The specs of one row; raises Skip with a reason when the row cannot be modelled."""
+    model = _model(row, idx)
+    cluster = _cluster(row)
+    seq = _i(row, "seq_len")
+    gbs = _i(row, "global_batch_size")
+    if not seq:
+        raise Skip("seq_len missing")
+    if not gbs:
+        raise Skip("global batch size not published")
+    try:
+        job = JobSpec(global_batch_tokens=gbs * seq, seq_len=seq, precision=_precision(row),
+                      flash_attention=not (row.get("flash_attention") or "").lower().startswith("n"),
+                      software=SOFTWARE_OF_GROUP.get(row["source_group"], "generic"))
+    except SpecError as exc:
+        raise Skip(f"job: {exc}") from None
+    plan = _plan(row, model, cluster.n_gpus)
+    tokens, how = _measured_tokens(row, model)
+    mem = _f(row, "peak_memory_gb")
+    return Scenario(row=idx, source_group=row["source_group"], gpu=row["gpu_type"], model=model, cluster=cluster,
+                    job=job, plan=plan, measured_tokens_per_s_per_gpu=tokens, measured_from=how,
+                    measured_step_time_s=_f(row, "step_time_s"),
+                    measured_peak_memory_bytes=None if mem is None else mem * GiB,
+                    flops_counting=row.get("flops_counting", ""), precision_label=row["precision"])

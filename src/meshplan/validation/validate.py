@@ -1,0 +1,140 @@
+"""Predict every row of a published-runs file and compare with what was measured."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from meshplan.cost.compute import ComputeParams
+from meshplan.cost.estimate import Estimate
+from meshplan.cost.step import evaluate
+from meshplan.errors import SpecError
+from meshplan.validation.rows import Scenario, Skip, scenario_from_row
+
+REQUIRED_COLUMNS = ("model", "n_layers", "hidden", "n_heads", "vocab", "seq_len", "gpu_type", "n_gpus", "tp", "pp",
+                    "source_group")
+
+
+@dataclass(slots=True)
+class RowResult:
+    row: int
+    source_group: str
+    gpu: str
+    model: str
+    plan: str
+    scenario: Scenario | None = None
+    predicted_tokens_per_s_per_gpu: float | None = None
+    measured_tokens_per_s_per_gpu: float | None = None
+    predicted_step_time_s: float | None = None
+    measured_step_time_s: float | None = None
+    predicted_peak_memory_bytes: float | None = None
+    measured_peak_memory_bytes: float | None = None
+    predicted_feasible: bool | None = None
+    skipped: str | None = None
+    cv_predicted_tokens_per_s_per_gpu: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def error(self) -> float | None:
+        """Signed relative error of tokens/s: predicted / measured - 1."""
+        if self.predicted_tokens_per_s_per_gpu is None or not self.measured_tokens_per_s_per_gpu:
+            return None
+        return self.predicted_tokens_per_s_per_gpu / self.measured_tokens_per_s_per_gpu - 1.0
+
+    @property
+    def cv_error(self) -> float | None:
+        if self.cv_predicted_tokens_per_s_per_gpu is None or not self.measured_tokens_per_s_per_gpu:
+            return None
+        return self.cv_predicted_tokens_per_s_per_gpu / self.measured_tokens_per_s_per_gpu - 1.0
+
+    @property
+    def memory_error(self) -> float | None:
+        if self.predicted_peak_memory_bytes is None or not self.measured_peak_memory_bytes:
+            return None
+        return self.predicted_peak_memory_bytes / self.measured_peak_memory_bytes - 1.0
+
+
+def read_rows(path: str | Path) -> list[dict[str, str]]:
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError("validate", f"file {str(path)!r} not found")
+    with p.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise SpecError("validate", f"{path} lacks columns {', '.join(missing)} (see shared/data/README.md)")
+        return list(reader)
+
+
+def load_scenarios(rows: list[dict[str, str]]) -> list[RowResult]:
+    out = []
+    for i, row in enumerate(rows):
+        r = RowResult(row=i, source_group=row.get("source_group", ""), gpu=row.get("gpu_type", ""),
+                      model=row.get("model", ""), plan="")
+        try:
+            sc = scenario_from_row(i, row)
+        except Skip as exc:
+            r.skipped = str(exc)
+        else:
+            r.scenario = sc
+            r.plan = sc.plan.to_string()
+            r.measured_tokens_per_s_per_gpu = sc.measured_tokens_per_s_per_gpu
+            r.measured_step_time_s = sc.measured_step_time_s
+            r.measured_peak_memory_bytes = sc.measured_peak_memory_bytes
+        out.append(r)
+    return out
+
+
+def predict(sc: Scenario, compute: ComputeParams) -> Estimate:
+    return evaluate(sc.model, sc.cluster, sc.job, sc.plan, compute=compute)
+
+
+def run(results: Iterable[RowResult], compute_for) -> None:
+    """Fill in predictions for every modelled row, with the compute parameters of its accelerator and stack."""
+    for r in results:
+        if r.scenario is None:
+            continue
+        try:
+            est = predict(r.scenario, compute_for(r.scenario.cluster.accelerator.name, r.scenario.job.software))
+        except SpecError as exc:
+            r.skipped = f"plan rejected: {exc}"
+            r.scenario = None
+            continue
+        r.predicted_tokens_per_s_per_gpu = est.tokens_per_s_per_gpu
+        r.predicted_step_time_s = est.step_time_s
+        r.predicted_peak_memory_bytes = est.memory.peak_bytes
+        r.predicted_feasible = est.feasible
+
+
+def summarise(errors: list[float]) -> dict[str, float | int | None]:
+    a = sorted(abs(e) for e in errors)
+    if not a:
+        return {"count": 0, "mape": None, "median_ape": None, "p90_ape": None, "worst_ape": None, "bias": None}
+    return {"count": len(a), "mape": statistics.fmean(a), "median_ape": statistics.median(a),
+            "p90_ape": a[min(len(a) - 1, int(0.9 * len(a)))], "worst_ape": a[-1], "bias": statistics.fmean(errors)}
+
+
+def summary(results: list[RowResult], *, use_cv: bool) -> dict[str, object]:
+    def err(r: RowResult) -> float | None:
+        return r.cv_error if use_cv else r.error
+
+    modelled = [r for r in results if r.scenario is not None and err(r) is not None]
+    by_group: dict[str, list[float]] = defaultdict(list)
+    by_gpu: dict[str, list[float]] = defaultdict(list)
+    for r in modelled:
+        by_group[r.source_group].append(err(r))  # type: ignore[arg-type]
+        by_gpu[r.scenario.cluster.accelerator.name].append(err(r))  # type: ignore[union-attr, arg-type]
+    mem = [r.memory_error for r in results if r.memory_error is not None]
+    return {
+        "rows": len(results),
+        "modelled": len(modelled),
+        "skipped": sum(1 for r in results if r.skipped),
+        "tokens_per_s_per_gpu": summarise([err(r) for r in modelled]),  # type: ignore[misc]
+        "by_source_group": {k: summarise(v) for k, v in sorted(by_group.items())},
+        "by_gpu": {k: summarise(v) for k, v in sorted(by_gpu.items())},
+        "peak_memory": summarise(mem),
+    }
