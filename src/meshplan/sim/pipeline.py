@@ -1,0 +1,118 @@
+"""Chunk-level pipeline schedule across stages: greedy list scheduling with schedule-specific priorities.
+
+Each stage runs one chunk at a time. A forward chunk waits for the previous virtual stage's forward of
+the same micro-batch (plus the send/recv time), a backward chunk for the next virtual stage's backward.
+Priorities: backward before forward (1F1B), and for zero-bubble schedules the weight-gradient part W
+is split off and runs only when nothing else is ready (Qi et al. 2024). Forwards in flight per stage
+are capped as each schedule's memory budget allows (1F1B: p - s).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False, slots=True)
+class Task:
+    stage: int
+    kind: str  # F, B or W
+    mb: int
+    chunk: int
+    dur_s: float
+    deps: list[Task] = field(default_factory=list)
+    start_s: float = math.nan
+    end_s: float = math.nan
+
+
+def virtual_route(schedule: str, pp: int, chunks: int) -> list[tuple[int, int]]:
+    """(stage, chunk) in forward order through the model."""
+    if schedule == "zb-v":
+        return [(s, 0) for s in range(pp)] + [(s, 1) for s in reversed(range(pp))]
+    return [(s, j) for j in range(chunks) for s in range(pp)]
+
+
+def schedule_pipeline(*, schedule: str, pp: int, m: int, chunks: int, f_s: list[float], b_s: list[float],
+                      w_s: list[float], p2p_s: float) -> tuple[float, list[Task]]:
+    """Makespan [s] and the scheduled tasks. f_s, b_s, w_s are per stage, per micro-batch chunk-times of the
+    whole stage (split evenly over its model chunks); w_s is used only by zero-bubble schedules."""
+    split_w = schedule in ("zb-h1", "zb-v")
+    route = virtual_route(schedule, pp, chunks)
+    tasks: list[Task] = []
+    for k in range(m):
+        fwd: list[Task] = []
+        for s, j in route:
+            t = Task(s, "F", k, j, f_s[s] / chunks, deps=fwd[-1:])
+            fwd.append(t)
+        bwd: list[Task] = []
+        for s, j in reversed(route):
+            dur = (b_s[s] if split_w else b_s[s] + w_s[s]) / chunks
+            t = Task(s, "B", k, j, dur, deps=[bwd[-1]] if bwd else [fwd[-1]])
+            bwd.append(t)
+            if split_w:
+                tasks.append(Task(s, "W", k, j, w_s[s] / chunks, deps=[t]))
+        tasks += fwd + bwd
+    cap = {s: _cap(schedule, pp, s, m, chunks) for s in range(pp)}
+    free = [0.0] * pp
+    inflight = [0] * pp
+    remaining = len(tasks)
+    # each stage runs the tasks of one (kind, chunk) in micro-batch order: only queue heads are candidates
+    queues: dict[int, dict[str, list[Task]]] = {s: {} for s in range(pp)}
+    for t in sorted(tasks, key=lambda t: _order_key(t, pp, chunks)):
+        # ZB-V fills its warm-up with first-chunk forwards while the V's second half is in flight:
+        # one queue per chunk; the others keep Megatron's strict interleaved order
+        q = f"{t.kind}{t.chunk}" if schedule == "zb-v" else t.kind
+        queues[t.stage].setdefault(q, []).append(t)
+    heads = {s: {q: 0 for q in queues[s]} for s in range(pp)}
+    prio = {"B": 0, "F": 1, "W": 2}
+    # ZB-V caps only its first-chunk forwards: a second-chunk forward completes the V and leads to a backward
+    counted = {0} if schedule == "zb-v" else set(range(chunks))
+    while remaining:
+        best: tuple[float, tuple, int, tuple[str, int]] | None = None
+        for s in range(pp):
+            for q, i in heads[s].items():
+                ts = queues[s][q]
+                if i >= len(ts):
+                    continue
+                t = ts[i]
+                if t.kind == "F" and t.chunk in counted and inflight[s] >= cap[s]:
+                    continue
+                if any(math.isnan(d.end_s) for d in t.deps):
+                    continue
+                ready = free[s]
+                for d in t.deps:
+                    ready = max(ready, d.end_s + (p2p_s if d.stage != t.stage else 0.0))
+                key = (ready, prio[t.kind], t.mb, t.chunk)
+                if best is None or key < best[1]:
+                    best = (ready, key, s, q)
+        if best is None:
+            raise RuntimeError("pipeline schedule deadlocked")
+        start, _, s, q = best
+        t = queues[s][q][heads[s][q]]
+        heads[s][q] += 1
+        t.start_s, t.end_s = start, start + t.dur_s
+        free[s] = t.end_s
+        if t.chunk in counted:
+            inflight[s] += 1 if t.kind == "F" else -1 if t.kind == "B" else 0
+        remaining -= 1
+    return max(free), tasks
+
+
+def _order_key(t: Task, pp: int, chunks: int) -> tuple[int, int, int]:
+    """Each stage runs its forwards, backwards and weight-gradient tasks in this order: micro-batches in
+    groups of pp, within a group chunk by chunk (Megatron's interleaved order; forwards go up the chunks,
+    backwards down)."""
+    if chunks == 1:
+        return (t.mb, 0, 0)
+    group, j = t.mb // pp, t.chunk if t.kind == "F" else chunks - 1 - t.chunk
+    return (group, j, t.mb)
+
+
+def _cap(schedule: str, pp: int, s: int, m: int, chunks: int) -> int:
+    if schedule == "gpipe":
+        return m * chunks
+    if chunks == 1:
+        return max(1, pp - s)
+    if schedule == "zb-v":  # first-chunk forwards in flight: the V holds up to 2p - s of them
+        return max(1, pp + (pp - s))
+    return max(1, (pp - s - 1) * 2 + (chunks - 1) * pp + 1)

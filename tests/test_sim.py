@@ -1,0 +1,87 @@
+"""The timeline simulator: engine rules, pipeline schedules, breakdown sums, trace, and agreement with the
+closed form."""
+
+import json
+
+import pytest
+from tests.helpers import worked_example
+
+from meshplan import JobSpec, evaluate, load_cluster, load_model, parse_plan
+from meshplan.calibration import compute_params_for
+from meshplan.sim.engine import Op, run
+from meshplan.sim.pipeline import schedule_pipeline
+from meshplan.sim.simulate import simulate
+from meshplan.sim.trace import chrome_trace
+
+CP = compute_params_for("h100-sxm")
+PLANS = ["dp_shard=64", "tp=8,dp_shard=8", "dp_replicate=8,dp_shard=8,mbs=1,recompute=full", "cp=2,dp_shard=32",
+         "tp=8,pp=8,mbs=1,recompute=full", "tp=8,pp=8,mbs=1,recompute=full,schedule=interleaved,vpp=2",
+         "tp=8,pp=8,mbs=1,recompute=full,schedule=zb-h1", "tp=8,pp=8,mbs=1,recompute=full,schedule=zb-v",
+         "tp=4,pp=4,dp_shard=4,mbs=2,recompute=sac,sharding=megatron"]
+
+
+def _sim(plan: str, batch: int = 4_194_304):
+    m, c, j = worked_example(batch_tokens=batch)
+    est = evaluate(m, c, j, parse_plan(plan, c.n_gpus))
+    return est, simulate(est, slowdown=CP.comm_slowdown, step_overhead_s=CP.step_overhead_s)
+
+
+def test_link_sharing_and_compute_slowdown():
+    a = Op("a", "s1", 1.0, "x", link="inter_node")
+    b = Op("b", "s2", 1.0, "x", link="inter_node")
+    c = Op("c", "compute", 1.0, "compute")
+    assert run([a, b, c], slowdown=0.5) == pytest.approx(2.0)  # two transfers share the link
+    assert c.end_s == pytest.approx(1.5)  # compute at 1/1.5 while communication runs
+    d = Op("d", "s1", 1.0, "x", link="intra_node")
+    e = Op("e", "compute", 1.0, "compute", deps=[d])
+    assert run([d, e], slowdown=0.0) == pytest.approx(2.0)  # a dependency serialises
+
+
+@pytest.mark.parametrize(("schedule", "chunks", "bubble"), [("1f1b", 1, 9.0), ("gpipe", 1, 9.0), ("zb-h1", 1, 3.0)])
+def test_pipeline_bubbles(schedule, chunks, bubble):
+    """Narayanan et al. 2021: 1F1B bubble (p-1)(t_F + t_B + t_W); Qi et al. 2024: ZB-H1 (p-1)(t_F + t_B - t_W)."""
+    for m in (8, 64):
+        makespan, _ = schedule_pipeline(schedule=schedule, pp=4, m=m, chunks=chunks, f_s=[1] * 4, b_s=[1] * 4,
+                                        w_s=[1] * 4, p2p_s=0.0)
+        assert makespan - 3 * m == pytest.approx(bubble)
+
+
+def test_zb_v_is_near_zero_bubble():
+    makespan, _ = schedule_pipeline(schedule="zb-v", pp=4, m=64, chunks=2, f_s=[1] * 4, b_s=[1] * 4, w_s=[1] * 4,
+                                    p2p_s=0.0)
+    assert makespan - 3 * 64 < 0.25 * 9.0
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_breakdown_sums_to_step_time(plan):
+    _, r = _sim(plan)
+    assert sum(r.breakdown.values()) == pytest.approx(r.step_time_s, rel=1e-3)
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_closed_form_agrees_with_simulator(plan):
+    """The closed form screens the search; it must stay within 15 % of the simulator on these plans."""
+    est, r = _sim(plan)
+    assert r.step_time_s == pytest.approx(est.step_time_s, rel=0.15)
+
+
+def test_trace_is_valid_chrome_json_with_tracks():
+    est, r = _sim("tp=8,pp=8,mbs=1,recompute=full")
+    doc = json.loads(json.dumps(chrome_trace(est, r)))
+    events = doc["traceEvents"]
+    assert all(e["ph"] in ("X", "M") for e in events)
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in events if e["ph"] == "X")
+    names = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert "compute" in names and "pipeline schedule" in names and "stage 0" in names
+    assert any(n.startswith("tp:") for n in names)
+
+
+def test_405b_simulation_cost():
+    """A 405B plan with 16 stages and 32 micro-batches simulates; its speed is recorded by
+    benchmarks/bench_sim.py, not asserted here."""
+    m, c = load_model("llama-3.1-405b"), load_cluster("h100-sxm", nodes=16)
+    j = JobSpec(global_batch_tokens=32 * 8192, seq_len=8192)
+    est = evaluate(m, c, j, parse_plan("tp=8,pp=16,mbs=1,recompute=full,sharding=megatron", 128))
+    assert est.n_microbatches == 32
+    r = simulate(est, slowdown=CP.comm_slowdown, step_overhead_s=CP.step_overhead_s)
+    assert r.breakdown["pipeline bubble"] > 0
