@@ -152,6 +152,20 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         est = evaluate_simplified(model, cluster, job, plan, mfu=args.mfu if args.mfu is not None else 0.4)
     else:
         est = evaluate(model, cluster, job, plan, mfu=args.mfu)
+        if est.feasible or args.trace:
+            from meshplan.calibration import compute_params_for
+            from meshplan.sim.simulate import refine, simulate
+
+            cp = compute_params_for(cluster.accelerator.name, job.software)
+            if args.trace:
+                from meshplan.sim.trace import write_trace
+
+                write_trace(est, simulate(est, slowdown=cp.comm_slowdown, step_overhead_s=cp.step_overhead_s),
+                            Path(args.trace))
+            est = refine(est, slowdown=cp.comm_slowdown, step_overhead_s=cp.step_overhead_s)
+        from meshplan.uncertainty import attach_band
+
+        est = attach_band(est, accelerator=cluster.accelerator.name, software=job.software)
     print(json.dumps(estimate_dict(est), indent=2) if args.json else estimate_text(est))
     return 0
 
@@ -160,14 +174,72 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from meshplan.explain import analyse
     from meshplan.report.json import plan_analysis_dict
     from meshplan.report.text import plan_text
-    from meshplan.search.space import Space
 
     model, cluster, job = _scenario(args)
-    space = Space.dp_tp() if args.space == "dp-tp" else Space()
-    analysis = analyse(model, cluster, job, space=space, mfu=args.mfu, with_conditions=not args.no_conditions,
+    analysis = analyse(model, cluster, job, space=_space(args), mfu=args.mfu, with_conditions=not args.no_conditions,
                        progress=_progress("searching"))
     print(json.dumps(plan_analysis_dict(analysis, top=args.top if args.top else None), indent=2)
           if args.json else plan_text(analysis, top=args.top or 10))
+    return 0
+
+
+def _space(args: argparse.Namespace) -> Any:
+    from meshplan.search.space import Space
+
+    return Space.dp_tp() if getattr(args, "space", "full") == "dp-tp" else Space()
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from meshplan.report.json import estimate_dict
+    from meshplan.search.sweep import changes, geometric, parse_range, sweep
+
+    model, cluster, job = _scenario(args)
+    name, lo, hi = parse_range(args.vary)
+    points = sweep(model, cluster, job, name, geometric(lo, hi, args.points), space=_space(args), mfu=args.mfu)
+    if args.plot:
+        from meshplan.report.charts import sweep_chart
+
+        Path(args.plot).write_bytes(sweep_chart(points, xlabel=name, log_x=hi / lo > 8))
+    if args.json:
+        print(json.dumps({"schema": "meshplan.sweep/1", "condition": name, "points": [
+            {"value": p.value, "best": estimate_dict(p.best) if p.best else None,
+             "best_by_family": {f: {"plan": e.plan.to_string(), "label": e.plan.label(), "step_time_s": e.step_time_s,
+                                    "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu} for f, e in p.by_family.items()}}
+            for p in points], "changes": [{"from_value": a, "to_value": b, "from_plan": pa, "to_plan": pb}
+                                          for a, b, pa, pb in changes(points)]}, indent=2))
+        return 0
+    print(f"meshplan sweep: {name} from {lo:g} to {hi:g}, {model.name} on {cluster.n_gpus} x "
+          f"{cluster.accelerator.name}")
+    print(f"{'value':>14}  {'best plan':<34} {'step':>10} {'MFU':>6} {'tokens/s/GPU':>13}")
+    for p in points:
+        if p.best:
+            print(f"{p.value:>14,.6g}  {p.best.plan.label():<34} {p.best.step_time_s:>9.3g}s {p.best.mfu:>6.1%} "
+                  f"{p.best.tokens_per_s_per_gpu:>13,.0f}")
+        else:
+            print(f"{p.value:>14,.6g}  no plan fits")
+    for a, b, pa, pb in changes(points):
+        print(f"between {a:,.6g} and {b:,.6g}: {pa} -> {pb}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from meshplan.explain import analyse
+    from meshplan.report.html import write_report
+    from meshplan.search.sweep import geometric, sweep
+
+    model, cluster, job = _scenario(args)
+    space = _space(args)
+    analysis = analyse(model, cluster, job, space=space, mfu=args.mfu, with_conditions=not args.no_conditions,
+                       progress=_progress("searching"))
+    b, bw = job.global_batch_tokens, cluster.inter.nic_bytes_per_s / 1e9
+    sweeps = {
+        "batch-tokens": sweep(model, cluster, job, "batch-tokens", geometric(max(job.seq_len * cluster.n_gpus // 8,
+                                                                                   b / 16), b * 4, 7), space=space),
+        "inter-node-bandwidth": sweep(model, cluster, job, "inter-node-bandwidth", geometric(bw / 8, bw * 2, 6),
+                                      space=space),
+    }
+    html_path, md_path = write_report(analysis, sweeps, Path(args.out))
+    print(f"wrote {html_path} and {md_path}")
     return 0
 
 
@@ -210,6 +282,24 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     return 0
 
 
+HARNESS_COMMANDS = ("meshplan.harness.crosscheck_cli", "meshplan.harness.measure_cli")
+
+
+def _register_harness(sub: Any) -> None:
+    """Subcommands of the PyTorch harness. Their modules import torch only when a command runs, and
+    say how to install the extra when it is missing."""
+    import importlib
+
+    for name in HARNESS_COMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not name.startswith(exc.name):
+                raise
+            continue
+        module.register(sub, _add_scenario)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="meshplan", description="Plan how to parallelise transformer training on a GPU cluster.")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
@@ -225,7 +315,27 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--plan", required=True, help="e.g. dp_shard=64 or tp=8,dp_shard=8,mbs=1,recompute=full")
     ev.add_argument("--assumptions", choices=("faithful", "worked-example"), default="faithful",
                     help="worked-example: the hand analysis's simplifications (golden figures)")
+    ev.add_argument("--trace", default=None, metavar="FILE.json",
+                    help="write the simulated step as Chrome trace JSON (chrome://tracing, Perfetto)")
     ev.set_defaults(func=cmd_evaluate)
+    sw = sub.add_parser("sweep", help="vary one condition and show where the best plan changes")
+    _add_scenario(sw)
+    sw.add_argument("--vary", required=True, metavar="NAME=LOW..HIGH",
+                    help="batch-tokens, inter-node-bandwidth, gpus, seq-len or layers, e.g. batch-tokens=512K..16M")
+    sw.add_argument("--points", type=_positive_int, default=9, help="values, geometrically spaced (default 9)")
+    sw.add_argument("--space", choices=("full", "dp-tp"), default="full")
+    sw.add_argument("--plot", metavar="FILE.png", help="write the sweep chart")
+    sw.set_defaults(func=cmd_sweep)
+    rp = sub.add_parser("report", help="write an HTML and Markdown report with charts")
+    _add_scenario(rp)
+    rp.add_argument("--out", default="meshplan-report", help="output directory (default meshplan-report)")
+    rp.add_argument("--space", choices=("full", "dp-tp"), default="full")
+    rp.add_argument("--no-conditions", action="store_true")
+    rp.set_defaults(func=cmd_report)
+    from meshplan.validation.command import register as register_validate
+
+    register_validate(sub)
+    _register_harness(sub)
     ca = sub.add_parser("catalog", help="list accelerators and models with their sources")
     ca.add_argument("--json", action="store_true")
     ca.set_defaults(func=cmd_catalog)

@@ -15,6 +15,9 @@ from meshplan.search.space import Space, family
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.units import GB, format_gb, format_gib, format_seconds
 
+REFINE_TOP = 10
+"""Plans of a search re-timed by the timeline simulator (the closed form screens all of them)."""
+
 FAMILY_NAMES = {"ddp": "DDP", "fsdp": "FSDP full shard", "hsdp": "HSDP", "tp": "TP x data parallel",
                 "pp": "pipeline", "cp": "context parallel", "ep": "expert parallel"}
 
@@ -135,7 +138,7 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
             mfu: float | None = None, with_conditions: bool = True, progress=None) -> PlanAnalysis:
     """Search, recommend, and answer the worked example's four questions for this scenario."""
     space = space or Space()
-    result = search(model, cluster, job, space, mfu=mfu, progress=progress)
+    result = search(model, cluster, job, space, mfu=mfu, progress=progress, refine_top=REFINE_TOP)
     n, g = cluster.n_gpus, cluster.gpus_per_node
     best = result.recommended
     questions: list[Question] = []

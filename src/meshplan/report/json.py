@@ -65,6 +65,7 @@ def estimate_dict(est: Estimate) -> dict[str, Any]:
         "flops_per_step_palm": est.flops.model_flop_per_step_palm,
         "flops_per_step_causal": est.flops.model_flop_per_step_causal,
         "step_time_s": _num(est.step_time_s),
+        "closed_form_step_time_s": est.closed_form_step_time_s,
         "mfu": _num(est.mfu),
         "hfu": _num(est.hfu),
         "tokens_per_s": _num(est.tokens_per_s),

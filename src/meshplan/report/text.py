@@ -48,7 +48,8 @@ def estimate_text(est: Estimate) -> str:
                      f"{est.tokens_per_s_per_gpu:,.0f} tokens/s per GPU  ({est.compute_source})")
         if est.uncertainty:
             lo, hi = est.uncertainty
-            lines.append(f"  step-time band from validation residuals: {lo:+.0%} .. {hi:+.0%}")
+            lines.append(f"  measured steps of similar published runs fell within {lo:+.0%} .. {hi:+.0%} of the "
+                         "prediction (10th-90th percentile of cross-validated residuals)")
         lines.append("time breakdown (sums to the step):")
         for k, v in est.time_breakdown.items():
             if v > 0:

@@ -50,6 +50,21 @@ class _Knob:
     continuous: bool
 
 
+KNOB_NAMES = {"batch-tokens": "batch_tokens", "inter-node-bandwidth": "inter_node_bandwidth", "gpus": "gpus",
+              "seq-len": "seq_len", "layers": "model_layers"}
+
+
+def knob(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, name: str) -> _Knob:
+    """The condition called ``name`` (CLI spelling, e.g. 'batch-tokens'), around this scenario."""
+    from meshplan.errors import SpecError
+
+    key = KNOB_NAMES.get(name, name)
+    for k in _knobs(model, cluster, job):
+        if k.name == key:
+            return k
+    raise SpecError("sweep.vary", f"unknown condition {name!r}; allowed: {', '.join(KNOB_NAMES)}")
+
+
 def _knobs(model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> list[_Knob]:
     def batch(v: float) -> tuple[ModelSpec, ClusterSpec, JobSpec] | None:
         seqs = int(v) // job.seq_len

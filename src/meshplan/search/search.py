@@ -45,15 +45,16 @@ class SearchResult:
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space | None = None, *,
-           mfu: float | None = None, progress: Progress | None = None) -> SearchResult:
-    """Evaluate every plan of ``space`` on ``cluster`` and rank them."""
+           mfu: float | None = None, progress: Progress | None = None, refine_top: int = 0) -> SearchResult:
+    """Evaluate every plan of ``space`` on ``cluster`` with the closed form and rank them; the
+    ``refine_top`` best feasible plans are then re-timed by the timeline simulator and re-ranked."""
     t0 = time.perf_counter()
     space = space or Space()
-    compute = compute_params_for(cluster.accelerator.name)
+    compute = compute_params_for(cluster.accelerator.name, job.software)
     plans = list(enumerate_plans(model, cluster, job, space))
     results: list[Estimate] = []
     n_cfg = 0
-    recompute_modes = 2 if job.flash_attention else 3
+    recompute_modes = 3 if job.flash_attention else 4
     for i, plan in enumerate(plans):
         est = evaluate(model, cluster, job, plan, mfu=mfu, compute=compute)
         results.append(est)
@@ -61,5 +62,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space | 
         n_cfg += recompute_modes * sum(1 for b in range(1, per_replica + 1) if per_replica % b == 0)
         if progress and (i % 64 == 0 or i == len(plans) - 1):
             progress(i + 1, len(plans))
-    return SearchResult(ranked=rank(results), n_plans=len(plans), n_configurations=n_cfg,
+    ranked = rank(results)
+    if refine_top:
+        from meshplan.sim.simulate import refine
+
+        top = [e for e in ranked if e.feasible][:refine_top]
+        refined = {id(e): refine(e, slowdown=compute.comm_slowdown, step_overhead_s=compute.step_overhead_s)
+                   for e in top}
+        ranked = rank([refined.get(id(e), e) for e in ranked])
+    return SearchResult(ranked=ranked, n_plans=len(plans), n_configurations=n_cfg,
                         elapsed_s=time.perf_counter() - t0)

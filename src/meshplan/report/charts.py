@@ -1,0 +1,87 @@
+"""Charts for reports (matplotlib, an optional dependency: ``pip install 'meshplan[plot]'``). Each
+function returns PNG bytes."""
+
+from __future__ import annotations
+
+import io
+import itertools
+
+from meshplan.cost.estimate import Estimate
+from meshplan.errors import SpecError
+from meshplan.search.sweep import SweepPoint
+from meshplan.units import GiB
+
+
+def _plt():
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise SpecError("report", "charts need matplotlib: pip install 'meshplan[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=110)
+    _plt().close(fig)
+    return buf.getvalue()
+
+
+def _stacked(rows: list[tuple[str, dict[str, float]]], xlabel: str, title: str) -> bytes:
+    plt = _plt()
+    keys: list[str] = []
+    for _, d in rows:
+        for k, v in d.items():
+            if v > 0 and k not in keys:
+                keys.append(k)
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(rows) + 1.8))
+    left = [0.0] * len(rows)
+    cmap = plt.get_cmap("tab20")
+    for i, k in enumerate(keys):
+        vals = [d.get(k, 0.0) for _, d in rows]
+        ax.barh(range(len(rows)), vals, left=left, label=k, color=cmap(i % 20))
+        left = [a + b for a, b in zip(left, vals, strict=True)]
+    ax.set_yticks(range(len(rows)), [name for name, _ in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="lower right", ncol=2)
+    return _png(fig)
+
+
+def step_breakdown_chart(estimates: list[Estimate]) -> bytes:
+    rows = [(e.plan.label(), e.time_breakdown) for e in estimates if e.time_breakdown]
+    return _stacked(rows, "seconds per step", "Where the step time goes (stacked terms sum to the step)")
+
+
+def memory_chart(estimates: list[Estimate]) -> bytes:
+    rows = [(e.plan.label(), {k: v / GiB for k, v in e.memory.terms.items()}) for e in estimates]
+    png = _stacked(rows, "GiB per GPU (most loaded stage)", "Memory per GPU by term")
+    return png
+
+
+def sweep_chart(points: list[SweepPoint], *, xlabel: str, log_x: bool) -> bytes:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    families = sorted({f for p in points for f in p.by_family})
+    for f in families:
+        xs = [p.value for p in points if f in p.by_family]
+        ys = [p.by_family[f].tokens_per_s_per_gpu for p in points if f in p.by_family]
+        ax.plot(xs, ys, marker="o", ms=3, label=f)
+    best_x = [p.value for p in points if p.best]
+    best_y = [p.best.tokens_per_s_per_gpu for p in points if p.best]
+    ax.plot(best_x, best_y, "k--", lw=1, label="best")
+    for p, q in itertools.pairwise(points):
+        if p.best and q.best and p.best.plan.label() != q.best.plan.label():
+            ax.axvline((p.value * q.value) ** 0.5, color="grey", lw=0.6, ls=":")
+            ax.text((p.value * q.value) ** 0.5, ax.get_ylim()[1] * 0.98, q.best.plan.label(), fontsize=6,
+                    rotation=90, va="top")
+    if log_x:
+        ax.set_xscale("log")
+    ax.set(xlabel=xlabel, ylabel="predicted tokens/s per GPU", title="Best plan of each family")
+    ax.legend(fontsize=7)
+    return _png(fig)

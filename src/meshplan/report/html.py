@@ -1,0 +1,91 @@
+"""`meshplan report`: a self-contained HTML page (images embedded) and a Markdown twin (images beside)."""
+
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshplan.explain import PlanAnalysis
+from meshplan.report import charts
+from meshplan.search.sweep import SweepPoint
+from meshplan.units import format_gib, format_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    name: str
+    title: str
+    png: bytes
+
+
+def figures(a: PlanAnalysis, sweeps: dict[str, list[SweepPoint]], top: int = 6) -> list[Figure]:
+    best = [e for e in a.result.ranked if e.feasible][:top]
+    out = [Figure("step_breakdown.png", "Step-time breakdown of the top plans", charts.step_breakdown_chart(best)),
+           Figure("memory.png", "Memory breakdown of the top plans", charts.memory_chart(best))]
+    for name, pts in sweeps.items():
+        if pts:
+            vals = [p.value for p in pts]
+            out.append(Figure(f"sweep_{name}.png", f"Sweep of {name}",
+                              charts.sweep_chart(pts, xlabel=name, log_x=vals[-1] / vals[0] > 8)))
+    return out
+
+
+def _table(a: PlanAnalysis, top: int) -> tuple[list[str], list[list[str]]]:
+    header = ["#", "plan", "options", "micro-batch", "step", "MFU", "exposed comm", "peak memory", "fits", "why not"]
+    rows = []
+    for i, e in enumerate(a.result.ranked[:top], 1):
+        p = e.plan
+        rows.append([str(i), p.label(), p.to_string(), f"{p.mbs} x {e.n_microbatches}, {p.recompute}",
+                     format_seconds(e.step_time_s), f"{e.mfu:.1%}", format_seconds(e.comm_time_s(exposed=True)),
+                     format_gib(e.memory.peak_bytes), "yes" if e.feasible else "no",
+                     "" if e.feasible else e.infeasible_reasons[0]])
+    return header, rows
+
+
+def write_report(a: PlanAnalysis, sweeps: dict[str, list[SweepPoint]], out_dir: Path, *, top: int = 15
+                 ) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figs = figures(a, sweeps)
+    title = (f"meshplan: {a.model.name} on {a.cluster.n_gpus} x {a.cluster.accelerator.name}, "
+             f"{a.job.global_batch_tokens:,} tokens per step")
+    header, rows = _table(a, top)
+
+    md = [f"# {title}", ""]
+    h = ["<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title) + "</title>",
+         "<style>body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}"
+         "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px}"
+         "img{max-width:100%}</style></head><body>", f"<h1>{html.escape(title)}</h1>"]
+    for i, q in enumerate(a.questions, 1):
+        md += [f"## {i}. {q.title}", "", *[f"- {line}" for line in q.lines], ""]
+        h += [f"<h2>{i}. {html.escape(q.title)}</h2><ul>"] + [f"<li>{html.escape(x)}</li>" for x in q.lines] + ["</ul>"]
+    if a.measurements:
+        md += ["### Measure first", "", *[f"- **{m.what}**: {m.why}" for m in a.measurements], ""]
+        h += ["<h3>Measure first</h3><ul>"] + [f"<li><b>{html.escape(m.what)}</b>: {html.escape(m.why)}</li>"
+                                               for m in a.measurements] + ["</ul>"]
+    md += ["### When to change the plan", ""]
+    h += ["<h3>When to change the plan</h3><ul>"]
+    for c in a.conditions or []:
+        md.append(f"- {c.text}")
+        h.append(f"<li>{html.escape(c.text)}</li>")
+    if not a.conditions:
+        md.append("- no change within the swept ranges")
+        h.append("<li>no change within the swept ranges</li>")
+    md.append("")
+    h.append("</ul>")
+    md += [f"## Ranked plans (top {len(rows)} of {len(a.result.ranked)})", "", "| " + " | ".join(header) + " |",
+           "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows] + [""]
+    h += [f"<h2>Ranked plans (top {len(rows)} of {len(a.result.ranked)})</h2><table><tr>"
+          + "".join(f"<th>{html.escape(c)}</th>" for c in header) + "</tr>"]
+    h += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows] + ["</table>"]
+    for f in figs:
+        (out_dir / f.name).write_bytes(f.png)
+        md += [f"## {f.title}", "", f"![{f.title}]({f.name})", ""]
+        b64 = base64.b64encode(f.png).decode()
+        h += [f"<h2>{html.escape(f.title)}</h2><img alt='{html.escape(f.title)}' src='data:image/png;base64,{b64}'>"]
+    h.append("</body></html>")
+    html_path, md_path = out_dir / "report.html", out_dir / "report.md"
+    html_path.write_text("\n".join(h))
+    md_path.write_text("\n".join(md))
+    return html_path, md_path

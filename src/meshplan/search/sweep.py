@@ -1,0 +1,72 @@
+"""Sweep one condition and record the best plan, and the best of each family, at every value."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from meshplan.cost.estimate import Estimate
+from meshplan.errors import SpecError
+from meshplan.search.conditions import knob, structural_key
+from meshplan.search.search import search
+from meshplan.search.space import Space
+from meshplan.specs import ClusterSpec, JobSpec, ModelSpec
+from meshplan.units import parse_size
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    value: float
+    best: Estimate | None
+    by_family: dict[str, Estimate]
+
+
+def parse_range(text: str) -> tuple[str, float, float]:
+    """'batch-tokens=512K..16M' -> ('batch-tokens', 524288, 16777216)."""
+    if "=" not in text or ".." not in text:
+        raise SpecError("sweep.vary", f"expected NAME=LOW..HIGH (e.g. batch-tokens=512K..16M), got {text!r}")
+    name, rng = text.split("=", 1)
+    lo_s, hi_s = rng.split("..", 1)
+    try:
+        lo, hi = (float(parse_size(v)) if v.strip()[-1:].upper() in "KMG" else float(v) for v in (lo_s, hi_s))
+    except ValueError:
+        raise SpecError("sweep.vary", f"bad range {rng!r}; numbers may end in K, M or G") from None
+    if not 0 < lo < hi:
+        raise SpecError("sweep.vary", f"need 0 < LOW < HIGH, got {rng!r}")
+    return name.strip(), lo, hi
+
+
+def geometric(lo: float, hi: float, points: int) -> list[float]:
+    if points < 2:
+        return [lo]
+    r = (hi / lo) ** (1 / (points - 1))
+    return [lo * r**i for i in range(points)]
+
+
+def sweep(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, name: str, values: list[float], *,
+          space: Space | None = None, mfu: float | None = None) -> list[SweepPoint]:
+    k = knob(model, cluster, job, name)
+    out = []
+    for v in values:
+        if k.integer:
+            v = float(round(v))
+        scenario = k.apply(v)
+        if scenario is None:
+            continue
+        res = search(*scenario, space, mfu=mfu)
+        out.append(SweepPoint(v, res.recommended, {f: e for f, e in res.best_by_family().items() if e.feasible}))
+    return out
+
+
+def changes(points: list[SweepPoint]) -> list[tuple[float, float, str, str]]:
+    """(value before, value after, plan before, plan after) wherever the best plan changes."""
+    out = []
+    for a, b in itertools.pairwise(points):
+        if a.best and b.best and structural_key(a.best.plan) != structural_key(b.best.plan):
+            out.append((a.value, b.value, a.best.plan.label(), b.best.plan.label()))
+    return out
+
+
+def log_ticks(values: list[float]) -> bool:
+    return len(values) > 1 and values[-1] / values[0] > 8 and all(math.isfinite(v) for v in values)
