@@ -104,10 +104,10 @@ def test_unsupported_plan_is_a_spec_error(spec):
 
 
 def test_recorder_sees_c10d_and_functional_collectives():
+    import torch
     import torch.distributed as dist
     from torch.distributed._functional_collectives import all_reduce
 
-    import torch
     from meshplan.harness.crosscheck import _reset_process_group
     from meshplan.harness.recorder import CollectiveRecorder
 

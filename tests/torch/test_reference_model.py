@@ -23,6 +23,7 @@ def test_param_count_matches_meshplan_exactly_on_meta(name):
 @pytest.mark.parametrize("name", MODELS)
 def test_scaled_down_param_count_matches_and_runs(name):
     import torch
+
     from meshplan.harness.reference_model import build_model, reference_seq_len, scale_down
 
     spec = scale_down(meshplan.load_model(name))

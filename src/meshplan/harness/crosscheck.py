@@ -34,10 +34,11 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 
-import torch
 from meshplan.errors import SpecError
 from meshplan.harness.recorder import (
     ALL_GATHER,
@@ -49,7 +50,6 @@ from meshplan.harness.recorder import (
 )
 from meshplan.harness.reference_model import build_model
 from meshplan.specs import JobSpec, ModelSpec, Plan
-from torch import nn
 
 MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # torchtitan ParallelDims order, innermost last
 ACT_BYTES = 2  # bf16 activations (meshplan.cost.comm.ACT_BYTES)

@@ -25,11 +25,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
-
-import torch
 
 ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL, SEND_RECV, BROADCAST = (
     "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv", "broadcast")

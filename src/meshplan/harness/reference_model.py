@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch.nn.functional as F
-
 import torch
-from meshplan.specs import ModelSpec
+import torch.nn.functional as F
 from torch import nn
+
+from meshplan.specs import ModelSpec
 
 ROPE_THETA = 10000.0  # RoFormer [3] base
 

@@ -1,0 +1,139 @@
+"""Predicted (``meshplan.evaluate``) against measured (``meshplan measure step``), figure by figure.
+
+Pure Python: a saved profile is compared without torch (``meshplan measure compare --profile FILE``).
+The prediction uses the step's own model spec, plan (with the measured micro-batch size and
+recompute), batch and sequence length, on ``--cluster`` sized to the measured run (nodes x ranks per
+node), with the profile's measured figures applied (``meshplan.profile.apply_profile``) when it holds
+collective fits or GEMM throughput.
+
+MFU = model FLOPs per step / (step time · ranks · dense peak of the cluster's accelerator) (Chowdhery
+et al., "PaLM," arXiv:2204.02311, App. B); on a CPU there is no meaningful peak and MFU is null.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from meshplan.catalog import load_cluster
+from meshplan.cost.estimate import Estimate
+from meshplan.cost.step import evaluate
+from meshplan.profile import apply_profile
+from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, parse_plan
+from meshplan.units import GiB, format_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    figure: str
+    unit: str
+    """'s', 'tokens/s', 'bytes' or '' (a fraction)."""
+    predicted: float | None
+    measured: float | None
+
+    @property
+    def ratio(self) -> float | None:
+        if self.predicted and self.measured is not None:
+            return self.measured / self.predicted
+        return None
+
+
+def prediction_cluster(profile: dict[str, Any], cluster_name: str) -> tuple[ClusterSpec, list[str]]:
+    """``cluster_name`` sized like the measured run, with the profile's figures applied."""
+    per_node = int(profile["nproc_per_node"])
+    nodes = max(1, int(profile["world_size"]) // per_node)
+    cluster = load_cluster(cluster_name, nodes=nodes, gpus_per_node=per_node)
+    if profile.get("collective_fits") or profile.get("gemm_best_flop_per_s"):
+        return apply_profile(cluster, profile)
+    return cluster, []
+
+
+def predict(profile: dict[str, Any], cluster_name: str) -> tuple[Estimate, ClusterSpec, list[str]]:
+    """meshplan's estimate of the step recorded in ``profile['step']``."""
+    step = profile["step"]
+    spec = ModelSpec(**step["model_spec"])
+    cluster, notes = prediction_cluster(profile, cluster_name)
+    job = JobSpec(global_batch_tokens=int(step["global_batch_tokens"]), seq_len=int(step["seq_len"]))
+    plan = parse_plan(step["plan"], world_size=cluster.n_gpus)
+    return evaluate(spec, cluster, job, plan), cluster, notes
+
+
+def measured_mfu(step: dict[str, Any], est: Estimate, cluster: ClusterSpec, device: str) -> tuple[float | None, str]:
+    """(MFU of the measured step, how it was taken)."""
+    if device.lower() == "cpu":
+        return None, "MFU: null on a CPU (no meaningful peak FLOP/s to divide by)"
+    peak = cluster.accelerator.bf16_flop_per_s
+    mfu = est.flops.model_flop_per_step / (float(step["step_time_s"]) * cluster.n_gpus * peak)
+    return mfu, (f"MFU against the {cluster.accelerator.name} dense BF16 peak {peak / 1e12:.0f} TFLOP/s "
+                 f"(catalog; --cluster) on device {device!r}")
+
+
+def compare_rows(est: Estimate, step: dict[str, Any]) -> list[Row]:
+    rows = [Row("step time", "s", est.step_time_s, step["step_time_s"]),
+            Row("tokens/s", "tokens/s", est.tokens_per_s, step["tokens_per_s"]),
+            Row("MFU", "", est.mfu, step.get("mfu"))]
+    predicted_exposed: dict[str, float] = {}
+    for e in est.comm:
+        predicted_exposed[e.collective] = predicted_exposed.get(e.collective, 0.0) + e.exposed_s
+    measured_exposed = step.get("exposed_comm_s_by_collective") or {}
+    for op in sorted(set(predicted_exposed) | set(measured_exposed)):
+        rows.append(Row(f"exposed {op}", "s", predicted_exposed.get(op), measured_exposed.get(op)))
+    peaks = step.get("peak_memory_bytes_per_rank") or []
+    rows.append(Row("peak memory (max rank)", "bytes", est.memory.peak_bytes, max(peaks) if peaks else None))
+    return rows
+
+
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None:
+        return "-"
+    if unit == "s":
+        return format_seconds(v)
+    if unit == "bytes":
+        return f"{v / GiB:.3f} GiB"
+    if unit == "tokens/s":
+        return f"{v:,.0f}"
+    return f"{v:.1%}"
+
+
+def compare_text(rows: list[Row], *, title: str, notes: list[str]) -> str:
+    lines = [title, f"  {'figure':<28}{'predicted':>14}{'measured':>14}{'measured/predicted':>20}"]
+    for r in rows:
+        ratio = f"{r.ratio:.3g}" if r.ratio is not None else "-"
+        lines.append(f"  {r.figure:<28}{_fmt(r.predicted, r.unit):>14}{_fmt(r.measured, r.unit):>14}{ratio:>20}")
+    if notes:
+        lines.append("notes:")
+        lines += [f"  - {n}" for n in notes]
+    return "\n".join(lines)
+
+
+def comparison(profile: dict[str, Any], cluster_name: str | None = None) -> tuple[list[Row], str]:
+    """Rows and the report text for the step of ``profile``, predicted on ``cluster_name`` (default:
+    the cluster the step recorded)."""
+    step = profile.get("step")
+    if not step:
+        raise ValueError("the profile holds no step measurement; run `meshplan measure step ... --out FILE` first")
+    name = cluster_name or step.get("cluster") or "h100-sxm"
+    est, cluster, notes = predict(profile, name)
+    rows = compare_rows(est, step)
+    device = str(profile.get("device", "?"))
+    title = (f"measured step against meshplan's prediction: {step['model']}, plan {step['plan']}, "
+             f"{profile['world_size']} x {device} ({profile['backend']}); predicted for {cluster.name} "
+             f"({cluster.n_nodes} x {cluster.gpus_per_node})")
+    extra = [*notes]
+    if device.lower() == "cpu" and notes:
+        extra.append(f"the run was on a CPU: the prediction uses the profile's measured figures above; memory and "
+                     f"anything the profile does not measure still describe {cluster.accelerator.name}")
+    elif device.lower() == "cpu":
+        extra.append(f"the run was on a CPU: predictions describe {cluster.accelerator.name}, so ratios measure "
+                     "the CPU against that accelerator, not the model's accuracy (measure collectives and gemm "
+                     "into the same --out file first to predict with this machine's figures)")
+    if step.get("trace"):
+        extra.append(f"measured trace (rank 0): {step['trace']}")
+    return rows, compare_text(rows, title=title, notes=extra)
+
+
+def predicted_dict(rows: list[Row], cluster_name: str) -> dict[str, Any]:
+    """The prediction as stored in the profile's step section."""
+    return {"cluster": cluster_name,
+            "figures": [{"figure": r.figure, "unit": r.unit, "predicted": r.predicted, "measured": r.measured}
+                        for r in rows]}

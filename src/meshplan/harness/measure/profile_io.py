@@ -1,0 +1,148 @@
+"""The measured profile file, schema ``meshplan.profile/1`` (defined in ``meshplan.profile``).
+
+Build, merge, check and write the file. Pure Python: the core reads these files without torch.
+Keys beyond the schema: ``notes`` (top level, a list of strings saying what was skipped or how a
+figure was taken), ``ranks_per_node`` in each collective fit (``apply_profile`` reads it for
+inter-node fits) and the open-ended ``step`` section.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from meshplan.profile import SCHEMA
+
+OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
+LINKS = ("intra_node", "inter_node")
+GEMM_KEYS = ("m", "n", "k", "dtype", "median_s", "p10_s", "p90_s", "flop_per_s")
+COLLECTIVE_KEYS = ("op", "link", "group_size", "message_bytes", "median_s", "algbw_bytes_per_s",
+                   "busbw_bytes_per_s")
+FIT_KEYS = ("alpha_s", "busbw_bytes_per_s", "group_size", "n_points")
+
+
+def new_profile(*, device: str, backend: str, world_size: int, nproc_per_node: int) -> dict[str, Any]:
+    """An empty profile of this run."""
+    return {"schema": SCHEMA, "created": datetime.now(UTC).isoformat(timespec="seconds"), "device": device,
+            "backend": backend, "world_size": world_size, "nproc_per_node": nproc_per_node, "gemm": [],
+            "gemm_best_flop_per_s": None, "collectives": [], "collective_fits": {}, "step": None, "notes": []}
+
+
+def best_bf16_flop_per_s(gemm: list[dict[str, Any]]) -> float | None:
+    """The highest measured BF16 GEMM throughput [FLOP/s], or None without BF16 entries."""
+    rates = [float(g["flop_per_s"]) for g in gemm if g["dtype"] == "bf16"]
+    return max(rates) if rates else None
+
+
+def merge_profiles(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` laid over ``old``: entries measured again replace the old ones, the rest are kept.
+
+    GEMM entries are keyed by (m, n, k, dtype), collective points by (op, link, group_size,
+    message_bytes), fits by "op@link"; a new step section replaces the old one. A note records a
+    change of device, backend or world size between the two.
+    """
+    out = dict(old)
+    for key in ("created", "device", "backend", "world_size", "nproc_per_node"):
+        if old.get(key) != new.get(key) and key != "created" and old.get(key) is not None:
+            out.setdefault("notes", [])
+            out["notes"] = [*out["notes"], f"merged measurements with different {key}: {old.get(key)!r} "
+                                           f"(earlier) and {new.get(key)!r} (now)"]
+        out[key] = new[key]
+
+    def keyed(entries: list[dict[str, Any]], fields: tuple[str, ...]) -> dict[tuple, dict[str, Any]]:
+        return {tuple(e[f] for f in fields): e for e in entries}
+
+    gemm = keyed(old.get("gemm") or [], ("m", "n", "k", "dtype")) | keyed(new["gemm"], ("m", "n", "k", "dtype"))
+    coll_fields = ("op", "link", "group_size", "message_bytes")
+    coll = keyed(old.get("collectives") or [], coll_fields) | keyed(new["collectives"], coll_fields)
+    out["gemm"] = list(gemm.values())
+    out["gemm_best_flop_per_s"] = best_bf16_flop_per_s(out["gemm"])
+    out["collectives"] = list(coll.values())
+    out["collective_fits"] = {**(old.get("collective_fits") or {}), **new["collective_fits"]}
+    if new.get("step") is not None:
+        out["step"] = new["step"]
+    notes = [*(out.get("notes") or []), *(new.get("notes") or [])]
+    out["notes"] = list(dict.fromkeys(notes))
+    return out
+
+
+def check_profile(data: dict[str, Any]) -> list[str]:
+    """Every way ``data`` departs from ``meshplan.profile/1``; an empty list when it conforms."""
+    errors: list[str] = []
+    if data.get("schema") != SCHEMA:
+        errors.append(f"schema must be {SCHEMA!r}")
+    for key in ("created", "device", "backend"):
+        if not isinstance(data.get(key), str):
+            errors.append(f"{key} must be a string")
+    if data.get("backend") not in ("nccl", "gloo"):
+        errors.append("backend must be 'nccl' or 'gloo'")
+    for key in ("world_size", "nproc_per_node"):
+        if not isinstance(data.get(key), int) or data[key] < 1:
+            errors.append(f"{key} must be a positive integer")
+    for i, g in enumerate(data.get("gemm") if isinstance(data.get("gemm"), list) else []):
+        missing = [k for k in GEMM_KEYS if k not in g]
+        if missing:
+            errors.append(f"gemm[{i}] lacks {', '.join(missing)}")
+    if not isinstance(data.get("gemm"), list):
+        errors.append("gemm must be a list")
+    best = data.get("gemm_best_flop_per_s")
+    if best is not None and not (isinstance(best, int | float) and best > 0):
+        errors.append("gemm_best_flop_per_s must be a positive number or null")
+    if not isinstance(data.get("collectives"), list):
+        errors.append("collectives must be a list")
+    for i, c in enumerate(data.get("collectives") or []):
+        missing = [k for k in COLLECTIVE_KEYS if k not in c]
+        if missing:
+            errors.append(f"collectives[{i}] lacks {', '.join(missing)}")
+        elif c["op"] not in OPS or c["link"] not in LINKS:
+            errors.append(f"collectives[{i}]: op must be one of {OPS}, link one of {LINKS}")
+    fits = data.get("collective_fits")
+    if not isinstance(fits, dict):
+        errors.append("collective_fits must be an object")
+    for key, fit in (fits or {}).items():
+        op, _, link = key.partition("@")
+        if op not in OPS or link not in LINKS:
+            errors.append(f"collective_fits key {key!r} is not 'op@link'")
+        missing = [k for k in FIT_KEYS if k not in fit]
+        if missing:
+            errors.append(f"collective_fits[{key}] lacks {', '.join(missing)}")
+        elif not fit["busbw_bytes_per_s"] > 0 or fit["alpha_s"] < 0:
+            errors.append(f"collective_fits[{key}]: busbw must be positive and alpha non-negative")
+    step = data.get("step")
+    if step is not None:
+        for key in ("plan", "model", "step_time_s", "tokens_per_s", "mfu", "peak_memory_bytes_per_rank",
+                    "exposed_comm_s_by_collective", "rank_step_time_spread"):
+            if key not in step:
+                errors.append(f"step lacks {key}")
+    return errors
+
+
+def read_existing(path: str | Path) -> dict[str, Any] | None:
+    """The profile already in ``path``, None if there is no file; ValueError if it holds something else."""
+    p = Path(path)
+    if not p.exists():
+        return None
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} exists and is not JSON ({exc}); refusing to overwrite it") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ValueError(f"{path} exists and is not a {SCHEMA} profile; refusing to overwrite it")
+    return data
+
+
+def write_profile(path: str | Path, profile: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``profile`` into the one already at ``path`` (if any), check it, write it atomically."""
+    old = read_existing(path)
+    data = merge_profiles(old, profile) if old is not None else profile
+    errors = check_profile(data)
+    if errors:
+        raise ValueError("profile does not match the schema: " + "; ".join(errors))
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+    tmp.replace(p)
+    return data

@@ -1,0 +1,106 @@
+"""The GEMM shapes a plan runs per layer, after tensor- and context-parallel splitting.
+
+Symbols (docs/notation.md): D hidden, N query heads, K KV heads, H head dim, F ffn_hidden, V vocab,
+h_q = N·H, h_kv = K·H; T = mbs·S/cp tokens per rank and micro-batch; t = tp.
+
+A GEMM ``[m, k] x [k, n]`` costs 2·m·n·k FLOP (one multiply-add = 2 FLOP).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.specs import ModelSpec, Plan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GemmShape:
+    """One matrix product ``[m, k] x [k, n]`` and where it comes from."""
+
+    name: str
+    """What runs it, e.g. 'attention.qkv' or 'square'."""
+    m: int
+    """Rows of the activation (tokens). [tokens]"""
+    n: int
+    """Output columns."""
+    k: int
+    """Reduction dimension."""
+
+    @property
+    def flop(self) -> float:
+        """2·m·n·k [FLOP]."""
+        return 2.0 * self.m * self.n * self.k
+
+
+def _split(width: int, parts: int, what: str) -> int:
+    if width % parts:
+        raise ValueError(f"{what}={width} is not divisible by tp={parts}")
+    return width // parts
+
+
+def plan_gemm_shapes(model: ModelSpec, plan: Plan, *, seq_len: int) -> list[GemmShape]:
+    """Per-layer forward GEMMs of ``model`` on one rank under ``plan`` (tp/cp split), plus the LM head.
+
+    Parameters
+    ----------
+    model : ModelSpec
+        The architecture (dense or MoE; MLA is treated as ordinary attention of width N·H).
+    plan : Plan
+        Uses ``tp``, ``cp``, ``ep`` and ``mbs`` (None: 1).
+    seq_len : int
+        S, tokens per sequence. [tokens]
+
+    Returns
+    -------
+    list of GemmShape
+        ``[T, D]x[D, (h_q+2h_kv)/t]``, ``[T, h_q/t]x[h_q/t, D]``, ``[T, D]x[D, 2F/t]`` (gated) or
+        ``F/t``, ``[T, F/t]x[F/t, D]`` and ``[T, D]x[D, V/t]``, with T = mbs·S/cp. MoE layers add the
+        expert GEMMs with T·k/E tokens per expert (balanced routing, expert-TP = 1).
+
+    Notes
+    -----
+    Megatron-style column/row split (Shoeybi et al., "Megatron-LM", arXiv:1909.08053, §3, Fig. 3);
+    the backward pass runs two GEMMs of the same size per forward GEMM (transposed operands), so the
+    forward shapes are the ones to time. Assumption: sequence parallelism gathers the full T tokens
+    before the column-parallel GEMMs, so m = T whether or not SP is on.
+    """
+    t, cp = plan.tp, plan.cp
+    mbs = plan.mbs or 1
+    if (mbs * seq_len) % cp:
+        raise ValueError(f"mbs·seq_len={mbs * seq_len} is not divisible by cp={cp}")
+    T = mbs * seq_len // cp
+    D, F, V = model.hidden, model.ffn_hidden, model.vocab
+    h_q_in = model.n_heads * model.qk_head_dim
+    h_kv = model.kv_dim
+    h_o = model.q_dim
+    shapes = [
+        GemmShape(name="attention.qkv", m=T, k=D, n=_split(h_q_in + 2 * h_kv, t, "h_q+2h_kv")),
+        GemmShape(name="attention.out", m=T, k=_split(h_o, t, "h_q"), n=D),
+    ]
+    mlp_in = 2 * F if model.gated_mlp else F
+    if not model.is_moe or model.n_dense_layers:
+        shapes += [GemmShape(name="mlp.in", m=T, k=D, n=_split(mlp_in, t, "mlp width")),
+                   GemmShape(name="mlp.out", m=T, k=_split(F, t, "F"), n=D)]
+    if model.is_moe:
+        Fe = model.expert_ffn_hidden
+        tokens_per_expert = max(1, T * model.top_k // model.n_experts)
+        e_in = 2 * Fe if model.gated_mlp else Fe
+        shapes += [GemmShape(name="expert.in", m=tokens_per_expert, k=D, n=e_in),
+                   GemmShape(name="expert.out", m=tokens_per_expert, k=Fe, n=D)]
+    shapes.append(GemmShape(name="lm_head", m=T, k=D, n=-(-V // t)))  # ceil: an uneven vocab is padded
+    return shapes
+
+
+def default_gemm_shapes(*, gpu: bool) -> list[GemmShape]:
+    """The sweep without a model: square products and skinny (few-token) ones.
+
+    Sizes are multiples of 128 (tensor-core tiles). On a GPU squares go to 16384 (2·16384³ = 8.8
+    TFLOP, ~10 ms on an H100); on a CPU to 2048 so the sweep takes seconds.
+    """
+    squares = (1024, 2048, 4096, 8192, 16384) if gpu else (256, 512, 1024, 2048)
+    wide = 8192 if gpu else 2048
+    out = [GemmShape(name="square", m=s, n=s, k=s) for s in squares]
+    for m in (16, 128, 512) if gpu else (16, 128):
+        out.append(GemmShape(name="skinny", m=m, n=wide, k=wide))
+    out.append(GemmShape(name="tall", m=wide * 4 if gpu else wide, n=wide // 4, k=wide))
+    return out

@@ -1,0 +1,323 @@
+"""``meshplan measure``: the command line of the measurement harness (docs/measure.md).
+
+Sub-commands ``gemm``, ``collectives`` and ``step`` run under ``torchrun``: either meshplan starts it
+(``--nproc N``: ``python -m torch.distributed.run --standalone --nproc-per-node N -m
+meshplan.harness.measure_worker ...`` with an overall timeout), or the user launches
+``meshplan.harness.measure_worker`` with torchrun on every node. ``compare`` reads a saved profile and
+needs no torch.
+
+This module never imports torch at import time: the CLI imports it on every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+TORCH_MISSING = "meshplan measure needs the torch extra: pip install torch==2.13.0 && pip install 'meshplan[torch]'"
+DEFAULT_TIMEOUT_S = 600.0
+WORKER_MODULE = "meshplan.harness.measure_worker"
+ERRDIR_ENV = "MESHPLAN_MEASURE_ERRDIR"
+_LAUNCH_GRACE_S = 30.0
+_MIN_GRACE_S = 10.0
+
+
+def _size(text: str) -> int:
+    from meshplan.units import parse_size
+
+    try:
+        v = parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size in bytes such as 1K, 64M or 1G, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return v
+
+
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return v
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return v
+
+
+def _ops(text: str) -> tuple[str, ...]:
+    from meshplan.harness.measure.profile_io import OPS
+
+    ops = tuple(o.strip() for o in text.split(",") if o.strip())
+    bad = [o for o in ops if o not in OPS]
+    if bad or not ops:
+        raise argparse.ArgumentTypeError(f"unknown collective {', '.join(bad) or text!r}; choose from {', '.join(OPS)}")
+    return ops
+
+
+def _launch_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("run")
+    g.add_argument("--nproc", type=_count, default=None, metavar="N",
+                   help="start N processes on this machine with torchrun (otherwise: already under torchrun)")
+    g.add_argument("--backend", choices=("gloo", "nccl"), default=None,
+                   help="process-group backend (default: nccl if CUDA is available, else gloo)")
+    g.add_argument("--out", default=None, metavar="FILE",
+                   help="write the meshplan.profile/1 file; merges into FILE if it already holds a profile")
+    g.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, metavar="S",
+                   help=f"collective timeout, and with --nproc the whole run's limit (default {DEFAULT_TIMEOUT_S:g})")
+
+
+def register(subparsers: Any, add_scenario: Any) -> None:
+    """Add ``meshplan measure {gemm,collectives,step,compare}`` to the meshplan CLI."""
+    m = subparsers.add_parser("measure", help="measure GEMMs, collectives and a training step with PyTorch "
+                                              "(writes a profile for --profile)")
+    msub = m.add_subparsers(dest="measure_command", parser_class=type(m), metavar="{gemm,collectives,step,compare}")
+    m.set_defaults(func=lambda args: _usage(m))
+
+    g = msub.add_parser("gemm", help="throughput of the GEMM shapes a plan runs (default: a square/skinny sweep)")
+    add_scenario(g)
+    g.set_defaults(model=None)
+    g.add_argument("--plan", default=None, help="split the model's GEMMs as this plan does (tp, cp, mbs)")
+    g.add_argument("--scale-down", action="store_true", help="use the CPU-sized copy of the model")
+    _launch_flags(g)
+    g.set_defaults(func=_run, _parser=g)
+
+    c = msub.add_parser("collectives", help="all-gather, reduce-scatter, all-reduce, all-to-all, send/recv "
+                                            "bandwidth per mesh axis, fitted to alpha + S·f/busbw")
+    c.add_argument("--plan", default=None, help="measure the groups of this plan's mesh axes (default: the world)")
+    c.add_argument("--min-bytes", type=_size, default=None, metavar="SIZE", help="smallest message (default 1K)")
+    c.add_argument("--max-bytes", type=_size, default=None, metavar="SIZE",
+                   help="largest message (default 64M on a CPU, 1G on a GPU)")
+    c.add_argument("--ops", type=_ops, default=None, metavar="OP,OP",
+                   help="collectives to sweep (default all five)")
+    c.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    _launch_flags(c)
+    c.set_defaults(func=_run, _parser=c)
+
+    s = msub.add_parser("step", help="a real training step under the plan (FSDP2, TP) with the profiler")
+    add_scenario(s)
+    s.add_argument("--plan", required=True, help="e.g. dp_shard=2 or tp=2,dp_shard=2 (pp, cp, ep not run)")
+    s.add_argument("--scale-down", action="store_true", help="use the CPU-sized copy of the model")
+    s.add_argument("--steps", type=_count, default=5, help="timed steps after 2 warm-up steps (default 5)")
+    s.add_argument("--compare", action="store_true", help="print meshplan's prediction beside the measurement")
+    _launch_flags(s)
+    s.set_defaults(func=_run, _parser=s)
+
+    k = msub.add_parser("compare", help="predicted against measured for the step in a profile (no torch needed)")
+    k.add_argument("--profile", required=True, metavar="FILE", help="a profile written by `measure step --out`")
+    k.add_argument("--cluster", default=None, help="predict for this cluster (default: the one the step recorded)")
+    k.add_argument("--json", action="store_true")
+    k.set_defaults(func=_compare)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    print("meshplan: error: measure needs a sub-command: gemm, collectives, step or compare", file=sys.stderr)
+    return 2
+
+
+def _compare(args: argparse.Namespace) -> int:
+    import json
+
+    from meshplan.harness.measure.compare import comparison, predicted_dict
+    from meshplan.profile import load_profile
+
+    profile = load_profile(args.profile)
+    try:
+        rows, text = comparison(profile, args.cluster)
+    except ValueError as exc:
+        print(f"meshplan: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(predicted_dict(rows, args.cluster or profile["step"].get("cluster", "")), indent=2)
+          if args.json else text)
+    return 0
+
+
+def check_inputs(args: argparse.Namespace, world_size: int | None) -> None:
+    """Raise SpecError (exit 2 in the CLI) for a bad plan or model before any process starts."""
+    from meshplan.errors import SpecError
+    from meshplan.specs import parse_plan
+
+    plan = getattr(args, "plan", None)
+    if plan is not None:
+        p = parse_plan(plan, world_size=world_size)
+        if args.measure_command != "gemm" and world_size is not None and p.world_size != world_size:
+            raise SpecError("plan", f"{plan!r} needs {p.world_size} ranks (pp·dp_replicate·dp_shard·cp·tp); "
+                                    f"the run has {world_size}")
+    if getattr(args, "model", None) is not None:
+        from meshplan.catalog import load_model
+
+        load_model(args.model)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("torch") is None:
+        print(TORCH_MISSING, file=sys.stderr)
+        return 2
+    if args.nproc:
+        check_inputs(args, args.nproc)
+        return launch(args)
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        print(f"meshplan: error: measure {args.measure_command} runs under torchrun (RANK and WORLD_SIZE are not "
+              "set); pass --nproc N to start N processes here, or launch "
+              f"`torchrun ... -m {WORKER_MODULE} {args.measure_command} ...` (docs/measure.md)", file=sys.stderr)
+        return 2
+    check_inputs(args, int(os.environ["WORLD_SIZE"]))
+    from meshplan.harness.measure_worker import run
+
+    return run(args)
+
+
+def forward_argv(args: argparse.Namespace) -> list[str]:
+    """The command-line flags of ``args`` that differ from their defaults, minus ``--nproc``."""
+    parser: argparse.ArgumentParser = args._parser
+    out: list[str] = []
+    for action in parser._actions:
+        if not action.option_strings or action.dest in ("help", "nproc"):
+            continue
+        value = getattr(args, action.dest, None)
+        if value is None or value == action.default:
+            continue
+        flag = action.option_strings[-1]
+        if isinstance(action, argparse._StoreTrueAction):
+            out.append(flag)
+        elif isinstance(value, tuple):
+            out += [flag, ",".join(map(str, value))]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc; empty elsewhere). torchrun starts each worker in a
+    session of its own, so killing torchrun's process group does not reach them."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop torchrun and every worker it started: SIGTERM, then SIGKILL whatever is left after 5 s."""
+    pids = _descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5.0)
+    for pid in [proc.pid, *pids]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            continue
+    proc.wait()
+
+
+def _rank_errors(errdir: Path) -> list[tuple[int, int, str]]:
+    """(rank, exit code, message) of every rank that failed, the first to fail first (the root cause;
+    the others usually fail because it left)."""
+    out = []
+    for f in errdir.glob("rank*.txt"):
+        try:
+            code, line = f.read_text().split("\n", 1)
+            out.append((f.stat().st_mtime_ns, int(f.stem[4:]), int(code), line.strip()))
+        except ValueError:
+            continue
+    return [(rank, code, line) for _, rank, code, line in sorted(out)]
+
+
+_TORCHRUN_LOG = re.compile(r"^[DIWE]\d{4} \d\d:\d\d:\d\d|^USDT:")
+
+
+def _relay(stream: Any, out: Any, *, everything: bool) -> None:
+    """Copy the workers' stderr to ``out`` line by line, leaving out torchrun's own log lines, its
+    tracebacks and its failure report (meshplan prints one line instead); ``everything`` keeps all."""
+    held: list[str] = []
+    state = "pass"  # 'traceback': holding a traceback; 'report': inside torchrun's ==== failure report
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace")
+        if everything:
+            out.write(line)
+        elif state == "report":
+            if line.startswith("===="):
+                state = "pass"
+        elif state == "traceback":
+            held.append(line)
+            if line.strip() and not line[0].isspace() and not line.startswith("Traceback"):
+                if "torch.distributed.elastic" not in line:
+                    out.write("".join(held))
+                held, state = [], "pass"
+        elif line.startswith("Traceback (most recent call last)"):
+            held, state = [line], "traceback"
+        elif line.startswith("===="):
+            state = "report"
+        elif not _TORCHRUN_LOG.match(line):
+            out.write(line)
+        out.flush()
+    if held:
+        out.write("".join(held))
+
+
+def launch(args: argparse.Namespace) -> int:
+    """Run this measurement on ``args.nproc`` local processes under torchrun; one clear line on failure."""
+    sub, n = args.measure_command, args.nproc
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+           "-m", WORKER_MODULE, sub, *forward_argv(args)]
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    grace_s = max(_MIN_GRACE_S, min(_LAUNCH_GRACE_S, args.timeout / 2))  # start-up and a rank's own timeout
+    limit_s = args.timeout + grace_s
+    with tempfile.TemporaryDirectory(prefix="meshplan-measure-") as tmp:
+        env[ERRDIR_ENV] = tmp
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, stderr=subprocess.PIPE)
+        relay = threading.Thread(target=_relay, args=(proc.stderr, sys.stderr),
+                                 kwargs={"everything": bool(os.environ.get("MESHPLAN_DEBUG"))}, daemon=True)
+        relay.start()
+        try:
+            rc = proc.wait(timeout=limit_s)
+            relay.join(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            print(f"meshplan: error: measure {sub} did not finish within {limit_s:g} s (--timeout {args.timeout:g} "
+                  f"plus {grace_s:g} s); stopped its {n} processes", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            _stop(proc)
+            print(f"meshplan: error: measure {sub} interrupted; stopped its {n} processes", file=sys.stderr)
+            return 130
+        if rc == 0:
+            return 0
+        errors = _rank_errors(Path(tmp))
+    if errors:
+        rank, code, line = errors[0]
+        print(f"meshplan: error: measure {sub} failed on rank {rank} of {n}: {line}", file=sys.stderr)
+        return code if code in (1, 2) else 1
+    print(f"meshplan: error: measure {sub} failed: torchrun exited with status {rc} (a rank died; its output is "
+          "above)", file=sys.stderr)
+    return 1
