@@ -11,7 +11,7 @@ import json
 import sys
 import time
 import tomllib
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +121,17 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         nodes = DEFAULT_NODES
     cluster = load_cluster(args.cluster, nodes=nodes, gpus_per_node=args.gpus_per_node,
                            inter_node_gb_per_s=args.inter_node_bandwidth)
+    args.profile_notes = []
+    if getattr(args, "profile", None):
+        from meshplan.profile import apply_profile, load_profile
+
+        cluster, args.profile_notes = apply_profile(cluster, load_profile(args.profile))
     return model, cluster, _job(args)
+
+
+def _add_profile(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", default=None, metavar="FILE",
+                   help="measured profile (meshplan measure --out): its link and GEMM figures replace the catalog's")
 
 
 def _progress(label: str):
@@ -166,6 +176,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         from meshplan.uncertainty import attach_band
 
         est = attach_band(est, accelerator=cluster.accelerator.name, software=job.software)
+    if args.profile_notes:
+        est = replace(est, notes=[*est.notes, *args.profile_notes])
     print(json.dumps(estimate_dict(est), indent=2) if args.json else estimate_text(est))
     return 0
 
@@ -178,8 +190,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     model, cluster, job = _scenario(args)
     analysis = analyse(model, cluster, job, space=_space(args), mfu=args.mfu, with_conditions=not args.no_conditions,
                        progress=_progress("searching"))
-    print(json.dumps(plan_analysis_dict(analysis, top=args.top if args.top else None), indent=2)
-          if args.json else plan_text(analysis, top=args.top or 10))
+    if args.json:
+        out = plan_analysis_dict(analysis, top=args.top if args.top else None)
+        out["profile_notes"] = args.profile_notes
+        print(json.dumps(out, indent=2))
+    else:
+        print("\n".join([*args.profile_notes, plan_text(analysis, top=args.top or 10)]))
     return 0
 
 
@@ -309,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="full: every parallelism; dp-tp: DDP, FSDP, HSDP and TP x FSDP only")
     pl.add_argument("--top", type=_positive_int, default=None, help="plans to list (text: 10; json: all)")
     pl.add_argument("--no-conditions", action="store_true", help="skip the conditions-of-change sweeps")
+    _add_profile(pl)
     pl.set_defaults(func=cmd_plan)
     ev = sub.add_parser("evaluate", help="evaluate one plan")
     _add_scenario(ev)
@@ -317,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="worked-example: the hand analysis's simplifications (golden figures)")
     ev.add_argument("--trace", default=None, metavar="FILE.json",
                     help="write the simulated step as Chrome trace JSON (chrome://tracing, Perfetto)")
+    _add_profile(ev)
     ev.set_defaults(func=cmd_evaluate)
     sw = sub.add_parser("sweep", help="vary one condition and show where the best plan changes")
     _add_scenario(sw)

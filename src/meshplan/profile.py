@@ -16,14 +16,20 @@ Schema ``meshplan.profile/1`` (JSON; all base units):
                            all_to_all | send_recv; link: intra_node | inter_node)
     collective_fits   {"<op>@<link>": {alpha_s, busbw_bytes_per_s, group_size, n_points}}
                       the alpha-beta fit t = alpha + S·f(op, n)/busbw of the sweep
-    step              optional: {plan, model, step_time_s, tokens_per_s, mfu, peak_memory_bytes_per_rank,
-                           exposed_comm_s_by_collective, rank_step_time_spread, ...}
+                      (each fit may carry ranks_per_node: the group's ranks in one node)
+    notes             list of strings (what a figure means on this machine, what was skipped)
+    step              optional: {plan, model, model_spec, cluster, seq_len, mbs, global_batch_tokens,
+                           step_time_s, tokens_per_s, mfu, mfu_note, peak_memory_bytes_per_rank,
+                           peak_memory_source, exposed_comm_s_by_collective, comm_s_by_collective,
+                           rank_step_time_spread, trace, predicted}
 
 How a profile changes the planner: the fitted bus bandwidth and latency of each link replace the
-catalog's (all-reduce fits set the NVLS figure where the node has NVLS, other collectives the ring
-figure; inter-node fits set the NIC rate at efficiency 1), and the best measured BF16 GEMM throughput
-sets the accelerator's GEMM efficiency (measured / catalog peak). Each replaced value is listed in
-the estimate's notes.
+catalog's. Intra-node: all-gather and reduce-scatter fits set the ring bus bandwidth (the slower of the
+two when both were measured), all-reduce the NVLS figure where the node has NVLS, send/recv the
+point-to-point rate. Inter-node: the NIC rate per GPU at efficiency 1 (the slowest fit). The fitted
+latency already contains the small-message penalty, so the size-efficiency constant of a replaced link
+is set to 0. The best measured BF16 GEMM throughput sets the accelerator's GEMM efficiency (measured /
+catalog peak). Each replaced value is listed in the estimate's notes.
 """
 
 from __future__ import annotations
@@ -59,34 +65,43 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
     notes: list[str] = []
     intra, inter, accel = cluster.intra, cluster.inter, cluster.accelerator
     fits = profile.get("collective_fits") or {}
+    ring: list[tuple[float, float]] = []
+    nic: list[tuple[float, float]] = []
     for key, fit in sorted(fits.items()):
         try:
             op, link = key.split("@")
             busbw = float(fit["busbw_bytes_per_s"])
-            alpha = float(fit["alpha_s"])
+            alpha = max(0.0, float(fit["alpha_s"]))
         except (ValueError, KeyError, TypeError):
             raise SpecError(f"profile.collective_fits.{key}", "needs 'op@link' keys with alpha_s and "
                                                               "busbw_bytes_per_s") from None
         if busbw <= 0:
             continue
-        alpha = max(alpha, 0.0)
         if link == "intra_node":
             if op == "all_reduce" and intra.nvls_busbw_bytes_per_s:
                 intra = replace(intra, nvls_busbw_bytes_per_s=busbw)
             elif op == "send_recv":
                 intra = replace(intra, p2p_bytes_per_s=busbw)
             elif op in ("all_gather", "reduce_scatter"):
-                intra = replace(intra, ring_busbw_bytes_per_s=busbw)
+                ring.append((busbw, alpha))
             else:
                 continue
-            if alpha > 0:
-                intra = replace(intra, latency_s=alpha)
         elif link == "inter_node" and op in ("all_gather", "reduce_scatter", "send_recv"):
             per_gpu = busbw if op == "send_recv" else busbw / max(1, int(fit.get("ranks_per_node", 1)))
-            inter = replace(inter, nic_bytes_per_s=per_gpu, efficiency=1.0, latency_s=alpha or inter.latency_s)
+            nic.append((per_gpu, alpha))
         else:
             continue
         notes.append(f"profile: {op} on {link} measured at {busbw / GB:.3g} GB/s busbw, alpha {alpha * 1e6:.0f} us")
+    if ring:
+        busbw, alpha = min(ring)
+        intra = replace(intra, ring_busbw_bytes_per_s=busbw, half_size_bytes=0.0,
+                        latency_s=alpha if alpha > 0 else intra.latency_s)
+    elif fits:
+        intra = replace(intra, half_size_bytes=0.0)
+    if nic:
+        per_gpu, alpha = min(nic)
+        inter = replace(inter, nic_bytes_per_s=per_gpu, efficiency=1.0, half_size_bytes=0.0,
+                        latency_s=alpha or inter.latency_s)
     best = profile.get("gemm_best_flop_per_s")
     if best:
         eff = min(1.0, float(best) / accel.bf16_flop_per_s)

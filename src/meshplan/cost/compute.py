@@ -44,6 +44,8 @@ class ComputeParams:
     """Achieved over spec HBM bandwidth for memory-bound kernels (Azure STREAM-like: 79-95 %)."""
     overlap_efficiency: float = 0.9
     """Share of overlappable communication that compute can actually hide (stream and SM contention)."""
+    zero3_overlap_efficiency: float = 0.9
+    """The same for DeepSpeed ZeRO-3's parameter fetches, whose prefetching is bucket-limited."""
     comm_slowdown: float = 0.05
     """Compute slowdown while a collective runs beside it (NCCL kernels take SMs and HBM bandwidth)."""
     step_overhead_s: float = 0.0

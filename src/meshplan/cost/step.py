@@ -109,14 +109,16 @@ def _local_params(counts: ParamCounts, plan: Plan, s: int, n_dense: int, n_moe: 
     return tuple(u for u in units if u.count and u.n_params)
 
 
-def _set_exposure(entries: list[CommEntry], windows: dict[str, float], overlap: float) -> None:
-    """Set ``exposed_s`` on each entry: per (window, link), traffic beyond the window is exposed."""
-    by_key: dict[tuple[str, str], list[CommEntry]] = defaultdict(list)
+def _set_exposure(entries: list[CommEntry], windows: dict[str, float], overlap: float,
+                  dp_overlap: float | None = None) -> None:
+    """Set ``exposed_s`` on each entry: per (window, link), traffic beyond the window is exposed.
+    ``dp_overlap`` replaces ``overlap`` for data-parallel traffic (an implementation's own prefetching)."""
+    by_key: dict[tuple[str, str, bool], list[CommEntry]] = defaultdict(list)
     for e in entries:
-        by_key[(e.window, e.link)].append(e)
-    for (window, _link), group in by_key.items():
+        by_key[(e.window, e.link, dp_overlap is not None and e.axis in ("dp_shard", "edp"))].append(e)
+    for (window, _link, dp), group in by_key.items():
         hideable = sum(e.time_s - e.edge_s for e in group)
-        capacity = windows.get(window, 0.0) * overlap
+        capacity = windows.get(window, 0.0) * (dp_overlap if dp else overlap)
         excess = max(0.0, hideable - capacity)
         share = excess / hideable if hideable > 0 else 0.0
         for e in group:
@@ -256,7 +258,8 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) 
         "last_backward": t_b + t_w + t_r, "attention": m * attn * attn_passes,
         "pipeline": m * (t_f + t_b + t_w + t_r), "none": 0.0,
     }
-    _set_exposure(ledger, windows, compute.overlap_efficiency)
+    _set_exposure(ledger, windows, compute.overlap_efficiency,
+                  compute.zero3_overlap_efficiency if plan.sharding == "zero3" else None)
     bubble = bubble_time_s(schedule=plan.schedule, pp=plan.pp, vpp=plan.vpp, t_f_s=t_f, t_b_s=t_b + t_r, t_w_s=t_w)
     state = mem.state_bytes_per_param(sharding=plan.sharding, optimizer=job.optimizer, dp_sharded=True,
                                       reduce_dtype_bytes=job.reduce_dtype_bytes)
@@ -407,8 +410,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *
                 smallest = probe
             continue
         # without a pipeline the largest micro-batch that fits is the fastest; with one, fewer and
-        # larger micro-batches trade GEMM efficiency against the bubble, so try each halving
-        tries = [first_fit] if plan.pp == 1 else range(first_fit, len(mbs_list))
+        # larger micro-batches trade GEMM efficiency against the bubble: try the largest that fits, the
+        # smallest, and the one in the middle (in micro-batch count)
+        last = len(mbs_list) - 1
+        tries = [first_fit] if plan.pp == 1 else sorted({first_fit, (first_fit + last) // 2, last})
         for i in tries:
             est = at(rc, mbs_list[i])
             if est.feasible and (best is None or est.step_time_s < best.step_time_s):

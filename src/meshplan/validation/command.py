@@ -24,6 +24,8 @@ def register(sub: Any) -> None:
     p.add_argument("--cv-rounds", type=int, default=2, help="coordinate-descent rounds per fold (default 2)")
     p.add_argument("--by-source", action="store_true", help="also leave one source group out at a time")
     p.add_argument("--calibrate", metavar="TOML", help="fit on every row and write the parameters to TOML")
+    p.add_argument("--profile", default=None, metavar="FILE",
+                   help="measured profile (meshplan measure --out) applied to every row's cluster")
     p.add_argument("--max-cv-mape", type=float, default=None,
                    help="exit 1 if the cross-validated MAPE of tokens/s per GPU exceeds this fraction")
     p.set_defaults(func=cmd_validate)
@@ -139,6 +141,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from meshplan.validation import calibrate as cal
 
     results = load_scenarios(read_rows(args.path))
+    if args.profile:
+        from dataclasses import replace
+
+        from meshplan.profile import apply_profile, load_profile
+
+        profile = load_profile(args.profile)
+        for r in results:
+            if r.scenario is not None:
+                cluster, notes = apply_profile(r.scenario.cluster, profile)
+                r.scenario = replace(r.scenario, cluster=cluster)
+                r.notes = notes
     modelled = [r for r in results if r.scenario is not None]
     if args.calibrate:
         state = cal.fit(modelled, rounds=3, progress=_progress)

@@ -201,9 +201,11 @@ def _plan(row: dict[str, str], model: ModelSpec, n_gpus: int) -> Plan:
     if group in ("NVIDIA dgxc-benchmarking", "NeMo / Megatron-Bridge", "Megatron-LM") and not spv:
         sp = True
     mbs = _i(row, "micro_batch_size")
+    # NeMo / Megatron performance recipes overlap TP communication with GEMMs (--tp-comm-overlap, userbuffers)
+    async_tp = tp > 1 and group in ("NVIDIA dgxc-benchmarking", "NeMo / Megatron-Bridge", "Megatron-LM")
     try:
         return Plan(dp_replicate=dp_rep, dp_shard=dp_shard, tp=tp, pp=pp, cp=cp, ep=ep, mbs=mbs, recompute=recompute,
-                    sharding=sharding, reshard_after_forward=raf, sp=sp, schedule=schedule, vpp=v)
+                    sharding=sharding, reshard_after_forward=raf, sp=sp, schedule=schedule, vpp=v, async_tp=async_tp)
     except SpecError as exc:
         raise Skip(f"plan: {exc}") from None
 
