@@ -18,6 +18,9 @@ from meshplan.units import GB, format_gb, format_gib, format_seconds
 REFINE_TOP = 10
 """Plans of a search re-timed by the timeline simulator (the closed form screens all of them)."""
 
+CANDIDATES = 40
+"""Leading plans of the base search that the conditions-of-change walk re-evaluates at each value."""
+
 FAMILY_NAMES = {"ddp": "DDP", "fsdp": "FSDP full shard", "hsdp": "HSDP", "tp": "TP x data parallel",
                 "pp": "pipeline", "cp": "context parallel", "ep": "expert parallel"}
 
@@ -277,7 +280,14 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
             def best_of(m: ModelSpec, c: ClusterSpec, j: JobSpec) -> Estimate | None:
                 return search(m, c, j, space, mfu=mfu).recommended
 
-            conditions = find_conditions(model, cluster, job, best, best_of, mfu=mfu)
+            seen: set[str] = set()
+            candidates = []
+            for e in [*result.feasible[:CANDIDATES], *result.best_by_family().values()]:
+                key = e.plan.to_string()
+                if key not in seen:
+                    seen.add(key)
+                    candidates.append(e.plan)
+            conditions = find_conditions(model, cluster, job, best, best_of, candidates=candidates, mfu=mfu)
     measurements = measure_first(best, conditions) if best else []
     questions.append(q4)
     return PlanAnalysis(model=model, cluster=cluster, job=job, result=result, conditions=conditions,

@@ -223,12 +223,12 @@ def _context_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraff
         kv_local = st.tokens * model.n_heads * (model.qk_head_dim + model.value_head_dim) * ACT_BYTES / plan.tp
     calls = st.m * st.n_layers
     fwd_passes = 2 if st.recompute == "full" else 1
-    if plan.cp_impl == "ring":
+    if plan.context_impl == "ring":
         led.add(SEND_RECV, "cp", "ring attention KV pass (forward)", "forward", fwd_passes * calls * (cp - 1),
                 kv_local, "attention")
         led.add(SEND_RECV, "cp", "ring attention KV and dKV passes (backward)", "backward",
                 calls * (cp - 1), 2 * kv_local, "attention")
-    elif plan.cp_impl == "allgather":
+    elif plan.context_impl == "allgather":
         led.add(ALL_GATHER, "cp", "KV all-gather (forward)", "forward", fwd_passes * calls, kv_local * cp,
                 "attention")
         led.add(ALL_GATHER, "cp", "KV all-gather (backward)", "backward", calls, kv_local * cp, "attention")

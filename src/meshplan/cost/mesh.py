@@ -7,6 +7,7 @@ A group is intra-node when all its ranks fit in one node.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from meshplan.specs import ClusterSpec, Plan
@@ -23,14 +24,15 @@ class Group:
     size: int
     ranks_per_node: int
     """Ranks of the group in each node it touches (r)."""
+    n_nodes: int = 0
+    """Nodes the group spans (k = size / r); derived."""
+    link: str = ""
+    """'intra_node' or 'inter_node'; derived."""
 
-    @property
-    def n_nodes(self) -> int:
-        return max(1, self.size // self.ranks_per_node)
-
-    @property
-    def link(self) -> str:
-        return INTRA_NODE if self.n_nodes == 1 else INTER_NODE
+    def __post_init__(self) -> None:
+        k = max(1, self.size // self.ranks_per_node)
+        object.__setattr__(self, "n_nodes", k)
+        object.__setattr__(self, "link", INTRA_NODE if k == 1 else INTER_NODE)
 
 
 def group(axis: str, size: int, stride: int, gpus_per_node: int) -> Group:
@@ -44,25 +46,29 @@ def group(axis: str, size: int, stride: int, gpus_per_node: int) -> Group:
 
 
 def axis_groups(plan: Plan, cluster: ClusterSpec) -> dict[str, Group]:
+    """See _axis_groups (memoised on the degrees: a search asks for the same mesh many times)."""
+    return _axis_groups(plan.tp, plan.cp, plan.dp_shard, plan.dp_replicate, plan.pp, plan.ep, cluster.gpus_per_node)
+
+
+@functools.lru_cache(maxsize=4096)
+def _axis_groups(tp: int, cp: int, ds: int, dr: int, pp: int, ep: int, g: int) -> dict[str, Group]:
     """Groups of every axis, plus the combined ones the implementations use:
 
     - 'dp_shard' is the FSDP / ZeRO / distributed-optimizer group: dp_shard·cp ranks (torchtitan's
       dp_shard_cp mesh; Megatron shards the optimizer over DP·CP);
     - 'ep' is ep consecutive ranks; 'edp' is expert data parallel, the rest of tp·cp·dp.
     """
-    g = cluster.gpus_per_node
-    tp, cp, ds, dr, pp = plan.tp, plan.cp, plan.dp_shard, plan.dp_replicate, plan.pp
     out = {
         "tp": group("tp", tp, 1, g),
         "cp": group("cp", cp, tp, g),
         "dp_shard": group("dp_shard", ds * cp, tp, g),
         "dp_replicate": group("dp_replicate", dr, tp * cp * ds, g),
         "pp": group("pp", pp, tp * cp * ds * dr, g),
-        "ep": group("ep", plan.ep, 1, g),
+        "ep": group("ep", ep, 1, g),
     }
     expert_world = tp * cp * ds
-    if plan.ep > 1 and expert_world % plan.ep == 0:
-        out["edp"] = group("edp", expert_world // plan.ep, plan.ep, g)
+    if ep > 1 and expert_world % ep == 0:
+        out["edp"] = group("edp", expert_world // ep, ep, g)
     else:
         out["edp"] = out["dp_shard"]
     return out

@@ -17,9 +17,12 @@ References
 
 from __future__ import annotations
 
+import functools
+
 from meshplan.specs import ModelSpec
 
 
+@functools.lru_cache(maxsize=1024)
 def stage_layers(model: ModelSpec, pp: int) -> list[tuple[int, int]]:
     """(dense layers, MoE layers) on each stage; the remainder goes to the first stages, and the
     leading dense layers of an MoE model are taken in order."""

@@ -92,15 +92,20 @@ class _StageCtx:
 def _local_params(counts: ParamCounts, plan: Plan, s: int, n_dense: int, n_moe: int, tied_copy: bool
                   ) -> tuple[Unit, ...]:
     """FSDP units of stage ``s`` with their parameters on one rank (matrices split by TP, experts by EP)."""
-    t = plan.tp
+    return _units(counts, plan.tp, plan.ep, plan.pp, s, n_dense, n_moe, tied_copy)
+
+
+@functools.lru_cache(maxsize=8192)
+def _units(counts: ParamCounts, t: int, ep: int, pp: int, s: int, n_dense: int, n_moe: int, tied_copy: bool
+           ) -> tuple[Unit, ...]:
     dense = (counts.attention_per_layer + counts.dense_mlp_per_layer) / t + counts.norms_per_layer
     moe = ((counts.attention_per_layer + counts.shared_experts_per_moe_layer) / t + counts.norms_per_layer
            + counts.router_per_moe_layer)
-    experts = counts.routed_experts_per_moe_layer / plan.ep
+    experts = counts.routed_experts_per_moe_layer / ep
     root = 0.0
     if s == 0:
         root += counts.embedding / t
-    if s == plan.pp - 1:
+    if s == pp - 1:
         head = counts.lm_head if counts.lm_head else (counts.lm_head_matmul if tied_copy else 0)
         root += head / t + counts.final_norm
     units = [Unit("block", dense, n_dense, "dp_shard"), Unit("MoE block (non-expert)", moe, n_moe, "dp_shard"),
@@ -224,7 +229,7 @@ def _stage_compute(c: _StageCtx, compute: ComputeParams) -> tuple[float, ...]:
             local = model.n_experts / plan.ep
         return _layer_times(model, _AccelKey(accel.bf16_flop_per_s, accel.fp8_flop_per_s, accel.gemm_efficiency,
                                              accel.hbm_bytes_per_s), compute, tokens, job.seq_len, plan.cp, plan.tp,
-                            job.precision, moe, expert_tokens, local, plan.cp_impl != "a2a")
+                            job.precision, moe, expert_tokens, local, plan.context_impl != "a2a")
 
     kinds = [(c.n_dense, lt(False))] + ([(c.n_moe, lt(True))] if c.n_moe else [])
     t_f = sum(n * x.fwd_s for n, x in kinds)
@@ -281,6 +286,21 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) 
                        breakdown=breakdown, time_s=sum(breakdown.values()))
 
 
+@functools.lru_cache(maxsize=1024)
+def _flops(model: ModelSpec, counts: ParamCounts, seq_len: int, convention: str, recompute: str,
+           flash_attention: bool, tokens: int) -> FlopReport:
+    """FLOPs per step in both conventions, and with recomputation (memoised: plan-independent)."""
+    causal = convention == "causal"
+    f_palm = model_flop_per_token(model, counts, seq_len=seq_len, causal=False)
+    f_causal = model_flop_per_token(model, counts, seq_len=seq_len, causal=True)
+    f_tok = f_causal if causal else f_palm
+    f_re = recompute_flop_per_token(model, counts, seq_len=seq_len, recompute=recompute,
+                                    flash_attention=flash_attention, causal=causal)
+    return FlopReport(model_flop_per_step=f_tok * tokens, hardware_flop_per_step=(f_tok + f_re) * tokens,
+                      model_flop_per_token=f_tok, convention=convention,
+                      model_flop_per_step_palm=f_palm * tokens, model_flop_per_step_causal=f_causal * tokens)
+
+
 def _memory_only_estimate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, job: JobSpec,
                           reasons: list[str], mem_report: MemoryReport, flops: FlopReport) -> Estimate:
     """A probe used while bisecting the micro-batch size: memory and feasibility, no timing."""
@@ -308,16 +328,9 @@ def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec,
         reasons.append(f"interleaved schedule needs micro-batches ({m}) to be a multiple of pp={plan.pp}")
     groups = axis_groups(plan, cluster)
     layout = stage_layers(model, plan.pp)
-    causal = job.flop_convention == "causal"
     tokens = job.global_batch_tokens
-    f_palm = model_flop_per_token(model, counts, seq_len=job.seq_len, causal=False)
-    f_causal = model_flop_per_token(model, counts, seq_len=job.seq_len, causal=True)
-    f_tok = f_causal if causal else f_palm
-    f_re = recompute_flop_per_token(model, counts, seq_len=job.seq_len, recompute=plan.recompute or "none",
-                                    flash_attention=job.flash_attention, causal=causal)
-    flops = FlopReport(model_flop_per_step=f_tok * tokens, hardware_flop_per_step=(f_tok + f_re) * tokens,
-                       model_flop_per_token=f_tok, convention=job.flop_convention,
-                       model_flop_per_step_palm=f_palm * tokens, model_flop_per_step_causal=f_causal * tokens)
+    flops = _flops(model, counts, job.seq_len, job.flop_convention, plan.recompute or "none", job.flash_attention,
+                   tokens)
     peak = cluster.accelerator.peak_flop_per_s(job.precision)
     ctxs = [_StageCtx(model, counts, cluster, job, plan, groups, s, *layout[s], m,
                       _local_params(counts, plan, s, *layout[s], tied_copy=plan.pp > 1))
@@ -378,22 +391,32 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *
     cache: dict[tuple[str, int], Estimate] = {}
 
     probes: dict[tuple[str, int], Estimate] = {}
+    variants: dict[tuple[str, int], Plan] = {}
+
+    def variant(rc: str, b: int) -> Plan:
+        if (rc, b) not in variants:
+            variants[rc, b] = replace(plan, mbs=b, recompute=rc)
+        return variants[rc, b]
 
     def fits(rc: str, b: int) -> bool:
         if (rc, b) not in probes:
-            probes[rc, b] = _evaluate_fixed(model, counts, cluster, job, replace(plan, mbs=b, recompute=rc),
-                                            compute, mfu, memory_only=True)
+            probes[rc, b] = _evaluate_fixed(model, counts, cluster, job, variant(rc, b), compute, mfu,
+                                            memory_only=True)
         return probes[rc, b].feasible
 
     def at(rc: str, b: int) -> Estimate:
         if (rc, b) not in cache:
-            cache[rc, b] = _evaluate_fixed(model, counts, cluster, job, replace(plan, mbs=b, recompute=rc),
-                                           compute, mfu)
+            cache[rc, b] = _evaluate_fixed(model, counts, cluster, job, variant(rc, b), compute, mfu)
         return cache[rc, b]
 
+    # the most lenient combination (most recomputation, smallest micro-batch) fails: nothing fits
+    if not fits(recomputes[-1], mbs_list[-1]):
+        return at(recomputes[-1], mbs_list[-1])
     best: Estimate | None = None
     smallest: Estimate | None = None
     for rc in recomputes:
+        if best is not None and plan.pp == 1 and best.plan.mbs == mbs_list[0] and best.plan.recompute == "none":
+            break  # nothing recomputed at the largest micro-batch: recomputing can only be slower
         # memory only shrinks with the micro-batch size: bisect for the largest that fits
         lo, hi = 0, len(mbs_list) - 1  # mbs_list is descending
         first_fit = None

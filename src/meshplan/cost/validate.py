@@ -28,7 +28,7 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
         if job.seq_len % (2 * plan.cp):
             raise SpecError("plan.cp", f"2·cp must divide seq_len={job.seq_len} (load-balanced causal "
                                        f"chunks); got cp={plan.cp}")
-        if plan.cp_impl == "a2a":
+        if plan.context_impl == "a2a":
             heads, kv = model.n_heads // plan.tp, (model.n_kv_heads // plan.tp if not model.is_mla else 0)
             if heads % plan.cp or (kv and kv % plan.cp):
                 raise SpecError("plan.cp", f"Ulysses all-to-all needs cp to divide the heads per TP rank "

@@ -101,38 +101,104 @@ def _knobs(model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> list[_Knob]:
     ]
 
 
+MIN_GAIN = 1.02
+"""A different plan counts as a change only when it is at least this much faster than the recommended plan
+at the same condition (or the recommended plan no longer fits there): near-ties are not conditions."""
+
+
+def layout_key(plan: Plan) -> str:
+    """A plan's shape independent of the GPU count: its degrees except the data-parallel ones, which are
+    replaced by whether they are in use (so FSDP=64 and FSDP=128 are the same layout)."""
+    p = replace(plan, mbs=None, recompute=None, dp_replicate=2 if plan.dp_replicate > 1 else 1,
+                dp_shard=2 if plan.dp_shard > 1 else 1)
+    return p.to_string()
+
+
+def rescale(plan: Plan, n_gpus: int) -> Plan | None:
+    """``plan`` on ``n_gpus`` GPUs: the data-parallel degree absorbs the change (HSDP keeps its shard
+    group and changes its replicas); None when the other degrees do not divide the GPUs."""
+    other = plan.tp * plan.pp * plan.cp
+    if n_gpus % other:
+        return None
+    dp = n_gpus // other
+    if plan.dp_replicate > 1 and plan.dp_shard > 1:
+        if dp % plan.dp_shard or dp == plan.dp_shard:
+            return None
+        return replace(plan, dp_replicate=dp // plan.dp_shard, mbs=None, recompute=None)
+    if plan.dp_replicate > 1:
+        return replace(plan, dp_replicate=dp, mbs=None, recompute=None)
+    return replace(plan, dp_shard=dp, mbs=None, recompute=None)
+
+
 def find_conditions(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, recommended: Estimate,
-                    search_best: SearchFn, *, steps: int = 3, bisections: int = 4,
-                    only: tuple[str, ...] | None = None, mfu: float | None = None) -> list[Condition]:
+                    search_best: SearchFn, *, candidates: list[Plan] | None = None, steps: int = 3,
+                    bisections: int = 4, only: tuple[str, ...] | None = None, mfu: float | None = None
+                    ) -> list[Condition]:
     """Thresholds, one per condition and direction where the recommendation changes within ``steps``
-    doublings (halvings) of the condition. ``search_best`` runs the search and returns its best plan."""
-    base_key = structural_key(recommended.plan)
+    doublings (halvings) of the condition.
+
+    The walk and the bisection evaluate ``candidates`` (the leading plans of the base search and the best
+    of each family, re-sized to the GPU count) at each value; the value where the answer changes is then
+    confirmed by a full search (``search_best``), whose answer is the one reported."""
     out: list[Condition] = []
     for knob in _knobs(model, cluster, job):
         if only and knob.name not in only:
             continue
         for direction, factor in (("below", 0.5), ("above", 2.0)):
-            cond = _walk(knob, direction, factor, base_key, recommended, search_best, steps, bisections, mfu)
+            cond = _walk(knob, direction, factor, recommended, search_best, candidates, steps, bisections, mfu)
             if cond:
                 out.append(cond)
     return out
 
 
-def _walk(knob: _Knob, direction: str, factor: float, base_key: str, base: Estimate, search_best: SearchFn,
-          steps: int, bisections: int, mfu: float | None) -> Condition | None:
-    def best_at(v: float) -> Estimate | None:
+def _candidates_best(knob: _Knob, v: float, candidates: list[Plan], mfu: float | None) -> Estimate | None:
+    from meshplan.cost.step import evaluate
+    from meshplan.errors import SpecError
+    from meshplan.search.rank import rank
+
+    scenario = knob.apply(v)
+    if scenario is None:
+        return None
+    model, cluster, job = scenario
+    ests = []
+    for plan in candidates:
+        sized = rescale(plan, cluster.n_gpus) if plan.world_size != cluster.n_gpus else plan
+        if sized is None:
+            continue
+        try:
+            ests.append(evaluate(model, cluster, job, sized, mfu=mfu))
+        except SpecError:
+            continue
+    ranked = rank(ests)
+    return ranked[0] if ranked and ranked[0].feasible else None
+
+
+def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_best: SearchFn,
+          candidates: list[Plan] | None, steps: int, bisections: int, mfu: float | None) -> Condition | None:
+    base_key = layout_key(base.plan)
+
+    def full(v: float) -> Estimate | None:
         scenario = knob.apply(v)
         return None if scenario is None else search_best(*scenario)
+
+    def probe(v: float) -> Estimate | None:
+        return full(v) if candidates is None else _candidates_best(knob, v, candidates, mfu)
+
+    def changed(v: float, other: Estimate | None) -> bool:
+        if other is None or layout_key(other.plan) == base_key:
+            return False
+        mine = _evaluate_at(knob, v, base, mfu)
+        return mine is None or not mine.feasible or mine.step_time_s >= MIN_GAIN * other.step_time_s
 
     same = knob.base
     for i in range(1, steps + 1):
         v = knob.base * factor**i
         if knob.integer:
             v = float(round(v))
-        other = best_at(v)
+        other = probe(v)
         if other is None:
             return None
-        if structural_key(other.plan) == base_key:
+        if not changed(v, other):
             same = v
             continue
         lo, hi = same, v
@@ -143,18 +209,25 @@ def _walk(knob: _Knob, direction: str, factor: float, base_key: str, base: Estim
                     mid = float(round(mid))
                     if mid in (lo, hi):
                         break
-                cand = best_at(mid)
+                cand = probe(mid)
                 if cand is None:
                     break
-                if structural_key(cand.plan) == base_key:
-                    lo = mid
-                else:
+                if changed(mid, cand):
                     hi, other = mid, cand
+                else:
+                    lo = mid
+        confirmed = full(hi) if candidates is not None else other
+        if confirmed is None or not changed(hi, confirmed):
+            same = v
+            continue
+        other = confirmed
         base_then = _evaluate_at(knob, hi, base, mfu)
         speedup = (base_then.step_time_s / other.step_time_s) if (base_then and base_then.feasible) else float("inf")
         gain = "the recommendation no longer fits" if math.isinf(speedup) else f"{speedup:.2f}x faster"
         text = (f"{direction} {knob.fmt(hi)}" if knob.continuous else f"at {knob.fmt(hi)}")
         text += f", {other.plan.label()} is best ({gain})"
+        if math.isinf(speedup) and base_then is not None and base_then.infeasible_reasons:
+            text += f": {base_then.infeasible_reasons[0]}"
         return Condition(condition=knob.name, direction=direction, value=hi, last_same_value=lo, unit=knob.unit,
                          base_value=knob.base, plan=other.plan.label(), plan_string=structural_key(other.plan),
                          speedup=speedup, text=text)
@@ -162,7 +235,8 @@ def _walk(knob: _Knob, direction: str, factor: float, base_key: str, base: Estim
 
 
 def _evaluate_at(knob: _Knob, value: float, base: Estimate, mfu: float | None) -> Estimate | None:
-    """The recommended plan itself, re-evaluated at ``value`` (None where it cannot be built there)."""
+    """The recommended plan itself, re-evaluated at ``value`` and re-sized to its GPU count (None where it
+    cannot be built there)."""
     from meshplan.cost.step import evaluate
     from meshplan.errors import SpecError
 
@@ -170,8 +244,9 @@ def _evaluate_at(knob: _Knob, value: float, base: Estimate, mfu: float | None) -
     if scenario is None:
         return None
     model, cluster, job = scenario
-    plan = replace(base.plan, mbs=None, recompute=None)
-    if plan.world_size != cluster.n_gpus:
+    plan = rescale(base.plan, cluster.n_gpus) if base.plan.world_size != cluster.n_gpus else replace(
+        base.plan, mbs=None, recompute=None)
+    if plan is None:
         return None
     try:
         return evaluate(model, cluster, job, plan, mfu=mfu)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
+from meshplan.specs.plan import FRAMEWORK_CP, FRAMEWORK_SCHEDULES
 
 FAMILIES = ("ddp", "fsdp", "hsdp", "tp", "pp", "cp", "ep")
 
@@ -95,7 +96,11 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space:
                 continue
             shardings = space.shardings if ds * cp > 1 else ("fsdp",)
             for sharding in shardings:
-                if pp > 1 and sharding in ("zero2", "zero3"):
-                    continue  # DeepSpeed's pipeline engine supports ZeRO-1 only
+                if pp > 1 and (sharding in ("zero2", "zero3") or schedule not in FRAMEWORK_SCHEDULES[sharding]):
+                    continue  # each framework runs its own schedules; DeepSpeed pipelines with ZeRO-1 only
+                cp_impl = FRAMEWORK_CP[sharding][0]
+                if cp > 1 and cp_impl == "a2a" and (model.n_heads // tp % cp or
+                                                    (not model.is_mla and model.n_kv_heads // tp % cp)):
+                    continue
                 yield Plan(dp_replicate=dr, dp_shard=ds, cp=cp, tp=tp, pp=pp, ep=ep, sharding=sharding,
                            schedule=schedule, vpp=vpp)

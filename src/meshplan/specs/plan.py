@@ -22,6 +22,15 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 CP_IMPLS = ("ring", "a2a", "allgather")
 GRAD_SYNC = ("every", "last")
 
+# What each implementation of the data-parallel axis runs with: the features of its framework.
+# PyTorch (FSDP2, torchtitan): every schedule in torch.distributed.pipelining, ring (all-gather based)
+# context parallelism. Megatron-LM: 1F1B and interleaved schedules, p2p / all-gather / a2a CP.
+# DeepSpeed ZeRO: its pipeline engine runs 1F1B with ZeRO-1 only; sequence parallelism is Ulysses (a2a).
+FRAMEWORK_SCHEDULES = {"fsdp": SCHEDULES, "megatron": ("1f1b", "interleaved"), "zero1": ("1f1b",),
+                       "zero2": ("1f1b",), "zero3": ("1f1b",)}
+FRAMEWORK_CP = {"fsdp": ("ring", "allgather"), "megatron": CP_IMPLS, "zero1": ("a2a",), "zero2": ("a2a",),
+                "zero3": ("a2a",)}
+
 # What a plan string may say, and what each key means; aliases on the right.
 _ALIASES = {"fsdp": "dp_shard", "ddp": "dp_replicate", "dp": "dp_replicate", "vp": "vpp",
             "micro_batch_size": "mbs", "ac": "recompute"}
@@ -67,9 +76,9 @@ class Plan:
     """Pipeline schedule: 'gpipe', '1f1b', 'interleaved', 'zb-h1', 'zb-v'."""
     vpp: int = 1
     """Virtual stages (model chunks) per pipeline rank for 'interleaved'."""
-    cp_impl: str = "ring"
+    cp_impl: str | None = None
     """Context parallel exchange: 'ring' (p2p KV passes), 'allgather' (KV all-gather) or 'a2a'
-    (Ulysses all-to-all)."""
+    (Ulysses all-to-all). None: the framework's own (ring; a2a for DeepSpeed)."""
     async_tp: bool = False
     """Overlap TP/SP collectives with the GEMMs they feed (micro-pipelined async-TP)."""
 
@@ -83,12 +92,19 @@ class Plan:
             one_of("plan.recompute", self.recompute, RECOMPUTE)
         one_of("plan.sharding", self.sharding, SHARDING)
         one_of("plan.schedule", self.schedule, SCHEDULES)
-        one_of("plan.cp_impl", self.cp_impl, CP_IMPLS)
+        if self.cp_impl is not None:
+            one_of("plan.cp_impl", self.cp_impl, CP_IMPLS)
         if self.grad_sync is not None:
             one_of("plan.grad_sync", self.grad_sync, GRAD_SYNC)
         raf = self.reshard_after_forward
         if not isinstance(raf, bool):
             positive_int("plan.reshard_after_forward", raf)
+        if self.pp > 1 and self.schedule not in FRAMEWORK_SCHEDULES[self.sharding]:
+            raise SpecError("plan.schedule", f"sharding={self.sharding} runs with schedule "
+                                             f"{' or '.join(FRAMEWORK_SCHEDULES[self.sharding])}; got {self.schedule}")
+        if self.cp > 1 and self.context_impl not in FRAMEWORK_CP[self.sharding]:
+            raise SpecError("plan.cp_impl", f"sharding={self.sharding} runs context parallelism as "
+                                            f"{' or '.join(FRAMEWORK_CP[self.sharding])}; got {self.cp_impl}")
         if self.vpp > 1 and self.schedule != "interleaved":
             raise SpecError("plan.vpp", f"virtual stages need schedule=interleaved; got schedule={self.schedule}")
         if self.schedule == "interleaved" and self.pp > 1 and self.vpp < 2:
@@ -106,6 +122,11 @@ class Plan:
     @property
     def sequence_parallel(self) -> bool:
         return self.tp > 1 and (self.sp is None or self.sp)
+
+    @property
+    def context_impl(self) -> str:
+        """The context-parallel exchange in effect."""
+        return self.cp_impl or FRAMEWORK_CP[self.sharding][0]
 
     @property
     def shard_degree(self) -> int:
