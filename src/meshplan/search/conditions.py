@@ -67,7 +67,11 @@ def knob(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, name: str) -> _Kn
 
 def _knobs(model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> list[_Knob]:
     def batch(v: float) -> tuple[ModelSpec, ClusterSpec, JobSpec] | None:
+        # whole sequences, in steps that every data-parallel degree of the cluster divides (a multiple of
+        # the GPU count; a power of two below it): other batches would only be "infeasible" by arithmetic
         seqs = int(v) // job.seq_len
+        n = cluster.n_gpus
+        seqs = (seqs // n) * n if seqs >= n else (2 ** int(math.log2(seqs)) if seqs >= 1 else 0)
         return None if seqs < 1 else (model, cluster, replace(job, global_batch_tokens=seqs * job.seq_len))
 
     def bandwidth(v: float) -> tuple[ModelSpec, ClusterSpec, JobSpec]:

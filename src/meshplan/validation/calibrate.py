@@ -17,7 +17,9 @@ Procedure (docs/calibration.md):
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
+import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -171,17 +173,35 @@ def cross_validate(rows: list[RowResult], *, k: int = 5, rounds: int = 2, by_gro
         parts = [[r for r in modelled if r.source_group == g] for g in groups]
     else:
         parts = folds(modelled, k)
-    for i, held in enumerate(parts):
-        held_ids = {id(r) for r in held}
-        train = [r for r in modelled if id(r) not in held_ids]
-        state = fit(train, rounds=rounds)
-        for r in held:
-            sc = r.scenario
-            assert sc is not None
-            r.cv_predicted_tokens_per_s_per_gpu = predict(
-                sc, params_for(state, sc.cluster.accelerator.name, sc.job.software)).tokens_per_s_per_gpu
+    jobs = []
+    for held in parts:
+        held_ids = {r.row for r in held}
+        jobs.append(([r for r in modelled if r.row not in held_ids], held, rounds))
+    workers = min(len(jobs), os.cpu_count() or 1)
+    if workers > 1:
+        with concurrent.futures.ProcessPoolExecutor(workers) as pool:
+            outcomes = list(pool.map(_fold, jobs))
+    else:
+        outcomes = [_fold(j) for j in jobs]
+    by_row = {r.row: r for r in modelled}
+    for i, preds in enumerate(outcomes):
+        for row, pred in preds:
+            by_row[row].cv_predicted_tokens_per_s_per_gpu = pred
         if progress:
             progress(f"fold {i + 1}/{len(parts)} done")
+
+
+def _fold(job: tuple[list[RowResult], list[RowResult], int]) -> list[tuple[int, float]]:
+    """Fit on the training rows, predict the held-out ones (a process-pool task: folds run in parallel)."""
+    train, held, rounds = job
+    state = fit(train, rounds=rounds)
+    out = []
+    for r in held:
+        sc = r.scenario
+        assert sc is not None
+        out.append((r.row, predict(sc, params_for(state, sc.cluster.accelerator.name,
+                                                  sc.job.software)).tokens_per_s_per_gpu))
+    return out
 
 
 def uncertainty_bands(rows: list[RowResult]) -> dict[str, dict[str, float]]:

@@ -1,0 +1,125 @@
+"""Search, recommendation, conditions of change, sweep and report (issue: search every plan)."""
+
+import base64
+import json
+from html.parser import HTMLParser
+
+import pytest
+
+from meshplan.cli import main
+from meshplan.search.space import Space, enumerate_plans
+from meshplan.specs.plan import FRAMEWORK_SCHEDULES
+from tests.helpers import worked_example
+
+SMALL = ["--model", "llama-2-7b", "--nodes", "2", "--batch-tokens", "512K"]
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    return code, capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def plan_json():
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["plan", "--json"]) == 0
+    return json.loads(buf.getvalue())
+
+
+def test_plan_json_lists_plans_reasons_recommendation_and_conditions(plan_json):
+    d = plan_json
+    assert d["recommended"]["feasible"] is True
+    assert len(d["plans"]) == d["n_plans"] > 100
+    infeasible = [p for p in d["plans"] if not p["feasible"]]
+    assert infeasible and all(p["infeasible_reasons"] for p in infeasible)
+    assert isinstance(d["conditions"], list)
+    for c in d["conditions"]:
+        assert {"condition", "direction", "value", "plan", "text"} <= set(c)
+    assert len(d["questions"]) == 4 and d["measure_first"]
+
+
+def test_no_listed_plan_beats_the_recommendation_without_a_reason(plan_json):
+    d = plan_json
+    best = d["recommended"]["step_time_s"]
+    faster = [p for p in d["plans"] if p["feasible"] and p["step_time_s"] < best]
+    if faster:  # only near-ties, and the recommendation says so
+        assert all(p["step_time_s"] > best * 0.99 for p in faster)
+        assert any("tie band" in line for line in d["questions"][3]["answer"])
+
+
+def test_search_space_is_structurally_valid_and_framework_consistent():
+    from meshplan.cost.validate import validate_plan
+
+    m, c, j = worked_example()
+    plans = list(enumerate_plans(m, c, j, Space()))
+    assert len(plans) == len({p.to_string() for p in plans})
+    for p in plans:
+        validate_plan(m, c, j, p)
+        assert p.pp == 1 or p.schedule in FRAMEWORK_SCHEDULES[p.sharding]
+
+
+def test_sweep_json_and_plot(capsys, tmp_path):
+    png = tmp_path / "s.png"
+    code, out = _run(capsys, "sweep", *SMALL, "--vary", "batch-tokens=256K..2M", "--points", "3", "--space", "dp-tp",
+                     "--json", "--plot", str(png))
+    d = json.loads(out)
+    assert code == 0 and len(d["points"]) == 3 and d["points"][0]["best"]["feasible"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_bad_range_is_one_line(capsys):
+    code = main(["sweep", "--vary", "batch-tokens=16M..1M"])
+    assert code == 2 and "sweep.vary" in capsys.readouterr().err
+
+
+class _Images(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[str] = []
+        self.tags: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        if tag == "img":
+            self.images.append(dict(attrs)["src"])
+
+
+def test_report_html_is_self_contained_with_valid_images(capsys, tmp_path):
+    code, _ = _run(capsys, "report", *SMALL, "--space", "dp-tp", "--no-conditions", "--out", str(tmp_path))
+    assert code == 0
+    html = (tmp_path / "report.html").read_text()
+    parser = _Images()
+    parser.feed(html)
+    assert {"html", "body", "table", "h2"} <= set(parser.tags)
+    assert len(parser.images) >= 4  # step breakdown, memory, two sweeps
+    for src in parser.images:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (tmp_path / "report.md").read_text()
+    assert "## 4." in md and "![" in md
+
+
+def test_validate_cli_on_a_few_rows(capsys, tmp_path):
+    import csv
+
+    src = "../shared/data/published_runs.csv"
+    import os
+
+    if not os.path.exists(src):
+        pytest.skip("shared data not beside the repository")
+    rows = list(csv.DictReader(open(src, newline="")))
+    sub = tmp_path / "few.csv"
+    with sub.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows[:6] + rows[200:206])
+    code, out = _run(capsys, "validate", str(sub), "--cv", "0", "--json")
+    d = json.loads(out)
+    assert code == 0 and len(d["rows"]) == 12
+    modelled = [r for r in d["rows"] if "skipped" not in r]
+    assert modelled and all(r["predicted_tokens_per_s_per_gpu"] > 0 for r in modelled)
+    assert d["summary"]["fit"]["tokens_per_s_per_gpu"]["count"] == len(modelled)
