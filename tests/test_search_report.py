@@ -5,11 +5,11 @@ import json
 from html.parser import HTMLParser
 
 import pytest
+from tests.helpers import worked_example
 
 from meshplan.cli import main
 from meshplan.search.space import Space, enumerate_plans
 from meshplan.specs.plan import FRAMEWORK_SCHEDULES
-from tests.helpers import worked_example
 
 SMALL = ["--model", "llama-2-7b", "--nodes", "2", "--batch-tokens", "512K"]
 
