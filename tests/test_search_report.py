@@ -111,7 +111,8 @@ def test_validate_cli_on_a_few_rows(capsys, tmp_path):
 
     if not os.path.exists(src):
         pytest.skip("shared data not beside the repository")
-    rows = list(csv.DictReader(open(src, newline="")))
+    with open(src, newline="") as fh:
+        rows = list(csv.DictReader(fh))
     sub = tmp_path / "few.csv"
     with sub.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
