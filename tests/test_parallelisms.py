@@ -1,0 +1,92 @@
+"""Pipeline, context, expert and sequence parallelism, ZeRO stages: what each adds to the ledger and memory."""
+
+import pytest
+from tests.helpers import worked_example
+
+from meshplan import JobSpec, evaluate, load_cluster, load_model, parse_plan
+from meshplan.errors import SpecError
+
+
+def _est(plan: str, model: str = "seed-70b", nodes: int = 8, batch: int = 4_194_304, seq: int = 4096):
+    m, c = load_model(model), load_cluster("h100-sxm", nodes=nodes)
+    return evaluate(m, c, JobSpec(global_batch_tokens=batch, seq_len=seq), parse_plan(plan, c.n_gpus))
+
+
+def _p2p(est) -> float:
+    return sum(e.bytes_per_gpu for e in est.comm if e.axis == "pp")
+
+
+def test_interleaved_multiplies_p2p_traffic_by_v():
+    """Narayanan et al. 2021 §2.2: interleaving with v chunks sends v times the point-to-point traffic."""
+    base = _est("tp=8,pp=8,mbs=1,recompute=full,sharding=megatron")
+    inter = _est("tp=8,pp=8,mbs=1,recompute=full,sharding=megatron,schedule=interleaved,vpp=2")
+    assert _p2p(inter) == pytest.approx(2 * _p2p(base))
+    assert inter.time_breakdown["pipeline bubble"] < base.time_breakdown["pipeline bubble"]
+
+
+def test_moe_expert_parallel_shows_all_to_all_and_expert_memory():
+    est = _est("ep=8,dp_shard=32", model="mixtral-8x7b", nodes=4, batch=1_048_576)
+    a2a = [e for e in est.comm if e.collective == "all_to_all"]
+    assert a2a and all(e.axis == "ep" for e in a2a)
+    assert est.memory.terms["expert_params"] > 0
+    dense = _est("dp_shard=32", model="mixtral-8x7b", nodes=4, batch=1_048_576)
+    assert est.memory.terms["expert_params"] < dense.memory.terms.get("params", 0) + dense.memory.terms.get(
+        "expert_params", 0)
+
+
+def test_context_parallel_ring_and_ulysses():
+    ring = _est("cp=2,dp_shard=32,mbs=1,recompute=full", seq=8192)
+    cp = [e for e in ring.comm if e.axis == "cp"]
+    assert cp and {e.collective for e in cp} == {"send_recv"} and all(e.window == "attention" for e in cp)
+    uly = _est("cp=2,dp_shard=32,mbs=1,recompute=full,sharding=zero3", seq=8192)
+    assert {e.collective for e in uly.comm if e.axis == "cp"} == {"all_to_all"}
+
+
+def test_sequence_parallel_replaces_all_reduce_with_gather_and_scatter_of_equal_bytes():
+    sp = _est("tp=8,dp_shard=8,mbs=1,recompute=none")
+    no_sp = _est("tp=8,dp_shard=8,mbs=1,recompute=none,sp=false")
+    tp_sp = {e.collective for e in sp.comm if e.axis == "tp"}
+    assert tp_sp == {"all_gather", "reduce_scatter"}
+    layer_bytes = sum(e.bytes_per_gpu for e in sp.comm if e.axis == "tp" and "embedding" not in e.purpose
+                      and "LM head" not in e.purpose)
+    layer_bytes_no_sp = sum(e.bytes_per_gpu for e in no_sp.comm if e.axis == "tp" and "embedding" not in e.purpose
+                            and "LM head" not in e.purpose)
+    assert layer_bytes == pytest.approx(layer_bytes_no_sp)
+    assert sp.memory.activation_bytes < no_sp.memory.activation_bytes
+
+
+@pytest.mark.parametrize(("sharding", "calls_per_step"), [("zero1", 1), ("zero2", 16), ("zero3", 16)])
+def test_zero_stage_reduce_scatter_frequency(sharding, calls_per_step):
+    """DeepSpeed: ZeRO-1 reduces at the accumulation boundary, ZeRO-2/3 every micro-batch."""
+    est = _est(f"dp_shard=64,mbs=1,recompute=full,sharding={sharding}")
+    rs = [e for e in est.comm if e.collective == "reduce_scatter" and "block" in e.purpose]
+    assert rs[0].count == calls_per_step * 80
+
+
+def test_megatron_distributed_optimizer_memory():
+    """6 + 12/d bytes per parameter (Megatron dist_optimizer.md)."""
+    est = _est("tp=8,pp=8,mbs=1,recompute=full,sharding=megatron")
+    t = est.memory.terms
+    n_params = t["params"] / 2.0
+    assert t["grads"] == pytest.approx(4.0 * n_params)
+    assert t["master_params"] + t["optimizer_state"] == pytest.approx(12.0 * n_params / 1)
+
+
+@pytest.mark.parametrize(("plan", "field"), [
+    ("cp=3,dp_shard=1", "plan"),
+    ("cp=64", "plan.cp"),
+    ("pp=64,dp_shard=1", "plan.vpp"),
+    ("pp=8,dp_shard=8,schedule=interleaved,vpp=3", "plan.vpp"),
+    ("pp=8,dp_shard=8,schedule=zb-h1,sharding=zero1", "plan.schedule"),
+    ("dp_shard=64,ep=2", "plan.ep"),
+])
+def test_bad_plans_raise_spec_errors(plan, field):
+    m, c, j = worked_example()
+    with pytest.raises(SpecError) as exc:
+        p = parse_plan(plan, c.n_gpus)
+        if plan == "cp=64":
+            j = JobSpec(global_batch_tokens=96 * 1024, seq_len=96)
+        if plan.startswith("pp=64"):
+            p = parse_plan("pp=64,schedule=interleaved,vpp=2", c.n_gpus)
+        evaluate(m, c, j, p)
+    assert exc.value.field.startswith(field)
