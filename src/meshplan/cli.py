@@ -15,6 +15,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+from meshplan.argtypes import fraction, positive_float, positive_size
 from meshplan.errors import SpecError
 
 DEFAULT_MODEL = "seed-70b"
@@ -29,50 +30,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"meshplan: error: {message}\n")
 
 
-def _positive_int(text: str) -> int:
-    from meshplan.units import parse_size
-
-    try:
-        v = parse_size(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer (e.g. 4194304 or 4M), got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return v
-
-
-def _fraction(text: str) -> float:
-    v = _positive_float(text)
-    if v > 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
-    return v
-
-
 def _add_scenario(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("scenario (defaults: the worked example)")
     g.add_argument("--model", default=DEFAULT_MODEL, help=f"catalog name or model .toml (default {DEFAULT_MODEL})")
     g.add_argument("--cluster", default=DEFAULT_CLUSTER,
                    help=f"accelerator name (its usual node) or cluster .toml (default {DEFAULT_CLUSTER})")
-    g.add_argument("--nodes", type=_positive_int, default=None, help=f"nodes (default {DEFAULT_NODES})")
-    g.add_argument("--gpus-per-node", type=_positive_int, default=None, help="GPUs per node (default: the node's)")
-    g.add_argument("--inter-node-bandwidth", type=_positive_float, default=None, metavar="GB_PER_S",
+    g.add_argument("--nodes", type=positive_size, default=None, help=f"nodes (default {DEFAULT_NODES})")
+    g.add_argument("--gpus-per-node", type=positive_size, default=None, help="GPUs per node (default: the node's)")
+    g.add_argument("--inter-node-bandwidth", type=positive_float, default=None, metavar="GB_PER_S",
                    help="NIC bandwidth per GPU per direction, decimal GB/s")
-    g.add_argument("--batch-tokens", type=_positive_int, default=None,
+    g.add_argument("--batch-tokens", type=positive_size, default=None,
                    help=f"global batch in tokens per step (default {DEFAULT_BATCH_TOKENS:,}; 4M works)")
-    g.add_argument("--seq-len", type=_positive_int, default=None, help=f"sequence length (default {DEFAULT_SEQ_LEN})")
+    g.add_argument("--seq-len", type=positive_size, default=None, help=f"sequence length (default {DEFAULT_SEQ_LEN})")
     g.add_argument("--job", default=None, metavar="FILE",
                    help="job spec .toml (optimizer, precision, reduce_dtype_bytes, flop_convention, ...)")
-    g.add_argument("--mfu", type=_fraction, default=None,
+    g.add_argument("--mfu", type=fraction, default=None,
                    help="assume this MFU for compute instead of the kernel model")
     g.add_argument("--json", action="store_true", help="write JSON (schema in the README)")
 
@@ -323,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scenario(pl)
     pl.add_argument("--space", choices=("full", "dp-tp"), default="full",
                     help="full: every parallelism; dp-tp: DDP, FSDP, HSDP and TP x FSDP only")
-    pl.add_argument("--top", type=_positive_int, default=None, help="plans to list (text: 10; json: all)")
+    pl.add_argument("--top", type=positive_size, default=None, help="plans to list (text: 10; json: all)")
     pl.add_argument("--no-conditions", action="store_true", help="skip the conditions-of-change sweeps")
     _add_profile(pl)
     pl.set_defaults(func=cmd_plan)
@@ -340,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scenario(sw)
     sw.add_argument("--vary", required=True, metavar="NAME=LOW..HIGH",
                     help="batch-tokens, inter-node-bandwidth, gpus, seq-len or layers, e.g. batch-tokens=512K..16M")
-    sw.add_argument("--points", type=_positive_int, default=9, help="values, geometrically spaced (default 9)")
+    sw.add_argument("--points", type=positive_size, default=9, help="values, geometrically spaced (default 9)")
     sw.add_argument("--space", choices=("full", "dp-tp"), default="full")
     sw.add_argument("--plot", metavar="FILE.png", help="write the sweep chart")
     sw.set_defaults(func=cmd_sweep)

@@ -24,44 +24,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from meshplan.argtypes import count, positive_float, positive_size
+
 TORCH_MISSING = "meshplan measure needs the torch extra: pip install torch==2.13.0 && pip install 'meshplan[torch]'"
 DEFAULT_TIMEOUT_S = 600.0
 WORKER_MODULE = "meshplan.harness.measure_worker"
 ERRDIR_ENV = "MESHPLAN_MEASURE_ERRDIR"
 _LAUNCH_GRACE_S = 30.0
 _MIN_GRACE_S = 10.0
-
-
-def _size(text: str) -> int:
-    from meshplan.units import parse_size
-
-    try:
-        v = parse_size(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size in bytes such as 1K, 64M or 1G, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return v
-
-
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
-    return v
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return v
 
 
 def _ops(text: str) -> tuple[str, ...]:
@@ -76,13 +46,13 @@ def _ops(text: str) -> tuple[str, ...]:
 
 def _launch_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("run")
-    g.add_argument("--nproc", type=_count, default=None, metavar="N",
+    g.add_argument("--nproc", type=count, default=None, metavar="N",
                    help="start N processes on this machine with torchrun (otherwise: already under torchrun)")
     g.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                    help="process-group backend (default: nccl if CUDA is available, else gloo)")
     g.add_argument("--out", default=None, metavar="FILE",
                    help="write the meshplan.profile/1 file; merges into FILE if it already holds a profile")
-    g.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, metavar="S",
+    g.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="S",
                    help=f"collective timeout, and with --nproc the whole run's limit (default {DEFAULT_TIMEOUT_S:g})")
 
 
@@ -104,8 +74,9 @@ def register(subparsers: Any, add_scenario: Any) -> None:
     c = msub.add_parser("collectives", help="all-gather, reduce-scatter, all-reduce, all-to-all, send/recv "
                                             "bandwidth per mesh axis, fitted to alpha + S·f/busbw")
     c.add_argument("--plan", default=None, help="measure the groups of this plan's mesh axes (default: the world)")
-    c.add_argument("--min-bytes", type=_size, default=None, metavar="SIZE", help="smallest message (default 1K)")
-    c.add_argument("--max-bytes", type=_size, default=None, metavar="SIZE",
+    c.add_argument("--min-bytes", type=positive_size, default=None, metavar="SIZE",
+                   help="smallest message (default 1K)")
+    c.add_argument("--max-bytes", type=positive_size, default=None, metavar="SIZE",
                    help="largest message (default 64M on a CPU, 1G on a GPU)")
     c.add_argument("--ops", type=_ops, default=None, metavar="OP,OP",
                    help="collectives to sweep (default all five)")
@@ -117,7 +88,7 @@ def register(subparsers: Any, add_scenario: Any) -> None:
     add_scenario(s)
     s.add_argument("--plan", required=True, help="e.g. dp_shard=2 or tp=2,dp_shard=2 (pp, cp, ep not run)")
     s.add_argument("--scale-down", action="store_true", help="use the CPU-sized copy of the model")
-    s.add_argument("--steps", type=_count, default=5, help="timed steps after 2 warm-up steps (default 5)")
+    s.add_argument("--steps", type=count, default=5, help="timed steps after 2 warm-up steps (default 5)")
     s.add_argument("--compare", action="store_true", help="print meshplan's prediction beside the measurement")
     _launch_flags(s)
     s.set_defaults(func=_run, _parser=s)

@@ -23,12 +23,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from meshplan.cost.collectives import COLLECTIVES
 from meshplan.harness.measure.dist import AxisGroup, RunContext
 from meshplan.harness.measure.fit import AlphaBetaFit, algbw_bytes_per_s, busbw_bytes_per_s, fit_alpha_beta
 from meshplan.harness.measure.timing import Timing, reps_for, summarize, sync
 from meshplan.units import KiB, MiB
 
-OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
+OPS = COLLECTIVES  # the ledger's collective names (meshplan.cost.collectives)
 ELEMENT_BYTES = 4
 
 

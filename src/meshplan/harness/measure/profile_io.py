@@ -14,9 +14,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from meshplan.cost.collectives import COLLECTIVES
 from meshplan.profile import SCHEMA
 
-OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
+OPS = COLLECTIVES  # the ledger's collective names (meshplan.cost.collectives)
 LINKS = ("intra_node", "inter_node")
 GEMM_KEYS = ("m", "n", "k", "dtype", "median_s", "p10_s", "p90_s", "flop_per_s")
 COLLECTIVE_KEYS = ("op", "link", "group_size", "message_bytes", "median_s", "algbw_bytes_per_s",
