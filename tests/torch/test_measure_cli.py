@@ -153,13 +153,14 @@ def test_failing_rank_ends_run_with_one_line(monkeypatch, capfd):
 
 
 @requires_torch
-def test_stuck_run_is_stopped_at_timeout(monkeypatch, capfd):
+def test_stuck_run_is_stopped_at_timeout(monkeypatch, capfd, tmp_path):
     monkeypatch.setenv("MESHPLAN_MEASURE_FAULT", "hang@all")
-    code = main(["measure", "collectives", "--nproc", "2", "--max-bytes", "4100", "--timeout", "2"])
+    marker = str(tmp_path / "stuck.json")  # unique to this run: other runs on the machine are not counted
+    code = main(["measure", "collectives", "--nproc", "2", "--max-bytes", "4100", "--timeout", "2", "--out", marker])
     err = capfd.readouterr().err.strip().splitlines()
     assert code == 1 and "did not finish within 12 s" in err[-1] and "stopped its 2 processes" in err[-1]
     left = [p for p in Path("/proc").glob("[0-9]*/cmdline")
-            if b"measure_worker" in _read(p) and b"4100" in _read(p)]
+            if b"measure_worker" in _read(p) and marker.encode() in _read(p)]
     assert left == []
 
 
