@@ -90,3 +90,19 @@ def test_bad_plans_raise_spec_errors(plan, field):
             p = parse_plan("pp=64,schedule=interleaved,vpp=2", c.n_gpus)
         evaluate(m, c, j, p)
     assert exc.value.field.startswith(field)
+
+
+def test_fp8_param_gather_halves_parameter_all_gather_bytes():
+    """Megatron MoE README: FP8 parameter gather gives '50% parameter all-gather'."""
+    m, c = load_model("seed-70b"), load_cluster("h100-sxm", nodes=8)
+    plan = parse_plan("dp_shard=64,mbs=1,recompute=full", c.n_gpus)
+    base = evaluate(m, c, JobSpec(global_batch_tokens=4_194_304, seq_len=4096, precision="fp8"), plan)
+    fp8 = evaluate(m, c, JobSpec(global_batch_tokens=4_194_304, seq_len=4096, precision="fp8",
+                                 fp8_param_gather=True), plan)
+
+    def ag(e):
+        return sum(x.bytes_per_gpu for x in e.comm if x.collective == "all_gather")
+
+    assert ag(fp8) == pytest.approx(0.5 * ag(base))
+    with pytest.raises(SpecError):
+        JobSpec(global_batch_tokens=4096, seq_len=4096, fp8_param_gather=True)

@@ -111,6 +111,7 @@ class _Ledger:
 
 def _data_parallel(led: _Ledger, plan: Plan, job: JobSpec, st: StageTraffic) -> None:
     m, sync = st.m, plan.effective_grad_sync
+    pb = 1.0 if job.fp8_param_gather else PARAM_DTYPE_BYTES  # FP8 all-gather: "50% parameter all-gather"
     reduce_calls = m if sync == "every" else 1
     for u in st.units:
         shard = led.groups[u.group]
@@ -118,7 +119,7 @@ def _data_parallel(led: _Ledger, plan: Plan, job: JobSpec, st: StageTraffic) -> 
         calls = u.count
         if plan.sharding in ("fsdp", "zero3") and n > 1:
             led.add(ALL_GATHER, u.group, f"{u.name} params all-gather (forward)", "forward", m * calls,
-                    u.n_params * PARAM_DTYPE_BYTES, "forward", edge_calls=m if not u.root else 0)
+                    u.n_params * pb, "forward", edge_calls=m if not u.root else 0)
             regather = plan.sharding == "zero3" or (plan.reshard_after_forward is not False and not u.root)
             if regather:
                 grp = shard
@@ -127,10 +128,10 @@ def _data_parallel(led: _Ledger, plan: Plan, job: JobSpec, st: StageTraffic) -> 
                     grp = Group(shard.axis, min(n, plan.reshard_after_forward),
                                 min(n, plan.reshard_after_forward, shard.ranks_per_node))
                 led.add(ALL_GATHER, u.group, f"{u.name} params all-gather (backward)", "backward",
-                        m * calls, u.n_params * PARAM_DTYPE_BYTES, "backward", group=grp)
+                        m * calls, u.n_params * pb, "backward", group=grp)
             if plan.sharding == "zero3" and st.recompute == "full" and not u.root:
                 led.add(ALL_GATHER, u.group, f"{u.name} params all-gather (recomputed forward)", "backward",
-                        m * calls, u.n_params * PARAM_DTYPE_BYTES, "backward")
+                        m * calls, u.n_params * pb, "backward")
             grad_bytes = _grad_bytes(plan, job)
             led.add(REDUCE_SCATTER, u.group, f"{u.name} grads reduce-scatter", "backward",
                     reduce_calls * calls, u.n_params * grad_bytes, "backward" if sync == "every"
@@ -145,7 +146,7 @@ def _data_parallel(led: _Ledger, plan: Plan, job: JobSpec, st: StageTraffic) -> 
             led.add(REDUCE_SCATTER, u.group, f"{u.name} grads reduce-scatter", "backward", rs_calls * calls,
                     u.n_params * grad_bytes, "backward" if rs_calls > 1 else "last_backward", edge_calls=1)
             led.add(ALL_GATHER, u.group, f"{u.name} updated params all-gather", "step", calls,
-                    u.n_params * PARAM_DTYPE_BYTES, "first_forward", edge_calls=1)
+                    u.n_params * pb, "first_forward", edge_calls=1)
             if plan.dp_replicate > 1:
                 led.add(ALL_REDUCE, "dp_replicate", f"{u.name} grad shards all-reduce", "backward",
                         rs_calls * calls, u.n_params * grad_bytes / n, "last_backward", edge_calls=1)

@@ -44,6 +44,9 @@ class JobSpec:
     optimizer: str = "adamw"
     precision: str = "bf16"
     """Compute precision of the GEMMs: 'bf16' or 'fp8' (FP8 linears, BF16 elsewhere)."""
+    fp8_param_gather: bool = False
+    """All-gather parameters in FP8 (1 byte) where the stack supports it (Megatron --fp8-param-gather,
+    torchao Float8 with FSDP2 enable_fsdp_float8_all_gather); needs precision='fp8'."""
     reduce_dtype_bytes: float = 4.0
     """Bytes per element of gradient reduction (FSDP2 MixedPrecisionPolicy.reduce_dtype; fp32 = 4)."""
     flash_attention: bool = True
@@ -66,6 +69,8 @@ class JobSpec:
         one_of("job.flop_convention", self.flop_convention, FLOP_CONVENTIONS)
         one_of("job.software", self.software, SOFTWARE)
         positive_number("job.reduce_dtype_bytes", self.reduce_dtype_bytes)
+        if self.fp8_param_gather and self.precision != "fp8":
+            raise SpecError("job.fp8_param_gather", "needs precision='fp8'")
         positive_number("job.moe_capacity_factor", self.moe_capacity_factor)
         if self.moe_routing_imbalance < 1.0:
             raise SpecError("job.moe_routing_imbalance", f"must be >= 1.0, got {self.moe_routing_imbalance}")
