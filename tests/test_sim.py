@@ -85,3 +85,15 @@ def test_405b_simulation_cost():
     assert est.n_microbatches == 32
     r = simulate(est, slowdown=CP.comm_slowdown, step_overhead_s=CP.step_overhead_s)
     assert r.breakdown["pipeline bubble"] > 0
+
+
+def test_refined_ledger_exposure_matches_the_simulated_breakdown():
+    from meshplan.sim.simulate import refine
+
+    m, c, j = worked_example()
+    est = refine(evaluate(m, c, j, parse_plan("tp=8,dp_shard=8", c.n_gpus)), slowdown=CP.comm_slowdown,
+                 step_overhead_s=CP.step_overhead_s)
+    for key, v in est.time_breakdown.items():
+        if key.startswith("exposed"):
+            entries = [e for e in est.comm if f"exposed {e.collective} ({e.axis})" == key]
+            assert sum(e.exposed_s for e in entries) == pytest.approx(v, rel=1e-6)

@@ -136,5 +136,24 @@ def refine(est: Estimate, *, slowdown: float, step_overhead_s: float) -> Estimat
     r = simulate(est, slowdown=slowdown, step_overhead_s=step_overhead_s)
     scale = r.step_time_s / est.step_time_s
     return replace(est, step_time_s=r.step_time_s, time_breakdown=r.breakdown, mfu=est.mfu / scale,
-                   hfu=est.hfu / scale, closed_form_step_time_s=est.step_time_s,
+                   hfu=est.hfu / scale, closed_form_step_time_s=est.step_time_s, comm=_exposed_from(r, est),
                    compute_source=est.compute_source + ", timeline simulator")
+
+
+def _exposed_from(r: SimResult, est: Estimate) -> list:
+    """The ledger with each entry's exposed time taken from the simulation: the simulated exposure of its
+    collective and axis, shared among the entries of that kind in proportion to their closed-form exposure
+    (or their time, where the closed form hid them all)."""
+    groups: dict[str, list[int]] = {}
+    for i, e in enumerate(est.comm):
+        groups.setdefault(f"exposed {e.collective} ({e.axis})", []).append(i)
+    out = list(est.comm)
+    for key, idx in groups.items():
+        total = r.breakdown.get(key, 0.0)
+        weights = [est.comm[i].exposed_s for i in idx]
+        if sum(weights) <= 0:
+            weights = [est.comm[i].time_s for i in idx]
+        norm = sum(weights) or 1.0
+        for i, w in zip(idx, weights, strict=True):
+            out[i] = replace(est.comm[i], exposed_s=min(est.comm[i].time_s, total * w / norm))
+    return out

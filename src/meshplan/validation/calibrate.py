@@ -47,7 +47,6 @@ GLOBAL_PARAMS = [
     Param("overlap_efficiency", "global", 0.2, 1.0),
     Param("comm_slowdown", "global", 0.0, 0.6),
     Param("moe_gemm_efficiency", "global", 0.1, 1.0),
-    Param("fp8_gemm_efficiency", "global", 0.3, 0.95),
     Param("causal_attention_fraction", "global", 0.5, 1.0),
     Param("moe_permute_passes", "global", 4.0, 64.0, log=True),
     Param("zero3_overlap_efficiency", "global", 0.0, 1.0),
@@ -60,7 +59,8 @@ def parameter_space(rows: list[RowResult]) -> list[Param]:
     out = list(GLOBAL_PARAMS)
     for f in fams:  # FlashAttention reaches a different share of peak on each generation (FA2: A100 58 %, H100 33 %)
         out += [Param("gemm_scale", f"accelerator:{f}", 0.3, 1.25),
-                Param("attention_efficiency", f"accelerator:{f}", 0.1, 0.9)]
+                Param("attention_efficiency", f"accelerator:{f}", 0.1, 0.9),
+                Param("fp8_gemm_efficiency", f"accelerator:{f}", 0.3, 0.95)]
     for s in stacks:
         out += [Param("layer_overhead_s", f"software:{s}", 0.0, 0.01),
                 Param("step_overhead_s", f"software:{s}", 0.0, 3.0)]
