@@ -10,6 +10,7 @@ from meshplan.cost.simplified import evaluate_simplified
 from meshplan.cost.step import evaluate
 from meshplan.errors import SpecError
 from meshplan.search.conditions import Condition, find_conditions
+from meshplan.search.rank import TIE_BAND
 from meshplan.search.search import SearchResult, search
 from meshplan.search.space import Space, family
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
@@ -264,18 +265,20 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
         q4.lines.append("Why: " + binding_resource(best) + ".")
         runner = next((e for e in result.feasible[1:]), None)
         if runner:
-            q4.lines.append(f"Runner-up: {runner.plan.label()} ({runner.plan.to_string()}), "
-                            f"{runner.step_time_s / best.step_time_s - 1:+.1%}.")
+            gap = runner.step_time_s / best.step_time_s - 1
+            q4.lines.append(f"Runner-up: {runner.plan.label()} ({runner.plan.to_string()}), {gap:+.1%} step time"
+                            + (" (faster, but within the tie band)" if gap < 0 else "") + ".")
         for fam, e in result.best_by_family().items():
             if e is best or family(best.plan) == fam:
                 continue
             q4.lines.append(f"Best {FAMILY_NAMES[fam]} plan {e.plan.label()}: {why_not(e, best)}.")
         faster = [e for e in result.feasible if e.step_time_s < best.step_time_s]
         if faster:
-            q4.lines.append(f"{len(faster)} plan(s) predict up to "
-                            f"{1 - min(e.step_time_s for e in faster) / best.step_time_s:.1%} less step time but fall "
-                            "within the 1 % tie band, where the simpler plan (fewer axes, fewer options) and more "
-                            "memory headroom win.")
+            quickest = min(faster, key=lambda e: e.step_time_s)
+            q4.lines.append(f"{len(faster)} plan(s) predict up to {1 - quickest.step_time_s / best.step_time_s:.1%} "
+                            f"less step time (fastest: {quickest.plan.label()}) but fall within the {TIE_BAND:.0%} "
+                            "tie band, where the simpler plan (fewer axes, fewer options) and more memory headroom "
+                            "win: below the model's error, another parallel axis is not worth its complexity.")
         if with_conditions:
             def best_of(m: ModelSpec, c: ClusterSpec, j: JobSpec) -> Estimate | None:
                 return search(m, c, j, space, mfu=mfu).recommended

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from meshplan.cost.estimate import Estimate
+from meshplan.search.rank import TIE_BAND
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.units import GB, format_tokens
 
@@ -105,9 +106,9 @@ def _knobs(model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> list[_Knob]:
     ]
 
 
-MIN_GAIN = 1.02
-"""A different plan counts as a change only when it is at least this much faster than the recommended plan
-at the same condition (or the recommended plan no longer fits there): near-ties are not conditions."""
+MIN_GAIN = 1.0 + TIE_BAND
+"""A different plan counts as a change only when it beats the recommended plan at the same condition by more
+than the ranking's tie band (or the recommended plan no longer fits there): near-ties are not conditions."""
 
 
 def layout_key(plan: Plan) -> str:

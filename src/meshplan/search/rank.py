@@ -1,11 +1,14 @@
-"""Ranking: predicted throughput first; within 1 % ties toward simpler plans and more headroom."""
+"""Ranking: predicted step time first; plans within TIE_BAND of the fastest are a tie, decided toward the
+simpler plan (fewer parallel axes, fewer non-default options) and then more memory headroom."""
 
 from __future__ import annotations
 
 from meshplan.cost.estimate import Estimate
 from meshplan.specs import Plan
 
-TIE_BAND = 0.01
+TIE_BAND = 0.05
+"""Step-time differences below 5 % are ties: the model's median cross-validated error is about 10 %
+(README, Validation), so a smaller gap is no reason to take on another parallel axis."""
 
 
 def complexity(plan: Plan) -> int:
@@ -15,16 +18,19 @@ def complexity(plan: Plan) -> int:
     return axes + options
 
 
-def rank_key(e: Estimate) -> tuple[float, ...]:
-    # bucket step time in 1 % bands so near-ties fall to simplicity and headroom
-    import math
-
-    band = math.floor(math.log(e.step_time_s) / math.log1p(TIE_BAND)) if e.step_time_s > 0 else 0
-    return (0 if e.feasible else 1, band, complexity(e.plan), -e.memory.headroom_bytes, e.step_time_s)
-
-
 def rank(estimates: list[Estimate]) -> list[Estimate]:
-    return sorted(estimates, key=rank_key)
+    """Feasible plans first: the tie set (within TIE_BAND of the fastest) by simplicity and headroom, then
+    the rest by step time; infeasible plans last, by step time."""
+    feasible = sorted((e for e in estimates if e.feasible), key=lambda e: e.step_time_s)
+    infeasible = sorted((e for e in estimates if not e.feasible),
+                        key=lambda e: (e.step_time_s if e.step_time_s == e.step_time_s else float("inf")))
+    if not feasible:
+        return infeasible
+    limit = feasible[0].step_time_s * (1.0 + TIE_BAND)
+    ties = [e for e in feasible if e.step_time_s <= limit]
+    rest = [e for e in feasible if e.step_time_s > limit]
+    ties.sort(key=lambda e: (complexity(e.plan), -e.memory.headroom_bytes, e.step_time_s))
+    return ties + rest + infeasible
 
 
 def pareto_front(estimates: list[Estimate]) -> list[Estimate]:
