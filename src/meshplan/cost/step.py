@@ -412,20 +412,30 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *
     # the most lenient combination (most recomputation, smallest micro-batch) fails: nothing fits
     if not fits(recomputes[-1], mbs_list[-1]):
         return at(recomputes[-1], mbs_list[-1])
+    # Memory only shrinks with the micro-batch size and with more recomputation (recomputes is ordered
+    # from least to most): bisect for the largest micro-batch that fits, most recomputation first, each
+    # mode searching only micro-batches no larger than the previous mode's.
+    first_fits: dict[str, int | None] = {}
+    lo_bound = 0
+    for rc in reversed(recomputes):
+        lo, hi = lo_bound, len(mbs_list) - 1  # mbs_list is descending
+        found = None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if fits(rc, mbs_list[mid]):
+                found, hi = mid, mid - 1
+            else:
+                lo = mid + 1
+        first_fits[rc] = found
+        if found is None:
+            break  # modes that recompute less need more memory: none of them fits either
+        lo_bound = found
     best: Estimate | None = None
     smallest: Estimate | None = None
     for rc in recomputes:
         if best is not None and plan.pp == 1 and best.plan.mbs == mbs_list[0] and best.plan.recompute == "none":
             break  # nothing recomputed at the largest micro-batch: recomputing can only be slower
-        # memory only shrinks with the micro-batch size: bisect for the largest that fits
-        lo, hi = 0, len(mbs_list) - 1  # mbs_list is descending
-        first_fit = None
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            if fits(rc, mbs_list[mid]):
-                first_fit, hi = mid, mid - 1
-            else:
-                lo = mid + 1
+        first_fit = first_fits.get(rc)
         if first_fit is None:
             fits(rc, mbs_list[-1])
             probe = probes[rc, mbs_list[-1]]
