@@ -114,3 +114,18 @@ def test_model_spec_file(capsys, tmp_path):
     f.write_text('name="tiny"\nn_layers=4\nhidden=512\nn_heads=8\nn_kv_heads=8\nffn_hidden=2048\nvocab=32000\n')
     code, out, _ = run(capsys, "evaluate", "--model", str(f), "--plan", "dp_shard=64", "--json")
     assert code == 0 and json.loads(out)["model"] == "tiny"
+
+
+def test_job_spec_file(capsys, tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('optimizer = "adam-8bit"\nprecision = "fp8"\nsoftware = "megatron"\n'
+                   '[runtime]\nallocator_fraction = 0.1\n')
+    code, out, _ = run(capsys, "evaluate", "--job", str(job), "--plan", "dp_shard=64", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["global_batch_tokens"] == 4194304  # defaults still apply
+    bad = tmp_path / "bad.toml"
+    bad.write_text('optimiser = "adamw"\n')
+    code, _, err = run(capsys, "evaluate", "--job", str(bad), "--plan", "dp_shard=64")
+    assert code == 2 and "optimiser" in err and "allowed" in err
+    code, _, err = run(capsys, "evaluate", "--job", str(tmp_path / "missing.toml"), "--plan", "dp_shard=64")
+    assert code == 2 and "not found" in err

@@ -10,8 +10,7 @@ import argparse
 import json
 import sys
 import time
-import tomllib
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,38 +49,10 @@ def _add_scenario(p: argparse.ArgumentParser) -> None:
 
 
 def _job(args: argparse.Namespace) -> Any:
-    from meshplan.specs import JobSpec, RuntimeOverheads
+    from meshplan.catalog import load_job
 
-    data: dict[str, Any] = {}
-    if args.job:
-        path = Path(args.job)
-        if not path.is_file():
-            raise SpecError("job", f"spec file {args.job!r} not found")
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise SpecError("job", f"malformed TOML in {args.job}: {exc}") from None
-        allowed = {f.name for f in fields(JobSpec)}
-        extra = sorted(set(data) - allowed)
-        if extra:
-            raise SpecError("job", f"unknown keys {', '.join(extra)}; allowed: {', '.join(sorted(allowed))}")
-        if "runtime" in data:
-            rt_allowed = {f.name for f in fields(RuntimeOverheads)}
-            bad = sorted(set(data["runtime"]) - rt_allowed)
-            if bad:
-                raise SpecError("job.runtime",
-                                f"unknown keys {', '.join(bad)}; allowed: {', '.join(sorted(rt_allowed))}")
-            data["runtime"] = RuntimeOverheads(**data["runtime"])
-    data.setdefault("global_batch_tokens", DEFAULT_BATCH_TOKENS)
-    data.setdefault("seq_len", DEFAULT_SEQ_LEN)
-    if args.batch_tokens:
-        data["global_batch_tokens"] = args.batch_tokens
-    if args.seq_len:
-        data["seq_len"] = args.seq_len
-    try:
-        return JobSpec(**data)
-    except TypeError as exc:
-        raise SpecError("job", str(exc)) from None
+    return load_job(args.job, defaults={"global_batch_tokens": DEFAULT_BATCH_TOKENS, "seq_len": DEFAULT_SEQ_LEN},
+                    global_batch_tokens=args.batch_tokens, seq_len=args.seq_len)
 
 
 def _scenario(args: argparse.Namespace) -> tuple[Any, Any, Any]:

@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.errors import SpecError
-from meshplan.specs import AcceleratorSpec, ClusterSpec, InterNodeLink, IntraNodeLink, ModelSpec
+from meshplan.specs import (
+    AcceleratorSpec,
+    ClusterSpec,
+    InterNodeLink,
+    IntraNodeLink,
+    JobSpec,
+    ModelSpec,
+    RuntimeOverheads,
+)
 from meshplan.units import GB, MICRO, TERA, GiB
 
 _ACCEL_KEYS = {"name", "description", "bf16_dense_tflop_per_s", "fp8_dense_tflop_per_s", "hbm_capacity_gib",
@@ -58,6 +66,23 @@ def _read_toml(what: str, ref: str, kind: str) -> tuple[dict[str, Any], str]:
         return tomllib.loads(text), origin
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(what, f"malformed TOML in {origin}: {exc}") from None
+
+
+def load_job(path: str | None, *, defaults: dict[str, Any] | None = None, **overrides: Any) -> JobSpec:
+    """A job from a TOML spec file with JobSpec's field names (a ``[runtime]`` table for RuntimeOverheads).
+    The file wins over ``defaults``; ``overrides`` that are not None win over the file."""
+    data: dict[str, Any] = dict(defaults or {})
+    if path:
+        if not path.endswith(".toml") and not Path(path).exists():
+            raise SpecError("job", f"spec file {path!r} not found")
+        spec, _ = _read_toml("job", path, "jobs")
+        _reject_unknown("job", spec, {f.name for f in fields(JobSpec)})
+        if "runtime" in spec:
+            _reject_unknown("job.runtime", spec["runtime"], {f.name for f in fields(RuntimeOverheads)})
+            spec["runtime"] = _spec(RuntimeOverheads, "job.runtime", **spec["runtime"])
+        data.update(spec)
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return _spec(JobSpec, "job", **data)
 
 
 def _reject_unknown(what: str, data: dict[str, Any], allowed: set[str]) -> None:
