@@ -118,15 +118,16 @@ def _data_parallel(led: _Ledger, plan: Plan, job: JobSpec, st: StageTraffic) -> 
         n = shard.size
         calls = u.count
         if plan.sharding in ("fsdp", "zero3") and n > 1:
-            led.add(ALL_GATHER, u.group, f"{u.name} params all-gather (forward)", "forward", m * calls,
-                    u.n_params * pb, "forward", edge_calls=m if not u.root else 0)
-            regather = plan.sharding == "zero3" or (plan.reshard_after_forward is not False and not u.root)
+            # under torch.distributed.pipelining a stage gathers once per step and keeps its parameters
+            gathers = 1 if plan.fsdp_pipelined else m
+            led.add(ALL_GATHER, u.group, f"{u.name} params all-gather (forward)", "forward", gathers * calls,
+                    u.n_params * pb, "forward", edge_calls=gathers if not u.root else 0)
+            raf = plan.effective_reshard_after_forward
+            regather = plan.sharding == "zero3" or (raf is not False and not u.root)
             if regather:
                 grp = shard
-                if isinstance(plan.reshard_after_forward, int) and not isinstance(plan.reshard_after_forward,
-                                                                                  bool):
-                    grp = Group(shard.axis, min(n, plan.reshard_after_forward),
-                                min(n, plan.reshard_after_forward, shard.ranks_per_node))
+                if isinstance(raf, int) and not isinstance(raf, bool):
+                    grp = Group(shard.axis, min(n, raf), min(n, raf, shard.ranks_per_node))
                 led.add(ALL_GATHER, u.group, f"{u.name} params all-gather (backward)", "backward",
                         m * calls, u.n_params * pb, "backward", group=grp)
             if plan.sharding == "zero3" and st.recompute == "full" and not u.root:

@@ -188,7 +188,7 @@ def _stage_memory(c: _StageCtx) -> MemoryReport:
         root = sum(u.n_params for u in c.units if u.root)
         if root:
             transient["fsdp_root_unsharded"] = root * 2.0
-        raf = plan.reshard_after_forward
+        raf = plan.effective_reshard_after_forward
         block_params = sum(u.n_params * u.count for u in block_units)
         if raf is False:
             transient["fsdp_kept_after_forward"] = block_params * 2.0

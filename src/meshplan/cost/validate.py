@@ -53,7 +53,7 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
         raise SpecError("plan.sharding", "DeepSpeed's pipeline engine supports ZeRO-1 only; with pp > 1 use "
                                          "zero1, megatron or fsdp")
     raf = plan.reshard_after_forward
-    if not isinstance(raf, bool) and plan.shard_degree % raf:
+    if raf is not None and not isinstance(raf, bool) and plan.shard_degree % raf:
         raise SpecError("plan.reshard_after_forward", f"must divide dp_shard x cp = {plan.shard_degree}")
-    if plan.sharding != "fsdp" and raf is not True:
+    if plan.sharding != "fsdp" and raf not in (None, True):
         raise SpecError("plan.reshard_after_forward", "is an FSDP2 option; use sharding=fsdp")

@@ -320,7 +320,7 @@ def run_parallel_step(model_spec: ModelSpec, plan: Plan, *, seq_len: int = 64, m
         fsdp = plan.dp_shard > 1
         if fsdp:
             dp_axes = ("dp_replicate", "dp_shard") if plan.dp_replicate > 1 else ("dp_shard",)
-            apply_fsdp(model, mesh[dp_axes], reshard_after_forward=bool(plan.reshard_after_forward))
+            apply_fsdp(model, mesh[dp_axes], reshard_after_forward=bool(plan.effective_reshard_after_forward))
         else:
             model.to(torch.bfloat16)  # no FSDP mixed precision: run the bf16 activations meshplan assumes
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
@@ -385,7 +385,7 @@ def _padding_by_key(plan: Plan, unit_shapes: dict[str, list[tuple[int, ...]]], n
     for name, shapes in unit_shapes.items():
         numel, padded = padded_elements(shapes, n)
         extra = n * padded - numel
-        gathers = n_micro * (1 if name == "root" or plan.reshard_after_forward is False else 2)
+        gathers = n_micro * (1 if name == "root" or plan.effective_reshard_after_forward is False else 2)
         out[ALL_GATHER, "dp_shard"] += gathers * extra * PARAM_BYTES
         out[REDUCE_SCATTER, "dp_shard"] += n_micro * extra * REDUCE_BYTES
         if plan.dp_replicate > 1:

@@ -62,9 +62,11 @@ class Plan:
     sharding: str = "fsdp"
     """Semantics of the dp_shard axis: 'fsdp' (PyTorch FSDP2 fully_shard), 'zero1'/'zero2'/'zero3'
     (DeepSpeed), 'megatron' (Megatron-LM distributed optimizer)."""
-    reshard_after_forward: bool | int = True
+    reshard_after_forward: bool | int | None = None
     """FSDP2: free gathered parameters after forward (True), keep them (False), or keep a shard of
-    this many ranks (an int, e.g. the node size) so the backward all-gather stays small."""
+    this many ranks (an int, e.g. the node size) so the backward all-gather stays small. None: True,
+    except under a pipeline, where torch.distributed.pipelining keeps a stage's parameters gathered (and
+    its gradients unsharded) from the first micro-batch to the last."""
     grad_sync: str | None = None
     """'every': reduce gradients after every micro-batch; 'last': only after the last (DDP no_sync,
     FSDP2 set_requires_gradient_sync(False), which holds unsharded gradients). None: what each
@@ -97,7 +99,7 @@ class Plan:
         if self.grad_sync is not None:
             one_of("plan.grad_sync", self.grad_sync, GRAD_SYNC)
         raf = self.reshard_after_forward
-        if not isinstance(raf, bool):
+        if raf is not None and not isinstance(raf, bool):
             positive_int("plan.reshard_after_forward", raf)
         if self.pp > 1 and self.schedule not in FRAMEWORK_SCHEDULES[self.sharding]:
             raise SpecError("plan.schedule", f"sharding={self.sharding} runs with schedule "
@@ -134,9 +136,25 @@ class Plan:
         return self.dp_shard * self.cp
 
     @property
+    def fsdp_pipelined(self) -> bool:
+        """PyTorch FSDP2 under torch.distributed.pipelining: a stage keeps its parameters gathered and its
+        gradients unsharded across the micro-batches of a step (set_reshard_after_backward(False),
+        set_requires_gradient_sync(False) until the last), unless the plan says otherwise."""
+        return (self.sharding == "fsdp" and self.pp > 1 and self.shard_degree > 1
+                and self.reshard_after_forward is None and self.grad_sync is None)
+
+    @property
+    def effective_reshard_after_forward(self) -> bool | int:
+        if self.reshard_after_forward is not None:
+            return self.reshard_after_forward
+        return not self.fsdp_pipelined
+
+    @property
     def effective_grad_sync(self) -> str:
         if self.grad_sync is not None:
             return self.grad_sync
+        if self.fsdp_pipelined:
+            return "last"
         if self.sharding in ("zero1", "megatron"):
             return "last"
         if self.sharding == "fsdp" and self.shard_degree == 1:

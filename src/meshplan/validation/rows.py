@@ -165,7 +165,7 @@ def _plan(row: dict[str, str], model: ModelSpec, n_gpus: int) -> Plan:
     z = (row.get("zero_or_fsdp") or "").lower()
     group = row["source_group"]
     sharding = "fsdp"
-    raf: bool | int = True
+    raf: bool | int | None = None
     dp_shard, dp_rep = dp, 1
     if "jax fsdp" in z:
         m = re.search(r"degree (\d+); dp (\d+)", z)

@@ -127,7 +127,7 @@ def build_parallel_model(cfg: StepConfig, ctx: RunContext) -> tuple[torch.nn.Mod
     if plan.dp > 1:
         dp_mesh = mesh["dp_shard"] if plan.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        raf = plan.reshard_after_forward
+        raf = plan.effective_reshard_after_forward
         for block in model.layers:
             fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=raf)
         fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=raf)
