@@ -55,12 +55,16 @@ def test_sequence_parallel_replaces_all_reduce_with_gather_and_scatter_of_equal_
     assert sp.memory.activation_bytes < no_sp.memory.activation_bytes
 
 
-@pytest.mark.parametrize(("sharding", "calls_per_step"), [("zero1", 1), ("zero2", 16), ("zero3", 16)])
+@pytest.mark.parametrize(("sharding", "calls_per_step"), [("zero1", 1), ("zero2", 16), ("zero3", 16 * 2)])
 def test_zero_stage_reduce_scatter_frequency(sharding, calls_per_step):
-    """DeepSpeed: ZeRO-1 reduces at the accumulation boundary, ZeRO-2/3 every micro-batch."""
+    """DeepSpeed: ZeRO-1 reduces at the accumulation boundary, ZeRO-2/3 every micro-batch; ZeRO-3 in buckets of
+    5e8 elements (a 855M-parameter block is 2 reductions) and gathers module by module (6 per block)."""
     est = _est(f"dp_shard=64,mbs=1,recompute=full,sharding={sharding}")
     rs = [e for e in est.comm if e.collective == "reduce_scatter" and "block" in e.purpose]
     assert rs[0].count == calls_per_step * 80
+    if sharding == "zero3":
+        ag = [e for e in est.comm if e.collective == "all_gather" and "block" in e.purpose and "(forward)" in e.purpose]
+        assert ag[0].count == 16 * 80 * 6
 
 
 def test_megatron_distributed_optimizer_memory():

@@ -33,6 +33,7 @@ Semantics per implementation (formulas.md §3, checked against the sources cited
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from meshplan.cost.collectives import (
@@ -49,6 +50,12 @@ from meshplan.cost.mesh import Group
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 
 PARAM_DTYPE_BYTES = 2.0  # bf16 all-gather (FSDP2 MixedPrecisionPolicy.param_dtype)
+ZERO3_FETCHES_PER_BLOCK = 6
+"""DeepSpeed ZeRO-3 gathers parameters module by module (deepspeed/runtime/zero/partitioned_param_coordinator.py
+fetches each submodule's parameters as it is entered): a transformer block's QKV, output, two MLP linears and
+two norms are six all-gathers, each paying a collective's latency, where FSDP2 issues one per block."""
+ZERO_REDUCE_BUCKET_ELEMENTS = 5e8
+"""DeepSpeed's default reduce_bucket_size (deepspeed/runtime/zero/config.py, 5e8 elements)."""
 ACT_BYTES = 2.0
 
 
@@ -120,6 +127,13 @@ def _data_parallel(led: _Ledger, plan: Plan, job: JobSpec, st: StageTraffic) -> 
         if plan.sharding in ("fsdp", "zero3") and n > 1:
             # under torch.distributed.pipelining a stage gathers once per step and keeps its parameters
             gathers = 1 if plan.fsdp_pipelined else m
+            # DeepSpeed splits a block into per-module gathers and bucketed reductions; FSDP2 issues one each
+            zero3 = plan.sharding == "zero3" and not u.root
+            ag_split = ZERO3_FETCHES_PER_BLOCK if zero3 else 1
+            rs_split = max(1, math.ceil(u.n_params / ZERO_REDUCE_BUCKET_ELEMENTS)) if zero3 else 1
+            rs_calls, rs_params = calls * rs_split, u.n_params / rs_split
+            calls *= ag_split
+            u = Unit(u.name, u.n_params / ag_split, u.count, u.group, u.root)
             led.add(ALL_GATHER, u.group, f"{u.name} params all-gather (forward)", "forward", gathers * calls,
                     u.n_params * pb, "forward", edge_calls=gathers if not u.root else 0)
             raf = plan.effective_reshard_after_forward
@@ -135,11 +149,11 @@ def _data_parallel(led: _Ledger, plan: Plan, job: JobSpec, st: StageTraffic) -> 
                         m * calls, u.n_params * pb, "backward")
             grad_bytes = _grad_bytes(plan, job)
             led.add(REDUCE_SCATTER, u.group, f"{u.name} grads reduce-scatter", "backward",
-                    reduce_calls * calls, u.n_params * grad_bytes, "backward" if sync == "every"
+                    reduce_calls * rs_calls, rs_params * grad_bytes, "backward" if sync == "every"
                     else "last_backward", edge_calls=reduce_calls)
             if plan.dp_replicate > 1:
                 led.add(ALL_REDUCE, "dp_replicate", f"{u.name} grad shards all-reduce (HSDP)", "backward",
-                        reduce_calls * calls, u.n_params * grad_bytes / n,
+                        reduce_calls * rs_calls, rs_params * grad_bytes / n,
                         "backward" if sync == "every" else "last_backward", edge_calls=reduce_calls)
         elif plan.sharding in ("zero1", "zero2", "megatron") and n > 1:
             grad_bytes = _grad_bytes(plan, job)
