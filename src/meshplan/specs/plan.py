@@ -186,7 +186,10 @@ class Plan:
             parts.append(f"{shard_name}={self.dp_shard}")
         elif self.dp_replicate > 1:
             parts.append(f"DDP={self.dp_replicate}")
-        return " x ".join(parts) if parts else "single GPU"
+        label = " x ".join(parts) if parts else "single GPU"
+        if self.dp_shard == 1 and self.cp > 1 and self.sharding != "fsdp":
+            label += f" ({shard_name} over CP)"  # model states sharded over the cp ranks
+        return label
 
     def to_string(self) -> str:
         """The plan string that parses back to this plan (non-default fields only)."""
