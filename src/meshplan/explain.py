@@ -125,10 +125,18 @@ class PlanAnalysis:
 
 
 def _try(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, mfu: float | None) -> Estimate | None:
+    """``plan`` evaluated and, where it fits, re-timed by the simulator (as the search's top plans are)."""
+    from meshplan.calibration import compute_params_for
+    from meshplan.sim.simulate import refine
+
     try:
-        return evaluate(model, cluster, job, plan, mfu=mfu)
+        est = evaluate(model, cluster, job, plan, mfu=mfu)
     except SpecError:
         return None
+    if not est.feasible:
+        return est
+    cp = compute_params_for(cluster.accelerator.name, job.software)
+    return refine(est, slowdown=cp.comm_slowdown, step_overhead_s=cp.step_overhead_s)
 
 
 def _fsdp_traffic(est: Estimate) -> tuple[float, float, float, float]:
