@@ -93,6 +93,7 @@ class LayerTimes:
 
 def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams, *, tokens: float,
                 seq_len: int, cp: int, tp: int, precision: str, causal_kernel: bool = True, cp_chunked: bool = True,
+                flash_attention: bool = True,
                 moe: bool = False, expert_tokens: float = 0.0, local_experts: float = 0.0) -> LayerTimes:
     """Forward and backward time of one transformer layer for ``tokens`` tokens on a rank (T = b·S/cp).
 
@@ -132,12 +133,23 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     gemm_fwd = attn_proj + mlp
     kv_len = seq_len  # every local query attends over the whole (gathered or ring-passed) sequence
     attn_flop = 2.0 * tokens * kv_len * model.n_heads * (model.qk_head_dim + model.value_head_dim) / t
-    if causal_kernel:
-        attn_flop *= params.causal_attention_fraction
-    # blocks of S/cp queries against S/cp keys with ring or all-gather CP; whole sequences otherwise
-    block = seq_len / cp if cp_chunked else seq_len
-    shape = (block / (block + params.attention_half_len)) ** 2
-    attn_fwd = attn_flop / (accel.bf16_flop_per_s * params.attention_efficiency * shape)
+    if flash_attention:
+        if causal_kernel:
+            attn_flop *= params.causal_attention_fraction
+        # blocks of S/cp queries against S/cp keys with ring or all-gather CP; whole sequences otherwise
+        block = seq_len / cp if cp_chunked else seq_len
+        shape = (block / (block + params.attention_half_len)) ** 2
+        attn_fwd = attn_flop / (accel.bf16_flop_per_s * params.attention_efficiency * shape)
+    else:
+        # Unfused attention (Megatron before FlashAttention): QKᵀ and A·V as batched GEMMs over every score,
+        # masked or not, and the score matrix through memory: the fused scale-mask-softmax reads and writes
+        # it (2 + 2 B per score), dropout reads it and writes it with its mask (2 + 2 + 1 B); the backward
+        # reads and writes about twice that. N/t heads x S scores per token.
+        scores = tokens * kv_len * model.n_heads / t
+        eff = gemm_efficiency(seq_len, seq_len, model.qk_head_dim, e_max=accel.gemm_efficiency * params.gemm_scale,
+                              half_dim=hd)
+        attn_fwd = attn_flop / (accel.bf16_flop_per_s * eff)
+        attn_fwd += 9.0 * scores / (accel.hbm_bytes_per_s * params.memory_efficiency)
     # Memory-bound elementwise work per token [bytes], bf16: two norms (read+write 2D each, twice),
     # residual adds (3 x 2D, twice), rotary on q and k, the activation function (read 2F or F, write F).
     f_local = (model.expert_ffn_hidden * model.top_k if moe else model.ffn_hidden) / t

@@ -49,12 +49,12 @@ class _AccelKey(NamedTuple):
 
 @functools.lru_cache(maxsize=16384)
 def _layer_times(model: ModelSpec, accel: _AccelKey, compute: ComputeParams, tokens: float, seq_len: int, cp: int,
-                 tp: int, precision: str, moe: bool, expert_tokens: float, local: float, cp_chunked: bool
-                 ) -> LayerTimes:
+                 tp: int, precision: str, moe: bool, expert_tokens: float, local: float, cp_chunked: bool,
+                 flash_attention: bool) -> LayerTimes:
     """layer_times, memoised: a search evaluates the same layer shapes under many sharding variants."""
     return layer_times(model, accel, compute, tokens=tokens, seq_len=seq_len, cp=cp, tp=tp,  # type: ignore[arg-type]
                        precision=precision, moe=moe, expert_tokens=expert_tokens, local_experts=local,
-                       cp_chunked=cp_chunked)
+                       cp_chunked=cp_chunked, flash_attention=flash_attention)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +229,8 @@ def _stage_compute(c: _StageCtx, compute: ComputeParams) -> tuple[float, ...]:
             local = model.n_experts / plan.ep
         return _layer_times(model, _AccelKey(accel.bf16_flop_per_s, accel.fp8_flop_per_s, accel.gemm_efficiency,
                                              accel.hbm_bytes_per_s), compute, tokens, job.seq_len, plan.cp, plan.tp,
-                            job.precision, moe, expert_tokens, local, plan.context_impl != "a2a")
+                            job.precision, moe, expert_tokens, local, plan.context_impl != "a2a",
+                            job.flash_attention)
 
     kinds = [(c.n_dense, lt(False))] + ([(c.n_moe, lt(True))] if c.n_moe else [])
     t_f = sum(n * x.fwd_s for n, x in kinds)
