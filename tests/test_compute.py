@@ -1,0 +1,31 @@
+"""The per-operation compute model."""
+
+import pytest
+
+from meshplan import load_cluster, load_model
+from meshplan.cost.compute import ComputeParams, gemm_efficiency, layer_times
+
+
+def _lt(**kw):
+    m, c = load_model("llama-2-7b"), load_cluster("a100-80gb")
+    args = {"tokens": 2048, "seq_len": 2048, "cp": 1, "tp": 1, "precision": "bf16"} | kw
+    return layer_times(m, c.accelerator, ComputeParams(), **args)
+
+
+def test_gemm_efficiency_grows_with_size_and_stays_below_best_case():
+    small = gemm_efficiency(256, 256, 256, e_max=0.8, half_dim=128)
+    big = gemm_efficiency(8192, 8192, 8192, e_max=0.8, half_dim=128)
+    assert small < big < 0.8
+
+
+def test_unfused_attention_is_slower_and_pays_for_the_score_matrix():
+    fa, unfused = _lt(), _lt(flash_attention=False)
+    assert unfused.attention_fwd_s > fa.attention_fwd_s
+    longer = _lt(tokens=8192, seq_len=8192, flash_attention=False)
+    # scores grow with S per token: the unfused attention of 4x longer sequences costs ~16x
+    assert longer.attention_fwd_s / unfused.attention_fwd_s == pytest.approx(16, rel=0.2)
+
+
+def test_tensor_parallel_splits_gemm_time():
+    one, eight = _lt(), _lt(tp=8)
+    assert 7 < one.gemm_fwd_s / eight.gemm_fwd_s < 9
