@@ -67,6 +67,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space | 
         from meshplan.sim.simulate import refine
 
         top = [e for e in ranked if e.feasible][:refine_top]
+        seen = {id(e) for e in top}
+        for e in ranked:  # and the best feasible plan of each family, so that families compare like with like
+            fam = family(e.plan)
+            if e.feasible and id(e) not in seen and all(family(t.plan) != fam for t in top):
+                top.append(e)
+                seen.add(id(e))
         refined = {id(e): refine(e, slowdown=compute.comm_slowdown, step_overhead_s=compute.step_overhead_s)
                    for e in top}
         ranked = rank([refined.get(id(e), e) for e in ranked])
