@@ -40,6 +40,8 @@ def test_plan_json_lists_plans_reasons_recommendation_and_conditions(plan_json):
     for c in d["conditions"]:
         assert {"condition", "direction", "value", "plan", "text"} <= set(c)
     assert len(d["questions"]) == 4 and d["measure_first"]
+    band = d["recommended"]["uncertainty"]  # from the cross-validated residuals of similar published runs
+    assert band is not None and band["low"] < 0 < band["high"]
 
 
 def test_no_listed_plan_beats_the_recommendation_without_a_reason(plan_json):

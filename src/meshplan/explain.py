@@ -122,6 +122,8 @@ class PlanAnalysis:
     questions: list[Question]
     mode: str
     simplified: dict[str, Estimate] = field(default_factory=dict)
+    recommended: Estimate | None = None
+    """The search's recommendation with its uncertainty band."""
 
 
 def _try(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, mfu: float | None) -> Estimate | None:
@@ -267,8 +269,16 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
                         + (result.ranked[0].infeasible_reasons[0] if result.ranked else "no plan enumerated"))
     else:
         q4.estimates["recommended"] = best
+        from meshplan.uncertainty import attach_band
+
+        best = attach_band(best, accelerator=cluster.accelerator.name, software=job.software)
+        band = ""
+        if best.uncertainty:
+            lo, hi = best.uncertainty
+            band = (f" (measured steps of similar published runs fell within {lo:+.0%} .. {hi:+.0%} of such "
+                    "predictions)")
         q4.lines.append(f"Recommended: {best.plan.label()} ({best.plan.to_string()}): step "
-                        f"{format_seconds(best.step_time_s)}, MFU {best.mfu:.1%}, "
+                        f"{format_seconds(best.step_time_s)}{band}, MFU {best.mfu:.1%}, "
                         f"{best.tokens_per_s_per_gpu:,.0f} tokens/s per GPU.")
         q4.lines.append("Why: " + binding_resource(best) + ".")
         runner = next((e for e in result.feasible[1:]), None)
@@ -302,4 +312,5 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
     measurements = measure_first(best, conditions) if best else []
     questions.append(q4)
     return PlanAnalysis(model=model, cluster=cluster, job=job, result=result, conditions=conditions,
-                        measurements=measurements, questions=questions, mode="faithful", simplified=simplified)
+                        measurements=measurements, questions=questions, mode="faithful", simplified=simplified,
+                        recommended=best)

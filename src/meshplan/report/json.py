@@ -96,7 +96,7 @@ def plan_analysis_dict(a: Any, *, top: int | None = None) -> dict[str, Any]:
         "n_plans": r.n_plans,
         "n_configurations": r.n_configurations,
         "search_elapsed_s": r.elapsed_s,
-        "recommended": estimate_dict(r.recommended) if r.recommended else None,
+        "recommended": estimate_dict(a.recommended) if a.recommended else None,
         "plans": [estimate_dict(e) for e in plans],
         "pareto": [{"plan": e.plan.to_string(), "step_time_s": e.step_time_s,
                     "headroom_bytes": e.memory.headroom_bytes} for e in r.pareto()],
