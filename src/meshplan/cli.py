@@ -79,11 +79,9 @@ def _add_profile(p: argparse.ArgumentParser) -> None:
 
 def _progress(label: str):
     start = time.perf_counter()
-    shown = [False]
 
     def report(done: int, total: int) -> None:
         if sys.stderr.isatty() and time.perf_counter() - start > 1.0:
-            shown[0] = True
             print(f"\r{label}: {done:,}/{total:,} plans", end="" if done < total else "\n", file=sys.stderr,
                   flush=True)
 
@@ -150,7 +148,7 @@ def _space(args: argparse.Namespace) -> Any:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from meshplan.report.json import estimate_dict
-    from meshplan.search.sweep import changes, geometric, parse_range, sweep
+    from meshplan.search.sweep import changes, geometric, log_ticks, parse_range, sweep
 
     model, cluster, job = _scenario(args)
     name, lo, hi = parse_range(args.vary)
@@ -158,7 +156,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.plot:
         from meshplan.report.charts import sweep_chart
 
-        Path(args.plot).write_bytes(sweep_chart(points, xlabel=name, log_x=hi / lo > 8))
+        Path(args.plot).write_bytes(sweep_chart(points, xlabel=name, log_x=log_ticks([p.value for p in points])))
     if args.json:
         print(json.dumps({"schema": "meshplan.sweep/1", "condition": name, "points": [
             {"value": p.value, "best": estimate_dict(p.best) if p.best else None,

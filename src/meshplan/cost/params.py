@@ -102,11 +102,6 @@ class ParamCounts:
         return self.non_expert + self.routed_experts * self.active_routed_fraction
 
     @property
-    def non_embedding(self) -> int:
-        """Everything but the input embedding (the LM head is a matmul and counts; tied or not)."""
-        return self.total - self.embedding + (self.lm_head_matmul - self.lm_head)
-
-    @property
     def lm_head_matmul(self) -> int:
         """Weights of the output projection as a matmul (V·D even when tied to the embedding)."""
         return self.lm_head if self.lm_head else self.embedding - self.pos_embedding

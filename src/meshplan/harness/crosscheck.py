@@ -39,6 +39,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from meshplan.cost.comm import ACT_BYTES, PARAM_DTYPE_BYTES
 from meshplan.errors import SpecError
 from meshplan.harness.recorder import (
     ALL_GATHER,
@@ -52,8 +53,6 @@ from meshplan.harness.reference_model import build_model
 from meshplan.specs import JobSpec, ModelSpec, Plan
 
 MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # torchtitan ParallelDims order, innermost last
-ACT_BYTES = 2  # bf16 activations (meshplan.cost.comm.ACT_BYTES)
-PARAM_BYTES = 2  # bf16 all-gather (MixedPrecisionPolicy.param_dtype)
 REDUCE_BYTES = 4  # fp32 gradient reduction (MixedPrecisionPolicy.reduce_dtype; JobSpec.reduce_dtype_bytes)
 STATE_BYTES = {"params": 4, "grads": 4, "optimizer_state": 8}  # per parameter, FSDP2 recipe: fp32 params, grads, m+v
 ELEMENT_BYTES = 4  # every recorded state element is fp32 in the recipe
@@ -386,7 +385,7 @@ def _padding_by_key(plan: Plan, unit_shapes: dict[str, list[tuple[int, ...]]], n
         numel, padded = padded_elements(shapes, n)
         extra = n * padded - numel
         gathers = n_micro * (1 if name == "root" or plan.effective_reshard_after_forward is False else 2)
-        out[ALL_GATHER, "dp_shard"] += gathers * extra * PARAM_BYTES
+        out[ALL_GATHER, "dp_shard"] += gathers * extra * PARAM_DTYPE_BYTES
         out[REDUCE_SCATTER, "dp_shard"] += n_micro * extra * REDUCE_BYTES
         if plan.dp_replicate > 1:
             out[ALL_REDUCE, "dp_replicate"] += n_micro * (padded - numel / n) * REDUCE_BYTES

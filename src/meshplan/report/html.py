@@ -9,7 +9,7 @@ from pathlib import Path
 
 from meshplan.explain import PlanAnalysis
 from meshplan.report import charts
-from meshplan.search.sweep import SweepPoint
+from meshplan.search.sweep import SweepPoint, log_ticks
 from meshplan.units import format_gib, format_seconds
 
 
@@ -26,9 +26,8 @@ def figures(a: PlanAnalysis, sweeps: dict[str, list[SweepPoint]], top: int = 6) 
            Figure("memory.png", "Memory breakdown of the top plans", charts.memory_chart(best))]
     for name, pts in sweeps.items():
         if pts:
-            vals = [p.value for p in pts]
             out.append(Figure(f"sweep_{name}.png", f"Sweep of {name}",
-                              charts.sweep_chart(pts, xlabel=name, log_x=vals[-1] / vals[0] > 8)))
+                              charts.sweep_chart(pts, xlabel=name, log_x=log_ticks([p.value for p in pts]))))
     return out
 
 

@@ -69,4 +69,5 @@ def changes(points: list[SweepPoint]) -> list[tuple[float, float, str, str]]:
 
 
 def log_ticks(values: list[float]) -> bool:
+    """Whether a sweep's values span enough (more than 8x) to plot on a log axis."""
     return len(values) > 1 and values[-1] / values[0] > 8 and all(math.isfinite(v) for v in values)

@@ -24,7 +24,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from meshplan.calibration import FAMILY, _load, family, params_from
+from meshplan.calibration import _load, family, params_from
 from meshplan.cost.compute import ComputeParams
 from meshplan.validation.validate import RowResult, predict
 
@@ -243,6 +243,4 @@ def to_toml(state: State, *, source: str, summary: dict, bands: dict[str, dict[s
     for key, b in sorted(bands.items()):
         lines += ["", f'[uncertainty."{key}"]', f"low = {b['low']:.4f}", f"high = {b['high']:.4f}",
                   f"rows = {b['rows']}"]
-    unused = [a for a in FAMILY if a not in state["accelerator"]]
-    del unused
     return "\n".join(lines) + "\n"
