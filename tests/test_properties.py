@@ -1,5 +1,6 @@
 """Invariants of the cost model, checked on generated scenarios (hypothesis)."""
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -125,3 +126,41 @@ def test_bubble_shrinks_with_more_microbatches(schedule, p, m):
     v = 2 if schedule == "interleaved" else 1
     assert bubble_fraction(schedule=schedule, pp=p, m=m + 1, vpp=v) <= bubble_fraction(schedule=schedule, pp=p,
                                                                                          m=m, vpp=v)
+
+
+@SETTINGS
+@given(models(), clusters(), jobs(), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4]), st.data())
+def test_partial_recompute_trades_memory_for_time(model, cluster, job, tp, pp, data):
+    """More recomputed layers: never more memory, never less time; all of a stage's layers is 'full'."""
+    plan = Plan(tp=tp, pp=pp, dp_shard=max(1, cluster.n_gpus // (tp * pp)), mbs=1, recompute="full")
+    if plan.world_size != cluster.n_gpus or model.n_heads % tp or model.n_kv_heads % tp:
+        return
+    layers = -(-model.n_layers // pp)
+    ests = [_eval(model, cluster, job, replace(plan, recompute_layers=n)) for n in range(1, layers + 1)]
+    if any(e is None for e in ests):
+        return
+    for a, b in itertools.pairwise(ests):
+        assert b.memory.activation_bytes <= a.memory.activation_bytes * (1 + 1e-9)
+        assert b.time_breakdown["recompute"] >= a.time_breakdown["recompute"] * (1 - 1e-9)
+        assert b.flops.hardware_flop_per_step >= a.flops.hardware_flop_per_step * (1 - 1e-9)
+    whole = _eval(model, cluster, job, plan)
+    assert ests[-1].step_time_s == pytest.approx(whole.step_time_s, rel=1e-9)
+    assert ests[-1].memory.peak_bytes == pytest.approx(whole.memory.peak_bytes, rel=1e-9)
+
+
+@SETTINGS
+@given(models(), clusters(), jobs(), st.data())
+def test_step_time_lower_bound_never_exceeds_the_step_time(model, cluster, job, data):
+    """The search prunes option variants with this bound: it must hold for every plan it could meet."""
+    from meshplan.calibration import compute_params_for
+    from meshplan.cost.step import step_time_lower_bound_s
+    from meshplan.search.space import Space, enumerate_plans, option_variants
+
+    plans = list(enumerate_plans(model, cluster, job, Space(max_vpp=2)))
+    if not plans:
+        return
+    plan = data.draw(st.sampled_from(plans))
+    plan = data.draw(st.sampled_from([plan, *option_variants(model, cluster, job, plan)]))
+    compute = compute_params_for(cluster.accelerator.name, job.software)
+    est = evaluate(model, cluster, job, plan, compute=compute)
+    assert step_time_lower_bound_s(model, cluster, job, plan, compute) <= est.step_time_s * (1 + 1e-9)

@@ -128,3 +128,60 @@ def test_validate_cli_on_a_few_rows(capsys, tmp_path):
     modelled = [r for r in d["rows"] if "skipped" not in r]
     assert modelled and all(r["predicted_tokens_per_s_per_gpu"] > 0 for r in modelled)
     assert d["summary"]["fit"]["tokens_per_s_per_gpu"]["count"] == len(modelled)
+
+
+def test_option_variants_are_valid_distinct_and_not_the_default():
+    from meshplan.cost.validate import validate_plan
+    from meshplan.search.space import has_default_options, option_variants
+
+    m, c, j = worked_example()
+    seen = set()
+    for p in enumerate_plans(m, c, j, Space()):
+        assert has_default_options(p)
+        for v in option_variants(m, c, j, p):
+            validate_plan(m, c, j, v)
+            assert not has_default_options(v) and v.unfixed(sp=None, async_tp=False, cp_impl=None,
+                                                             reshard_after_forward=None, grad_sync=None) == p
+            key = v.to_string()
+            assert key not in seen
+            seen.add(key)
+    assert len(seen) > 1000
+
+
+def test_branch_and_bound_finds_what_evaluating_every_variant_finds():
+    """The search prunes option variants by a lower bound; evaluating all of them must not change the
+    recommendation or the tie band."""
+    from meshplan import evaluate, search
+    from meshplan.search.rank import rank
+    from meshplan.search.space import option_variants
+
+    m, c, j = worked_example(nodes=2)
+    space = Space(max_vpp=2)
+    result = search(m, c, j, space)
+    assert result.n_pruned > 0
+    plans = list(enumerate_plans(m, c, j, space))
+    every = rank([evaluate(m, c, j, p) for p in [*plans, *(v for p in plans for v in option_variants(m, c, j, p))]])
+    assert result.recommended.plan == every[0].plan
+    assert result.recommended.step_time_s == every[0].step_time_s
+    fastest = min(e.step_time_s for e in every if e.feasible)
+    assert min(e.step_time_s for e in result.feasible) == fastest
+
+
+def test_search_chooses_partial_recomputation_when_it_is_fastest():
+    """At 64 GPUs without TP the worked example's FSDP plan needs recomputation; recomputing only the
+    layers that do not fit must be considered, and never be slower than recomputing all of them."""
+    from meshplan import Plan, evaluate
+
+    m, c, j = worked_example()
+    free = evaluate(m, c, j, Plan(dp_shard=64))
+    whole = evaluate(m, c, j, Plan(dp_shard=64, recompute="full"))
+    assert free.feasible and free.step_time_s <= whole.step_time_s
+    part = evaluate(m, c, j, Plan(dp_shard=64, mbs=whole.plan.mbs, recompute_layers=40))
+    assert part.plan.recompute == "full" and part.plan.recompute_layers == 40
+    assert part.time_breakdown["recompute"] == pytest.approx(whole.time_breakdown["recompute"] * 40 / 80, rel=1e-6)
+
+
+def test_partial_recompute_needs_full_recompute(capsys):
+    code = main(["evaluate", "--plan", "dp_shard=64,recompute=sac,recompute_layers=4"])
+    err = capsys.readouterr().err
+    assert code == 2 and "plan.recompute_layers" in err and "recompute=full" in err

@@ -177,7 +177,7 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
         q1.lines.append(
             f"Fully sharded over {n} GPUs: model states {format_gib(full.memory.static_bytes)} per GPU "
             f"(simplified: {simplified['fsdp'].memory.static_bytes / GB:.1f} GB); with "
-            f"micro-batch {full.plan.mbs} and recompute={full.plan.recompute}, activations add "
+            f"micro-batch {full.plan.mbs} and recompute={full.plan.recompute_label}, activations add "
             f"{format_gib(full.memory.activation_bytes)}, transient buffers (gathered FSDP units, logits) "
             f"{format_gib(full.memory.transient_bytes)} and runtime overheads {format_gib(full.memory.runtime_bytes)}"
             f": peak {format_gib(full.memory.peak_bytes)} of {format_gib(full.memory.capacity_bytes)}.")

@@ -25,11 +25,11 @@ References: nccl_tests_perf, thakur2005, ml_engineering (see meshplan.references
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
 from meshplan.cost.mesh import Group
+from meshplan.memo import cache_by_identity
 from meshplan.specs import ClusterSpec, InterNodeLink, IntraNodeLink
 
 
@@ -109,11 +109,11 @@ def _nic_bytes_per_s(cluster: ClusterSpec | _Links) -> float:
 
 def collective_time_s(op: str, message_bytes: float, grp: Group, cluster: ClusterSpec) -> float:
     """Time of one call of ``op`` with payload ``message_bytes`` on group ``grp`` [s]. 0 for a group of 1."""
-    return _collective_time_s(op, message_bytes, grp, cluster.intra, cluster.inter, cluster.gpus_per_node)
+    return _collective_time_s(cluster.intra, cluster.inter, op, message_bytes, grp, cluster.gpus_per_node)
 
 
-@functools.lru_cache(maxsize=65536)
-def _collective_time_s(op: str, message_bytes: float, grp: Group, intra: IntraNodeLink, inter: InterNodeLink,
+@cache_by_identity(n_specs=2)
+def _collective_time_s(intra: IntraNodeLink, inter: InterNodeLink, op: str, message_bytes: float, grp: Group,
                        gpus_per_node: int) -> float:
     cluster = _Links(intra, inter, gpus_per_node)
     n = grp.size

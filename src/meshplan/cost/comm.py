@@ -85,7 +85,8 @@ class StageTraffic:
     tokens: float
     """T = mbs·S/cp tokens per micro-batch on the rank."""
     m: int
-    recompute: str
+    recomputed: tuple[int, int]
+    """(dense, MoE) layers whose forward recompute='full' re-runs (all, or the first recompute_layers)."""
 
 
 class _Ledger:
@@ -144,9 +145,9 @@ def _data_parallel(led: _Ledger, plan: Plan, job: JobSpec, st: StageTraffic) -> 
                     grp = Group(shard.axis, min(n, raf), min(n, raf, shard.ranks_per_node))
                 led.add(ALL_GATHER, u.group, f"{u.name} params all-gather (backward)", "backward",
                         m * calls, u.n_params * pb, "backward", group=grp)
-            if plan.sharding == "zero3" and st.recompute == "full" and not u.root:
+            if plan.sharding == "zero3" and sum(st.recomputed) and not u.root:
                 led.add(ALL_GATHER, u.group, f"{u.name} params all-gather (recomputed forward)", "backward",
-                        m * calls, u.n_params * pb, "backward")
+                        round(m * calls * sum(st.recomputed) / st.n_layers), u.n_params * pb, "backward")
             grad_bytes = _grad_bytes(plan, job)
             led.add(REDUCE_SCATTER, u.group, f"{u.name} grads reduce-scatter", "backward",
                     reduce_calls * rs_calls, rs_params * grad_bytes, "backward" if sync == "every"
@@ -181,7 +182,7 @@ def _tensor_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffi
         return
     msg = st.tokens * model.hidden * ACT_BYTES
     per_layer_calls = st.m * st.n_layers
-    recomp = st.recompute == "full"
+    recomp_calls = st.m * sum(st.recomputed)
     # PyTorch's non-reentrant checkpoint stops recomputing once the last saved tensor is rebuilt
     # (torch/utils/checkpoint.py, set_checkpoint_early_stop), so a block's final reduction after the MLP
     # is not re-run; Megatron's recomputation re-runs the whole forward.
@@ -201,11 +202,10 @@ def _tensor_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffi
         if megatron:
             led.add(ALL_GATHER, "tp", "SP input re-gather for weight grads (Megatron-core backward)",
                     "backward", 2 * per_layer_calls, msg, window_b)
-        if recomp:
-            led.add(ALL_GATHER, "tp", "SP all-gather (recomputed forward)", "backward", 2 * per_layer_calls,
-                    msg, window_b)
-            led.add(REDUCE_SCATTER, "tp", "SP reduce-scatter (recomputed forward)", "backward",
-                    recompute_rs * per_layer_calls, msg, window_b)
+        led.add(ALL_GATHER, "tp", "SP all-gather (recomputed forward)", "backward", 2 * recomp_calls,
+                msg, window_b)
+        led.add(REDUCE_SCATTER, "tp", "SP reduce-scatter (recomputed forward)", "backward",
+                recompute_rs * recomp_calls, msg, window_b)
         if st.has_embedding:
             led.add(REDUCE_SCATTER, "tp", "vocab-parallel embedding output (forward)", "forward", st.m, msg,
                     window_f)
@@ -220,9 +220,8 @@ def _tensor_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffi
                 2 * per_layer_calls, msg, window_f)
         led.add(ALL_REDUCE, "tp", "TP all-reduce of input grads (backward)", "backward", 2 * per_layer_calls,
                 msg, window_b)
-        if recomp:
-            led.add(ALL_REDUCE, "tp", "TP all-reduce (recomputed forward)", "backward",
-                    recompute_rs * per_layer_calls, msg, window_b)
+        led.add(ALL_REDUCE, "tp", "TP all-reduce (recomputed forward)", "backward",
+                recompute_rs * recomp_calls, msg, window_b)
         if st.has_embedding:
             led.add(ALL_REDUCE, "tp", "vocab-parallel embedding output (forward)", "forward", st.m, msg, window_f)
         if st.has_lm_head:
@@ -238,14 +237,14 @@ def _context_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraff
     if model.is_mla:
         kv_local = st.tokens * model.n_heads * (model.qk_head_dim + model.value_head_dim) * ACT_BYTES / plan.tp
     calls = st.m * st.n_layers
-    fwd_passes = 2 if st.recompute == "full" else 1
+    fwd_calls = calls + st.m * sum(st.recomputed)
     if plan.context_impl == "ring":
-        led.add(SEND_RECV, "cp", "ring attention KV pass (forward)", "forward", fwd_passes * calls * (cp - 1),
+        led.add(SEND_RECV, "cp", "ring attention KV pass (forward)", "forward", fwd_calls * (cp - 1),
                 kv_local, "attention")
         led.add(SEND_RECV, "cp", "ring attention KV and dKV passes (backward)", "backward",
                 calls * (cp - 1), 2 * kv_local, "attention")
     elif plan.context_impl == "allgather":
-        led.add(ALL_GATHER, "cp", "KV all-gather (forward)", "forward", fwd_passes * calls, kv_local * cp,
+        led.add(ALL_GATHER, "cp", "KV all-gather (forward)", "forward", fwd_calls, kv_local * cp,
                 "attention")
         led.add(ALL_GATHER, "cp", "KV all-gather (backward)", "backward", calls, kv_local * cp, "attention")
         led.add(REDUCE_SCATTER, "cp", "dKV reduce-scatter (backward)", "backward", calls, kv_local * cp,
@@ -254,7 +253,7 @@ def _context_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraff
         qkv = st.tokens * (model.q_dim + 2 * model.kv_dim) * ACT_BYTES / plan.tp
         out = st.tokens * model.q_dim * ACT_BYTES / plan.tp
         led.add(ALL_TO_ALL, "cp", "Ulysses all-to-all of Q, K, V and output (forward)", "forward",
-                fwd_passes * calls, qkv + out, "none")
+                fwd_calls, qkv + out, "none")
         led.add(ALL_TO_ALL, "cp", "Ulysses all-to-all of gradients (backward)", "backward", calls, qkv + out,
                 "none")
 
@@ -265,7 +264,7 @@ def _expert_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, s
     tokens = st.tokens / (plan.tp if plan.sequence_parallel else 1)
     msg = tokens * model.top_k * job.moe_capacity_factor * model.hidden * ACT_BYTES
     calls = st.m * st.n_moe_layers
-    fwd = 2 * calls * (2 if st.recompute == "full" else 1)
+    fwd = 2 * (calls + st.m * st.recomputed[1])
     scale = job.moe_routing_imbalance
     led.add(ALL_TO_ALL, "ep", "MoE token dispatch and combine (forward)", "forward", fwd, msg, "none",
             time_scale=scale)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -32,7 +33,8 @@ from meshplan.cost.mesh import Group, axis_groups
 from meshplan.cost.params import ParamCounts, param_counts
 from meshplan.cost.pipeline import bubble_fraction, bubble_time_s, in_flight_microbatches, stage_layers
 from meshplan.cost.validate import validate_plan
-from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
+from meshplan.memo import cache_by_identity
+from meshplan.specs import AcceleratorSpec, ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.units import MiB, format_gib
 
 DDP_BUCKET_BYTES = 25 * MiB  # torch DDP default bucket_cap_mb=25
@@ -45,6 +47,10 @@ class _AccelKey(NamedTuple):
     fp8_flop_per_s: float | None
     gemm_efficiency: float
     hbm_bytes_per_s: float
+
+
+def _accel_key(accel: AcceleratorSpec) -> _AccelKey:
+    return _AccelKey(accel.bf16_flop_per_s, accel.fp8_flop_per_s, accel.gemm_efficiency, accel.hbm_bytes_per_s)
 
 
 @functools.lru_cache(maxsize=16384)
@@ -85,8 +91,23 @@ class _StageCtx:
     def last(self) -> bool:
         return self.s == self.plan.pp - 1
 
+    @property
+    def recomputed(self) -> tuple[int, int]:
+        """(dense, MoE) layers of this stage whose forward is recomputed (the first ones: dense first)."""
+        return recomputed_layers(self.plan.recompute, self.plan.recompute_layers, self.n_dense, self.n_moe)
+
     def params(self, group: str) -> float:
         return sum(u.n_params * u.count for u in self.units if u.group == group)
+
+
+def recomputed_layers(recompute: str | None, recompute_layers: int | None, n_dense: int, n_moe: int
+                      ) -> tuple[int, int]:
+    """(dense, MoE) layers of a stage with ``n_dense`` then ``n_moe`` layers that recompute='full' re-runs:
+    all, or the first ``recompute_layers`` (Megatron's block method); none for other modes."""
+    if recompute != "full":
+        return 0, 0
+    n = n_dense + n_moe if recompute_layers is None else min(recompute_layers, n_dense + n_moe)
+    return min(n, n_dense), n - min(n, n_dense)
 
 
 def _local_params(counts: ParamCounts, plan: Plan, s: int, n_dense: int, n_moe: int, tied_copy: bool
@@ -130,11 +151,17 @@ def _set_exposure(entries: list[CommEntry], windows: dict[str, float], overlap: 
             e.exposed_s = e.edge_s + (e.time_s - e.edge_s) * share
 
 
-def _stage_memory(c: _StageCtx) -> MemoryReport:
-    """Peak memory of a GPU of stage ``c.s`` and its terms [bytes]."""
-    model, job, plan = c.model, c.job, c.plan
-    sp = plan.sequence_parallel
-    tokens, recompute = c.tokens, c.recompute
+class _StaticMemory(NamedTuple):
+    """The memory terms of a stage that the micro-batch size and recomputation do not change [bytes]."""
+
+    state_terms: dict[str, float]
+    """Model states: parameters, gradients, optimizer (dense and expert)."""
+    transient_terms: dict[str, float]
+    """Gathered FSDP units, kept parameters, unsharded gradients, DDP buckets."""
+
+
+def _static_memory(c: _StageCtx) -> _StaticMemory:
+    job, plan = c.job, c.plan
     n_d, edp = plan.shard_degree, c.groups["edp"].size
     dense_params, expert_params = c.params("dp_shard"), c.params("edp")
     terms: dict[str, float] = {}
@@ -144,7 +171,36 @@ def _stage_memory(c: _StageCtx) -> MemoryReport:
         for k, v in mem.model_state_bytes(n_params=n_params, shard_degree=degree, state=state).items():
             if v:
                 terms[kind + k] = terms.get(kind + k, 0.0) + v
-    static = sum(terms.values())
+    transient: dict[str, float] = {}
+    block_units = [u for u in c.units if not u.root]
+    if plan.sharding in ("fsdp", "zero3") and n_d > 1 and block_units:
+        u_max = max(u.n_params for u in block_units)
+        transient["fsdp_unsharded_params"] = 2 * u_max * 2.0  # current unit + the one prefetched
+        transient["fsdp_unsharded_grads"] = u_max * (2.0 + job.reduce_dtype_bytes)
+        root = sum(u.n_params for u in c.units if u.root)
+        if root:
+            transient["fsdp_root_unsharded"] = root * 2.0
+        raf = plan.effective_reshard_after_forward
+        block_params = sum(u.n_params * u.count for u in block_units)
+        if raf is False:
+            transient["fsdp_kept_after_forward"] = block_params * 2.0
+        elif not isinstance(raf, bool):
+            transient["fsdp_kept_after_forward"] = block_params * 2.0 / raf
+        if plan.effective_grad_sync == "last" and plan.sharding == "fsdp":
+            transient["unsharded_grad_accumulation"] = (dense_params + expert_params) * job.reduce_dtype_bytes
+    elif plan.sharding == "fsdp" and n_d == 1 and plan.dp_replicate > 1:
+        transient["ddp_buckets"] = 2 * DDP_BUCKET_BYTES
+    return _StaticMemory(terms, transient)
+
+
+def _stage_memory(c: _StageCtx, static: _StaticMemory | None = None) -> MemoryReport:
+    """Peak memory of a GPU of stage ``c.s`` and its terms [bytes]; ``static``: its ``_static_memory``."""
+    model, job, plan = c.model, c.job, c.plan
+    sp = plan.sequence_parallel
+    tokens, recompute = c.tokens, c.recompute
+    static = static or _static_memory(c)
+    terms = dict(static.state_terms)
+    static_total = sum(terms.values())
 
     flash = job.flash_attention or recompute == "selective"
     a_dense = mem.layer_activation_bytes_per_token(model, ffn_hidden=model.ffn_hidden, tp=plan.tp, sp=sp,
@@ -156,11 +212,13 @@ def _stage_memory(c: _StageCtx) -> MemoryReport:
             moe_tokens_factor=model.top_k * job.moe_capacity_factor * job.moe_routing_imbalance,
             moe_ffn_hidden=model.expert_ffn_hidden, n_shared=model.n_shared_experts)
     held = in_flight_microbatches(schedule=plan.schedule, pp=plan.pp, m=c.m, vpp=plan.vpp, stage=c.s)
-    layers = c.n_dense + c.n_moe
     working = 0.0
     if recompute == "full":
-        stored = tokens * layers * mem.full_recompute_bytes_per_token(hidden=model.hidden, tp=plan.tp, sp=sp)
-        working = tokens * max(a_dense, a_moe)
+        r_dense, r_moe = c.recomputed
+        stored = tokens * ((r_dense + r_moe) * mem.full_recompute_bytes_per_token(hidden=model.hidden, tp=plan.tp,
+                                                                                  sp=sp)
+                           + (c.n_dense - r_dense) * a_dense + (c.n_moe - r_moe) * a_moe)
+        working = tokens * max(a_dense if r_dense else 0.0, a_moe if r_moe else 0.0)
     elif recompute == "sac":
         sac_d = mem.sac_activation_bytes_per_token(model, ffn_hidden=model.ffn_hidden, tp=plan.tp, sp=sp)
         sac_m = (mem.sac_activation_bytes_per_token(model, ffn_hidden=model.expert_ffn_hidden * model.top_k,
@@ -180,73 +238,64 @@ def _stage_memory(c: _StageCtx) -> MemoryReport:
         transient["recompute_working_set"] = working
     if c.last:
         transient["logits_and_loss"] = tokens * mem.logits_bytes_per_token(vocab=model.vocab, tp=plan.tp)
-    block_units = [u for u in c.units if not u.root]
-    if plan.sharding in ("fsdp", "zero3") and n_d > 1 and block_units:
-        u_max = max(u.n_params for u in block_units)
-        transient["fsdp_unsharded_params"] = 2 * u_max * 2.0  # current unit + the one prefetched
-        transient["fsdp_unsharded_grads"] = u_max * (2.0 + job.reduce_dtype_bytes)
-        root = sum(u.n_params for u in c.units if u.root)
-        if root:
-            transient["fsdp_root_unsharded"] = root * 2.0
-        raf = plan.effective_reshard_after_forward
-        block_params = sum(u.n_params * u.count for u in block_units)
-        if raf is False:
-            transient["fsdp_kept_after_forward"] = block_params * 2.0
-        elif not isinstance(raf, bool):
-            transient["fsdp_kept_after_forward"] = block_params * 2.0 / raf
-        if plan.effective_grad_sync == "last" and plan.sharding == "fsdp":
-            transient["unsharded_grad_accumulation"] = (dense_params + expert_params) * job.reduce_dtype_bytes
-    elif plan.sharding == "fsdp" and n_d == 1 and plan.dp_replicate > 1:
-        transient["ddp_buckets"] = 2 * DDP_BUCKET_BYTES
+    transient.update(static.transient_terms)
     terms.update(transient)
     transient_total = sum(transient.values())
 
     rt = job.runtime
     n_groups = 1 + sum(1 for a in ("tp", "cp", "dp_shard", "dp_replicate", "pp", "ep") if c.groups[a].size > 1)
     runtime = {"cuda_context": rt.cuda_context_bytes, "nccl_buffers": rt.nccl_bytes_per_group * n_groups,
-               "allocator_fragmentation": rt.allocator_fraction * (static + activation + transient_total)}
+               "allocator_fragmentation": rt.allocator_fraction * (static_total + activation + transient_total)}
     terms.update(runtime)
     runtime_total = sum(runtime.values())
-    return MemoryReport(terms=terms, static_bytes=static, activation_bytes=activation,
+    return MemoryReport(terms=terms, static_bytes=static_total, activation_bytes=activation,
                         transient_bytes=transient_total, runtime_bytes=runtime_total,
-                        peak_bytes=static + activation + transient_total + runtime_total,
+                        peak_bytes=static_total + activation + transient_total + runtime_total,
                         capacity_bytes=c.cluster.accelerator.hbm_capacity_bytes, stage=c.s)
 
 
 def _stage_compute(c: _StageCtx, compute: ComputeParams) -> tuple[float, ...]:
     """Per micro-batch on stage ``c.s`` [s]: (t_F, t_B, t_W, t_R recompute, attention forward) of the layers,
     and the LM head's forward and backward (0 except on the last stage)."""
-    model, job, plan, accel = c.model, c.job, c.plan, c.cluster.accelerator
-    tokens = c.tokens
-    sp = plan.sequence_parallel
+    plan = c.plan
+    return _stage_compute_times(c.model, c.cluster.accelerator, compute, c.job, c.tokens, plan.tp, plan.cp, plan.ep,
+                                plan.sequence_parallel, plan.context_impl != "a2a", c.n_dense, c.n_moe, c.last,
+                                c.recompute, c.recomputed)
+
+
+@cache_by_identity(n_specs=4)
+def _stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute: ComputeParams, job: JobSpec,
+                         tokens: float, tp: int, cp: int, ep: int, sp: bool, cp_chunked: bool, n_dense: int,
+                         n_moe: int, last: bool, recompute: str, recomputed: tuple[int, int]) -> tuple[float, ...]:
+    """``_stage_compute`` on the values it reads, memoised: plans that differ only in their communication
+    options, and the search's bounds, share it."""
+    accel = _accel_key(accelerator)
 
     def lt(moe: bool) -> LayerTimes:
         expert_tokens = local = 0.0
         if moe:
-            t_rank = tokens / (plan.tp if sp else 1)
-            expert_tokens = (t_rank * plan.ep * model.top_k * job.moe_capacity_factor * job.moe_routing_imbalance
+            t_rank = tokens / (tp if sp else 1)
+            expert_tokens = (t_rank * ep * model.top_k * job.moe_capacity_factor * job.moe_routing_imbalance
                              / model.n_experts)
-            local = model.n_experts / plan.ep
-        return _layer_times(model, _AccelKey(accel.bf16_flop_per_s, accel.fp8_flop_per_s, accel.gemm_efficiency,
-                                             accel.hbm_bytes_per_s), compute, tokens, job.seq_len, plan.cp, plan.tp,
-                            job.precision, moe, expert_tokens, local, plan.context_impl != "a2a",
-                            job.flash_attention)
+            local = model.n_experts / ep
+        return _layer_times(model, accel, compute, tokens, job.seq_len, cp, tp,
+                            job.precision, moe, expert_tokens, local, cp_chunked, job.flash_attention)
 
-    kinds = [(c.n_dense, lt(False))] + ([(c.n_moe, lt(True))] if c.n_moe else [])
+    kinds = [(n_dense, lt(False))] + ([(n_moe, lt(True))] if n_moe else [])
     t_f = sum(n * x.fwd_s for n, x in kinds)
     t_b = sum(n * x.bwd_input_s for n, x in kinds)
     t_w = sum(n * x.bwd_weight_s for n, x in kinds)
     attn = sum(n * x.attention_fwd_s for n, x in kinds)
     t_r = 0.0
-    if c.recompute == "full":
-        t_r = t_f
-    elif c.recompute == "sac":
+    if recompute == "full":
+        t_r = recomputed[0] * kinds[0][1].fwd_s + (recomputed[1] * kinds[1][1].fwd_s if n_moe else 0.0)
+    elif recompute == "sac":
         t_r = 0.5 * sum(n * x.gemm_fwd_s for n, x in kinds)
-    elif c.recompute == "selective" and not job.flash_attention:
+    elif recompute == "selective" and not job.flash_attention:
         t_r = attn
     hf = hb = 0.0
-    if c.last:
-        hf, hb = lm_head_times(model, accel, compute, tokens=tokens, tp=plan.tp, precision=job.precision)
+    if last:
+        hf, hb = lm_head_times(model, accelerator, compute, tokens=tokens, tp=tp, precision=job.precision)
     return t_f, t_b, t_w, t_r, attn, hf, hb
 
 
@@ -256,9 +305,9 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) 
     lf, lb, t_w, t_r, attn, hf, hb = times
     t_f, t_b = lf + hf, lb + hb
     st = StageTraffic(units=c.units, n_layers=c.n_dense + c.n_moe, n_moe_layers=c.n_moe, has_embedding=c.s == 0,
-                      has_lm_head=c.last, tokens=c.tokens, m=m, recompute=c.recompute)
+                      has_lm_head=c.last, tokens=c.tokens, m=m, recomputed=c.recomputed)
     ledger = comm_ledger(c.model, c.cluster, job, plan, c.groups, st)
-    attn_passes = 1.0 + 2.5 + (1.0 if c.recompute == "full" else 0.0)
+    attn_passes = 1.0 + 2.5 + sum(c.recomputed) / (c.n_dense + c.n_moe)
     windows = {
         "forward": m * t_f, "backward": m * (t_b + t_w + t_r), "first_forward": t_f,
         "last_backward": t_b + t_w + t_r, "attention": m * attn * attn_passes,
@@ -287,32 +336,44 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) 
                        breakdown=breakdown, time_s=sum(breakdown.values()))
 
 
-@functools.lru_cache(maxsize=1024)
+@cache_by_identity(n_specs=2, maxsize=1024)
 def _flops(model: ModelSpec, counts: ParamCounts, seq_len: int, convention: str, recompute: str,
-           flash_attention: bool, tokens: int) -> FlopReport:
+           flash_attention: bool, tokens: int, recomputed_fraction: float = 1.0) -> FlopReport:
     """FLOPs per step in both conventions, and with recomputation (memoised: plan-independent)."""
     causal = convention == "causal"
     f_palm = model_flop_per_token(model, counts, seq_len=seq_len, causal=False)
     f_causal = model_flop_per_token(model, counts, seq_len=seq_len, causal=True)
     f_tok = f_causal if causal else f_palm
-    f_re = recompute_flop_per_token(model, counts, seq_len=seq_len, recompute=recompute,
-                                    flash_attention=flash_attention, causal=causal)
+    f_re = recomputed_fraction * recompute_flop_per_token(model, counts, seq_len=seq_len, recompute=recompute,
+                                                          flash_attention=flash_attention, causal=causal)
     return FlopReport(model_flop_per_step=f_tok * tokens, hardware_flop_per_step=(f_tok + f_re) * tokens,
                       model_flop_per_token=f_tok, convention=convention,
                       model_flop_per_step_palm=f_palm * tokens, model_flop_per_step_causal=f_causal * tokens)
 
 
-def _memory_only_estimate(model: ModelSpec, cluster: ClusterSpec, plan: Plan, m: int, job: JobSpec,
-                          reasons: list[str], mem_report: MemoryReport, flops: FlopReport) -> Estimate:
-    """A probe used while bisecting the micro-batch size: memory and feasibility, no timing."""
-    return Estimate(model=model.name, cluster=cluster.name, n_gpus=cluster.n_gpus, plan=plan, n_microbatches=m,
-                    global_batch_tokens=job.global_batch_tokens, seq_len=job.seq_len, feasible=not reasons,
-                    infeasible_reasons=reasons, memory=mem_report, flops=flops, step_time_s=float("nan"),
-                    time_breakdown={}, mfu=float("nan"), hfu=float("nan"), comm=[])
+class _PlanShared(NamedTuple):
+    """What every micro-batch size and recompute mode of one plan shares: its groups, stage layout, the
+    parameters each stage holds and its static memory."""
+
+    groups: dict[str, Group]
+    layout: list[tuple[int, int]]
+    units: dict[int, tuple[Unit, ...]]
+    static: dict[int, _StaticMemory]
 
 
-def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan,
-                    compute: ComputeParams, mfu: float | None, *, memory_only: bool = False) -> Estimate:
+def _plan_shared(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan
+                 ) -> _PlanShared:
+    groups = axis_groups(plan, cluster)
+    layout = stage_layers(model, plan.pp)
+    stages = sorted({0, plan.pp - 1})
+    units = {s: _local_params(counts, plan, s, *layout[s], tied_copy=plan.pp > 1) for s in stages}
+    static = {s: _static_memory(_StageCtx(model, counts, cluster, job, plan, groups, s, *layout[s], 1, units[s]))
+              for s in stages}
+    return _PlanShared(groups, layout, units, static)
+
+
+def _batch_reasons(job: JobSpec, plan: Plan) -> tuple[list[str], int]:
+    """Why the batch does not split as ``plan`` says (empty if it does), and the micro-batch count."""
     reasons: list[str] = []
     seqs, dp = job.global_batch_seqs, plan.dp
     mbs = plan.mbs or 1
@@ -327,27 +388,61 @@ def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec,
     m = max(1, per_replica // mbs)
     if plan.schedule == "interleaved" and plan.pp > 1 and m % plan.pp:
         reasons.append(f"interleaved schedule needs micro-batches ({m}) to be a multiple of pp={plan.pp}")
-    groups = axis_groups(plan, cluster)
-    layout = stage_layers(model, plan.pp)
-    tokens = job.global_batch_tokens
-    flops = _flops(model, counts, job.seq_len, job.flop_convention, plan.recompute or "none", job.flash_attention,
-                   tokens)
-    peak = cluster.accelerator.peak_flop_per_s(job.precision)
-    ctxs = [_StageCtx(model, counts, cluster, job, plan, groups, s, *layout[s], m,
-                      _local_params(counts, plan, s, *layout[s], tied_copy=plan.pp > 1))
+    return reasons, m
+
+
+def _stage_ctxs(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan, m: int,
+                shared: _PlanShared) -> list[_StageCtx]:
+    """The stages that bound the step: the first (embedding) and the last (LM head)."""
+    return [_StageCtx(model, counts, cluster, job, plan, shared.groups, s, *shared.layout[s], m, shared.units[s])
             for s in sorted({0, plan.pp - 1})]
-    mem_report = max((_stage_memory(c) for c in ctxs), key=lambda r: r.peak_bytes)
-    if mem_report.peak_bytes > mem_report.capacity_bytes:
-        t = mem_report.terms
-        reasons.append(
-            f"needs {format_gib(mem_report.peak_bytes)} per GPU (model states {format_gib(mem_report.static_bytes)}"
-            f" + activations {format_gib(mem_report.activation_bytes)} + transient "
-            f"{format_gib(mem_report.transient_bytes)} + runtime {format_gib(mem_report.runtime_bytes)}) on "
-            f"stage {mem_report.stage}, over the {format_gib(mem_report.capacity_bytes)} of HBM"
+
+
+def _peak_memory(ctxs: list[_StageCtx], shared: _PlanShared) -> MemoryReport:
+    return max((_stage_memory(c, shared.static[c.s]) for c in ctxs), key=lambda r: r.peak_bytes)
+
+
+def _memory_reason(report: MemoryReport) -> str:
+    t = report.terms
+    return (f"needs {format_gib(report.peak_bytes)} per GPU (model states {format_gib(report.static_bytes)}"
+            f" + activations {format_gib(report.activation_bytes)} + transient "
+            f"{format_gib(report.transient_bytes)} + runtime {format_gib(report.runtime_bytes)}) on "
+            f"stage {report.stage}, over the {format_gib(report.capacity_bytes)} of HBM"
             + (f"; unsharded gradient accumulation alone is {format_gib(t['unsharded_grad_accumulation'])}"
                if "unsharded_grad_accumulation" in t else ""))
-    if memory_only:
-        return _memory_only_estimate(model, cluster, plan, m, job, reasons, mem_report, flops)
+
+
+class _Probe(NamedTuple):
+    """A memory probe while choosing the micro-batch size and recomputation: no timing, no messages."""
+
+    plan: Plan
+    feasible: bool
+    memory: MemoryReport
+
+
+def _probe(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan,
+           shared: _PlanShared) -> _Probe:
+    reasons, m = _batch_reasons(job, plan)
+    report = _peak_memory(_stage_ctxs(model, counts, cluster, job, plan, m, shared), shared)
+    return _Probe(plan, not reasons and report.peak_bytes <= report.capacity_bytes, report)
+
+
+def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan,
+                    compute: ComputeParams, mfu: float | None, *, shared: _PlanShared | None = None) -> Estimate:
+    reasons, m = _batch_reasons(job, plan)
+    shared = shared or _plan_shared(model, counts, cluster, job, plan)
+    tokens = job.global_batch_tokens
+    fraction = 1.0
+    if plan.recompute == "full" and plan.recompute_layers is not None:  # the blocks' share that is re-run
+        fraction = sum(sum(recomputed_layers("full", plan.recompute_layers, *lay)) for lay in shared.layout
+                       ) / model.n_layers
+    flops = _flops(model, counts, job.seq_len, job.flop_convention, plan.recompute or "none", job.flash_attention,
+                   tokens, fraction)
+    peak = cluster.accelerator.peak_flop_per_s(job.precision)
+    ctxs = _stage_ctxs(model, counts, cluster, job, plan, m, shared)
+    mem_report = _peak_memory(ctxs, shared)
+    if mem_report.peak_bytes > mem_report.capacity_bytes:
+        reasons.append(_memory_reason(mem_report))
     times = [_stage_compute(c, compute) for c in ctxs]
     if mfu is not None:
         # compute runs at the given MFU: hardware FLOPs per GPU / (peak · mfu); scale the kernel model to it
@@ -375,84 +470,169 @@ def _mbs_options(job: JobSpec, plan: Plan) -> list[int]:
     return [b for b in range(per_replica, 0, -1) if per_replica % b == 0] or [1]
 
 
+def _compute_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, compute: ComputeParams,
+                     layout: list[tuple[int, int]], mbs: int, recompute: str, m: int,
+                     recompute_layers: int | None = None) -> float:
+    """The compute, recomputation and bubble of the busiest stage of ``plan`` (stage ``layout``) at
+    micro-batch size ``mbs`` and ``recompute``, plus the fixed step overhead [s]: every term of the step
+    time except communication, contention and the optimizer step, all of which are non-negative."""
+    tokens = mbs * job.seq_len / plan.cp
+    sp, chunked, last = plan.sequence_parallel, plan.context_impl != "a2a", plan.pp - 1
+    worst = 0.0
+    for s in (0,) if last == 0 else (0, last):
+        n_dense, n_moe = layout[s]
+        t_f, t_b, t_w, t_r, _, hf, hb = _stage_compute_times(
+            model, cluster.accelerator, compute, job, tokens, plan.tp, plan.cp, plan.ep, sp, chunked, n_dense, n_moe,
+            s == last, recompute, recomputed_layers(recompute, recompute_layers, n_dense, n_moe))
+        bubble = bubble_time_s(schedule=plan.schedule, pp=plan.pp, vpp=plan.vpp, t_f_s=t_f + hf,
+                               t_b_s=t_b + hb + t_r, t_w_s=t_w)
+        worst = max(worst, m * (t_f + hf + t_b + hb + t_w + t_r) + bubble)
+    return worst + compute.step_overhead_s
+
+
+def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan,
+                            compute: ComputeParams) -> float:
+    """A lower bound on ``evaluate(plan).step_time_s`` over every micro-batch size and recompute mode [s].
+
+    Each stage's step time is a sum of non-negative terms (module docstring); keeping only the compute
+    without recomputation, the pipeline bubble it implies (which only grows with recomputation) and the
+    fixed step overhead bounds it from below. The search sorts option variants by it and stops where it
+    passes the tie band of the best plan.
+    """
+    per_replica = max(1, job.global_batch_seqs // plan.dp)
+    layout = stage_layers(model, plan.pp)
+    return min(_compute_bound_s(model, cluster, job, plan, compute, layout, b, "none", max(1, per_replica // b))
+               for b in ([plan.mbs] if plan.mbs else _mbs_options(job, plan)))
+
+
 def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *, mfu: float | None = None,
              compute: ComputeParams | None = None) -> Estimate:
     """Evaluate ``plan``. A micro-batch size or recompute mode left as None is chosen: the fastest
     feasible combination (the number of micro-batches follows from memory); if none fits, the one
     that needs the least memory, reported infeasible with its reasons."""
+    est = _evaluate(model, cluster, job, plan, mfu=mfu, compute=compute, cutoff_s=None)
+    assert est is not None
+    return est
+
+
+def evaluate_within(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *, cutoff_s: float,
+                    compute: ComputeParams | None = None) -> Estimate | None:
+    """``evaluate``, for a search that only needs plans faster than ``cutoff_s``: None when nothing fits
+    in memory, or when every combination that fits has a compute bound (``_compute_bound_s``) above
+    ``cutoff_s``, so that its step time is too. The memory probes still run; the communication
+    ledgers of the pruned combinations do not."""
+    return _evaluate(model, cluster, job, plan, mfu=None, compute=compute, cutoff_s=cutoff_s)
+
+
+def _evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *, mfu: float | None,
+              compute: ComputeParams | None, cutoff_s: float | None) -> Estimate | None:
     validate_plan(model, cluster, job, plan)
     if compute is None:
         from meshplan.calibration import compute_params_for  # catalog data, loaded lazily once
 
         compute = compute_params_for(cluster.accelerator.name, job.software)
     counts = param_counts(model)
-    recomputes = [plan.recompute] if plan.recompute else (
-        ["none", "sac", "full"] if job.flash_attention else ["none", "selective", "sac", "full"])
+    if plan.recompute:
+        recomputes = [plan.recompute]
+    elif plan.recompute_layers:
+        recomputes = ["full"]
+    else:
+        recomputes = ["none", "sac", "full"] if job.flash_attention else ["none", "selective", "sac", "full"]
     mbs_list = [plan.mbs] if plan.mbs else _mbs_options(job, plan)
-    cache: dict[tuple[str, int], Estimate] = {}
+    max_stage_layers = max(d + e for d, e in stage_layers(model, plan.pp))
+    # partial recomputation (the fewest layers per stage that fit) is searched when nothing is fixed
+    partial = plan.recompute is None and plan.recompute_layers is None and max_stage_layers > 1
+    shared = _plan_shared(model, counts, cluster, job, plan)
+    Key = tuple[str, int, int | None]
+    cache: dict[Key, Estimate] = {}
+    probes: dict[Key, _Probe] = {}
+    variants: dict[Key, Plan] = {}
 
-    probes: dict[tuple[str, int], Estimate] = {}
-    variants: dict[tuple[str, int], Plan] = {}
+    def variant(rc: str, b: int, n: int | None = None) -> Plan:
+        if (rc, b, n) not in variants:
+            variants[rc, b, n] = replace(plan, mbs=b, recompute=rc, recompute_layers=n or plan.recompute_layers)
+        return variants[rc, b, n]
 
-    def variant(rc: str, b: int) -> Plan:
-        if (rc, b) not in variants:
-            variants[rc, b] = replace(plan, mbs=b, recompute=rc)
-        return variants[rc, b]
+    def fits(rc: str, b: int, n: int | None = None) -> bool:
+        if (rc, b, n) not in probes:
+            probes[rc, b, n] = _probe(model, counts, cluster, job, variant(rc, b, n), shared)
+        return probes[rc, b, n].feasible
 
-    def fits(rc: str, b: int) -> bool:
-        if (rc, b) not in probes:
-            probes[rc, b] = _evaluate_fixed(model, counts, cluster, job, variant(rc, b), compute, mfu,
-                                            memory_only=True)
-        return probes[rc, b].feasible
+    def at(rc: str, b: int, n: int | None = None) -> Estimate:
+        if (rc, b, n) not in cache:
+            cache[rc, b, n] = _evaluate_fixed(model, counts, cluster, job, variant(rc, b, n), compute, mfu,
+                                              shared=shared)
+        return cache[rc, b, n]
 
-    def at(rc: str, b: int) -> Estimate:
-        if (rc, b) not in cache:
-            cache[rc, b] = _evaluate_fixed(model, counts, cluster, job, variant(rc, b), compute, mfu)
-        return cache[rc, b]
+    per_replica = max(1, job.global_batch_seqs // plan.dp)
+
+    def pruned(rc: str, b: int, n: int | None = None) -> bool:
+        """True when this combination cannot beat ``cutoff_s`` nor the best one timed so far."""
+        limit = min(cutoff_s if cutoff_s is not None else float("inf"),
+                    best.step_time_s if best is not None and mfu is None else float("inf"))
+        return limit < float("inf") and _compute_bound_s(model, cluster, job, plan, compute, shared.layout, b, rc,
+                                                         max(1, per_replica // b), n) >= limit
 
     # the most lenient combination (most recomputation, smallest micro-batch) fails: nothing fits
     if not fits(recomputes[-1], mbs_list[-1]):
-        return at(recomputes[-1], mbs_list[-1])
+        return None if cutoff_s is not None else at(recomputes[-1], mbs_list[-1])
     # Memory only shrinks with the micro-batch size and with more recomputation (recomputes is ordered
-    # from least to most): bisect for the largest micro-batch that fits, most recomputation first, each
-    # mode searching only micro-batches no larger than the previous mode's.
+    # from least to most): per mode, bisect for the largest micro-batch that fits, searching only sizes no
+    # smaller than the previous mode's. Modes are timed from the fastest kind on, so that a combination
+    # whose compute bound cannot beat the best one timed (or the cutoff) is neither probed nor timed.
     first_fits: dict[str, int | None] = {}
-    lo_bound = 0
-    for rc in reversed(recomputes):
-        lo, hi = lo_bound, len(mbs_list) - 1  # mbs_list is descending
+    best: Estimate | None = None
+    smallest: _Probe | None = None
+    last = len(mbs_list) - 1
+    hi_bound = last
+
+    def consider(est: Estimate) -> None:
+        nonlocal best
+        if est.feasible and (best is None or est.step_time_s < best.step_time_s):
+            best = est
+
+    def bisect(ok: Callable[[int], bool], lo: int, hi: int) -> int | None:
+        """The smallest index in [lo, hi] where ``ok`` holds, ``ok`` being monotone; None if nowhere."""
         found = None
         while lo <= hi:
             mid = (lo + hi) // 2
-            if fits(rc, mbs_list[mid]):
+            if ok(mid):
                 found, hi = mid, mid - 1
             else:
                 lo = mid + 1
-        first_fits[rc] = found
-        if found is None:
-            break  # modes that recompute less need more memory: none of them fits either
-        lo_bound = found
-    best: Estimate | None = None
-    smallest: Estimate | None = None
+        return found
+
     for rc in recomputes:
         if best is not None and plan.pp == 1 and best.plan.mbs == mbs_list[0] and best.plan.recompute == "none":
             break  # nothing recomputed at the largest micro-batch: recomputing can only be slower
-        first_fit = first_fits.get(rc)
+        if all(pruned(rc, b) for b in mbs_list):
+            continue
+        first_fit = bisect(lambda i, rc=rc: fits(rc, mbs_list[i]), 0, hi_bound)  # mbs_list is descending
+        first_fits[rc] = first_fit
         if first_fit is None:
             fits(rc, mbs_list[-1])
-            probe = probes[rc, mbs_list[-1]]
+            probe = probes[rc, mbs_list[-1], None]
             if smallest is None or probe.memory.peak_bytes < smallest.memory.peak_bytes:
                 smallest = probe
             continue
+        hi_bound = first_fit
         # without a pipeline the largest micro-batch that fits is the fastest; with one, fewer and
         # larger micro-batches trade GEMM efficiency against the bubble: try the largest that fits, the
         # smallest, and the one in the middle (in micro-batch count)
-        last = len(mbs_list) - 1
         tries = [first_fit] if plan.pp == 1 else sorted({first_fit, (first_fit + last) // 2, last})
         for i in tries:
-            est = at(rc, mbs_list[i])
-            if est.feasible and (best is None or est.step_time_s < best.step_time_s):
-                best = est
-    if best is not None:
+            if not pruned(rc, mbs_list[i]):
+                consider(at(rc, mbs_list[i]))
+            none_fit = first_fits.get("none")
+            if (rc != "full" or not partial or (none_fit is not None and i >= none_fit)
+                    or pruned(rc, mbs_list[i], 1)):
+                continue
+            # Partial recomputation at this micro-batch size: time grows and memory shrinks with the
+            # number of recomputed layers, so the fewest that fit is the fastest; bisect for it.
+            n = bisect(lambda k, b=mbs_list[i]: fits("full", b, k), 1, max_stage_layers - 1)
+            if n is not None and not pruned(rc, mbs_list[i], n):
+                consider(at(rc, mbs_list[i], n))
+    if best is not None or cutoff_s is not None:
         return best
     assert smallest is not None
     return at(smallest.plan.recompute or "none", smallest.plan.mbs or 1)

@@ -68,10 +68,8 @@ def ranked_table(estimates: list[Estimate], top: int) -> list[str]:
     for i, e in enumerate(estimates[:top], 1):
         exposed = e.comm_time_s(exposed=True)
         p = e.plan
-        opts = [p.sharding] if p.shard_degree > 1 else []
-        if p.pp > 1:
-            opts.append(p.schedule + (f"/v{p.vpp}" if p.vpp > 1 else ""))
-        rows.append([str(i), p.label(), ",".join(opts), f"mbs={p.mbs},{p.recompute}", str(e.n_microbatches),
+        rows.append([str(i), p.label(), ",".join(p.option_labels()), f"mbs={p.mbs},{p.recompute_label}",
+                     str(e.n_microbatches),
                      format_seconds(e.step_time_s) if e.step_time_s == e.step_time_s else "-",
                      f"{e.mfu:.1%}" if e.mfu == e.mfu else "-", format_seconds(exposed),
                      format_gib(e.memory.peak_bytes), "yes" if e.feasible else "no",

@@ -37,7 +37,7 @@ class Condition:
 
 def structural_key(plan: Plan) -> str:
     """A plan without its micro-batch size and recompute mode (those follow from memory)."""
-    return replace(plan, mbs=None, recompute=None).to_string()
+    return plan.unfixed().to_string()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +114,7 @@ than the ranking's tie band (or the recommended plan no longer fits there): near
 def layout_key(plan: Plan) -> str:
     """A plan's shape independent of the GPU count: its degrees except the data-parallel ones, which are
     replaced by whether they are in use (so FSDP=64 and FSDP=128 are the same layout)."""
-    p = replace(plan, mbs=None, recompute=None, dp_replicate=2 if plan.dp_replicate > 1 else 1,
-                dp_shard=2 if plan.dp_shard > 1 else 1)
+    p = plan.unfixed(dp_replicate=2 if plan.dp_replicate > 1 else 1, dp_shard=2 if plan.dp_shard > 1 else 1)
     return p.to_string()
 
 
@@ -129,10 +128,10 @@ def rescale(plan: Plan, n_gpus: int) -> Plan | None:
     if plan.dp_replicate > 1 and plan.dp_shard > 1:
         if dp % plan.dp_shard or dp == plan.dp_shard:
             return None
-        return replace(plan, dp_replicate=dp // plan.dp_shard, mbs=None, recompute=None)
+        return plan.unfixed(dp_replicate=dp // plan.dp_shard)
     if plan.dp_replicate > 1:
-        return replace(plan, dp_replicate=dp, mbs=None, recompute=None)
-    return replace(plan, dp_shard=dp, mbs=None, recompute=None)
+        return plan.unfixed(dp_replicate=dp)
+    return plan.unfixed(dp_shard=dp)
 
 
 def find_conditions(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, recommended: Estimate,
@@ -249,8 +248,7 @@ def _evaluate_at(knob: _Knob, value: float, base: Estimate, mfu: float | None) -
     if scenario is None:
         return None
     model, cluster, job = scenario
-    plan = rescale(base.plan, cluster.n_gpus) if base.plan.world_size != cluster.n_gpus else replace(
-        base.plan, mbs=None, recompute=None)
+    plan = rescale(base.plan, cluster.n_gpus) if base.plan.world_size != cluster.n_gpus else base.plan.unfixed()
     if plan is None:
         return None
     try:

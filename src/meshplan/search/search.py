@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from meshplan.calibration import compute_params_for
 from meshplan.cost.estimate import Estimate
-from meshplan.cost.step import evaluate
-from meshplan.search.rank import pareto_front, rank
-from meshplan.search.space import Space, enumerate_plans, family
+from meshplan.cost.pipeline import stage_layers
+from meshplan.cost.step import evaluate, evaluate_within, step_time_lower_bound_s
+from meshplan.search.rank import TIE_BAND, pareto_front, rank
+from meshplan.search.space import Space, enumerate_plans, family, option_variants
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec
 
 Progress = Callable[[int, int], None]
@@ -21,10 +23,15 @@ class SearchResult:
     ranked: list[Estimate]
     """Every plan searched, best first; infeasible ones last, with reasons."""
     n_plans: int
-    """Structural plans evaluated (each with its best micro-batch size and recompute mode)."""
+    """Plans evaluated and listed in ``ranked`` (each with its best micro-batch size and recompute mode)."""
     n_configurations: int
-    """Configurations covered: structural plans x micro-batch sizes x recompute modes."""
+    """Configurations covered: plans (evaluated or pruned) x micro-batch sizes x recompute modes, counting
+    partial recomputation of 1..L-1 layers of a stage as modes."""
     elapsed_s: float
+    n_pruned: int = 0
+    """Option variants not listed: those that do not fit in memory (their structure is listed, with its
+    reasons, under its default options) and those whose step time is provably above the tie band of the
+    best plan (a compute and bubble bound, ``step_time_lower_bound_s``): none could be recommended."""
 
     @property
     def recommended(self) -> Estimate | None:
@@ -52,16 +59,61 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space | 
     space = space or Space()
     compute = compute_params_for(cluster.accelerator.name, job.software)
     plans = list(enumerate_plans(model, cluster, job, space))
-    results: list[Estimate] = []
-    n_cfg = 0
+    variants = [v for p in plans for v in option_variants(model, cluster, job, p)] if space.options else []
+    total = len(plans) + len(variants)
     recompute_modes = 3 if job.flash_attention else 4
-    for i, plan in enumerate(plans):
-        est = evaluate(model, cluster, job, plan, mfu=mfu, compute=compute)
-        results.append(est)
-        per_replica = max(1, job.global_batch_seqs // plan.dp)
-        n_cfg += recompute_modes * sum(1 for b in range(1, per_replica + 1) if per_replica % b == 0)
-        if progress and (i % 64 == 0 or i == len(plans) - 1):
-            progress(i + 1, len(plans))
+
+    @functools.cache
+    def configurations(dp: int, pp: int) -> int:
+        """Micro-batch sizes x recompute modes, 'full' on 1..L layers of an L-layer stage."""
+        per_replica = max(1, job.global_batch_seqs // dp)
+        partial = max(d + e for d, e in stage_layers(model, pp)) - 1
+        return (recompute_modes + partial) * sum(1 for b in range(1, per_replica + 1) if per_replica % b == 0)
+
+    def tick(i: int) -> None:
+        if progress and (i % 64 == 0 or i == total):
+            progress(i, total)
+
+    # every structure with its default options: each family is represented and each infeasible
+    # layout keeps its reasons
+    results = []
+    for i, plan in enumerate(plans, 1):
+        results.append(evaluate(model, cluster, job, plan, mfu=mfu, compute=compute))
+        tick(i)
+    # option variants, in order of their lower bound: evaluated only if they could join the tie band
+    # (branch and bound; exact for the recommendation, since the bound never exceeds the step time)
+    n_pruned = 0
+    fastest = min((e.step_time_s for e in results if e.feasible), default=float("inf"))
+    if mfu is None:
+        by_shape: dict[tuple[object, ...], float] = {}  # the bound reads only the plan's compute shape
+        bounds = []
+        for k, v in enumerate(variants):
+            shape = (v.dp, v.tp, v.pp, v.cp, v.ep, v.schedule, v.vpp, v.context_impl == "a2a", v.sequence_parallel)
+            if shape not in by_shape:
+                by_shape[shape] = step_time_lower_bound_s(model, cluster, job, v, compute)
+            bounds.append((by_shape[shape], k))
+        bounds.sort()
+    else:  # the assumed-MFU mode rescales compute per plan: no bound, evaluate them all
+        bounds = [(0.0, k) for k in range(len(variants))]
+    for i, (bound, k) in enumerate(bounds, len(plans) + 1):
+        cutoff = fastest * (1.0 + TIE_BAND)
+        if bound > cutoff:
+            n_pruned += len(bounds) - (i - len(plans) - 1)
+            break
+        if mfu is None:
+            found = evaluate_within(model, cluster, job, variants[k], cutoff_s=cutoff, compute=compute)
+        else:
+            found = evaluate(model, cluster, job, variants[k], mfu=mfu, compute=compute)
+        if found is None:
+            n_pruned += 1
+        else:
+            results.append(found)
+            if found.feasible:
+                fastest = min(fastest, found.step_time_s)
+        tick(i)
+    if progress:
+        progress(total, total)
+    n_cfg = sum(configurations(p.dp, p.pp) for p in [*plans, *variants])
     ranked = rank(results)
     if refine_top:
         from meshplan.sim.simulate import refine
@@ -76,5 +128,5 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space | 
         refined = {id(e): refine(e, slowdown=compute.comm_slowdown, step_overhead_s=compute.step_overhead_s)
                    for e in top}
         ranked = rank([refined.get(id(e), e) for e in ranked])
-    return SearchResult(ranked=ranked, n_plans=len(plans), n_configurations=n_cfg,
-                        elapsed_s=time.perf_counter() - t0)
+    return SearchResult(ranked=ranked, n_plans=len(results), n_configurations=n_cfg,
+                        elapsed_s=time.perf_counter() - t0, n_pruned=n_pruned)

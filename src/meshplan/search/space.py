@@ -2,16 +2,19 @@
 model admit, times the options of each parallelism. Generators and flat products, no nested search.
 
 Topology rules: tensor parallelism stays inside a node (its collectives are on the critical path);
-context, expert, pipeline and data parallelism may span nodes. Micro-batch size and recompute mode are
-not enumerated here: ``evaluate`` chooses them for each structural plan (memory is monotonic in the
-micro-batch size, so the largest that fits is found without trying every value).
+context, expert, pipeline and data parallelism may span nodes. Each structural plan (degrees, sharding,
+schedule, virtual stages) comes first with its framework's default options, then with every other option
+its framework offers (``option_variants``): sequence parallelism off, async TP, FSDP2's
+``reshard_after_forward`` and gradient sync, and the context-parallel exchange. Micro-batch size and
+recompute mode are not enumerated here: ``evaluate`` chooses them for each plan (memory is monotonic in
+the micro-batch size, so the largest that fits is found without trying every value).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.specs.plan import FRAMEWORK_CP, FRAMEWORK_SCHEDULES
@@ -35,11 +38,66 @@ class Space:
     shardings: tuple[str, ...] = ("fsdp", "zero1", "zero2", "zero3", "megatron")
     schedules: tuple[str, ...] = ("1f1b", "interleaved", "zb-h1", "zb-v")
     max_vpp: int = 4
+    options: bool = True
+    """Also enumerate each plan's non-default options (``option_variants``)."""
 
     @classmethod
     def dp_tp(cls) -> Space:
         """The core family: DDP, FSDP, HSDP and TP x FSDP (PyTorch FSDP2 semantics)."""
         return cls(pipeline=False, context=False, experts=False, shardings=("fsdp",), schedules=("1f1b",))
+
+
+def has_default_options(plan: Plan) -> bool:
+    """True when every option is left to the plan's framework (the first plan of each structure)."""
+    return (plan.sp is None and not plan.async_tp and plan.reshard_after_forward is None
+            and plan.grad_sync is None and plan.cp_impl is None)
+
+
+def _ulysses_fits(model: ModelSpec, tp: int, cp: int) -> bool:
+    """Ulysses all-to-all splits the heads of each TP rank over cp."""
+    return not (model.n_heads // tp % cp or (not model.is_mla and model.n_kv_heads // tp % cp))
+
+
+def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan) -> Iterator[Plan]:
+    """The non-default options each framework offers for ``plan`` (a plan with default options):
+
+    - TP: sequence parallelism off (all-reduce instead of reduce-scatter/all-gather); async TP
+      (torchtitan's micro-pipelined TP, Megatron's TP communication overlap), which needs SP;
+    - CP: every exchange the framework implements (torchtitan ring or all-gather; Megatron also a2a);
+    - FSDP2 without a pipeline: ``reshard_after_forward`` False, or the node size (a partial reshard),
+      each with gradient sync after every micro-batch or only the last;
+    - FSDP2 under a pipeline: reshard and reduce per micro-batch instead of keeping the stage gathered;
+    - DDP: all-reduce after every micro-batch instead of ``no_sync``.
+
+    Options that change nothing for the plan (grad sync with one micro-batch, a partial reshard that
+    is the whole group) are not generated, so no configuration is counted twice.
+    """
+    per_replica = max(1, job.global_batch_seqs // plan.dp)
+    sharded, gpn = plan.sharding == "fsdp" and plan.shard_degree > 1, cluster.gpus_per_node
+    tp_opts: list[tuple[bool | None, bool]] = [(None, False)]
+    if plan.tp > 1:
+        tp_opts.append((False, False))
+        if plan.sharding in ("fsdp", "megatron"):
+            tp_opts.append((None, True))
+    cp_opts: list[str | None] = [None]
+    if plan.cp > 1:
+        cp_opts += [impl for impl in FRAMEWORK_CP[plan.sharding][1:] if impl != "a2a" or
+                    _ulysses_fits(model, plan.tp, plan.cp)]
+    dp_opts: list[tuple[bool | int | None, str | None]] = [(None, None)]
+    if sharded and plan.pp == 1:
+        rafs: list[bool | int | None] = [None, False]
+        if plan.shard_degree > gpn and plan.shard_degree % gpn == 0:
+            rafs.append(gpn)
+        syncs: list[str | None] = [None, "last"] if per_replica > 1 else [None]
+        dp_opts = [(r, g) for r in rafs for g in syncs]
+    elif sharded:
+        dp_opts.append((True, "every"))
+    elif plan.sharding == "fsdp" and plan.dp_replicate > 1 and per_replica > 1:
+        dp_opts.append((None, "every"))
+    for (sp, async_tp), cp_impl, (raf, sync) in itertools.product(tp_opts, cp_opts, dp_opts):
+        if sp is None and not async_tp and cp_impl is None and raf is None and sync is None:
+            continue  # the default plan itself
+        yield replace(plan, sp=sp, async_tp=async_tp, cp_impl=cp_impl, reshard_after_forward=raf, grad_sync=sync)
 
 
 def family(plan: Plan) -> str:
@@ -76,7 +134,8 @@ def _pipeline_options(model: ModelSpec, pp: int, space: Space) -> Iterator[tuple
 
 
 def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space) -> Iterator[Plan]:
-    """Every structurally valid plan of ``space`` (valid: passes meshplan.cost.validate.validate_plan)."""
+    """Every structurally valid plan of ``space`` with its framework's default options (valid: passes
+    meshplan.cost.validate.validate_plan); ``option_variants`` gives the rest."""
     n = cluster.n_gpus
     heads = model.n_heads if model.is_mla else min(model.n_heads, model.n_kv_heads)
     max_tp = space.max_tp or cluster.gpus_per_node
@@ -98,9 +157,7 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space:
             for sharding in shardings:
                 if pp > 1 and (sharding in ("zero2", "zero3") or schedule not in FRAMEWORK_SCHEDULES[sharding]):
                     continue  # each framework runs its own schedules; DeepSpeed pipelines with ZeRO-1 only
-                cp_impl = FRAMEWORK_CP[sharding][0]
-                if cp > 1 and cp_impl == "a2a" and (model.n_heads // tp % cp or
-                                                    (not model.is_mla and model.n_kv_heads // tp % cp)):
+                if cp > 1 and FRAMEWORK_CP[sharding][0] == "a2a" and not _ulysses_fits(model, tp, cp):
                     continue
                 yield Plan(dp_replicate=dr, dp_shard=ds, cp=cp, tp=tp, pp=pp, ep=ep, sharding=sharding,
                            schedule=schedule, vpp=vpp)

@@ -59,6 +59,10 @@ class Plan:
     FlashAttention already recomputes); 'sac' (torchtitan selective activation checkpointing, op
     policy: keep every other matmul output and the attention output, recompute the rest); 'full'
     (whole block from its input). None: the fastest that fits."""
+    recompute_layers: int | None = None
+    """With recompute='full': recompute only the first this-many layers of each pipeline stage and keep
+    the activations of the rest (Megatron --recompute-method block --recompute-num-layers N; torchtitan's
+    layer AC with a period). None: every layer, or, when recompute is also None, the fewest that fit."""
     sharding: str = "fsdp"
     """Semantics of the dp_shard axis: 'fsdp' (PyTorch FSDP2 fully_shard), 'zero1'/'zero2'/'zero3'
     (DeepSpeed), 'megatron' (Megatron-LM distributed optimizer)."""
@@ -92,6 +96,10 @@ class Plan:
             positive_int("plan.mbs", self.mbs)
         if self.recompute is not None:
             one_of("plan.recompute", self.recompute, RECOMPUTE)
+        if self.recompute_layers is not None:
+            positive_int("plan.recompute_layers", self.recompute_layers)
+            if self.recompute not in (None, "full"):
+                raise SpecError("plan.recompute_layers", f"needs recompute=full; got recompute={self.recompute}")
         one_of("plan.sharding", self.sharding, SHARDING)
         one_of("plan.schedule", self.schedule, SCHEDULES)
         if self.cp_impl is not None:
@@ -167,6 +175,33 @@ class Plan:
         if self.schedule == "zb-v":
             return 2
         return self.vpp if self.schedule == "interleaved" else 1
+
+    def unfixed(self, **changes: object) -> Plan:
+        """This plan (with ``changes``) whose micro-batch size and recomputation evaluate chooses."""
+        return replace(self, mbs=None, recompute=None, recompute_layers=None, **changes)  # type: ignore[arg-type]
+
+    @property
+    def recompute_label(self) -> str:
+        """The recompute mode for tables: 'full:N' when only the first N layers of a stage recompute."""
+        rc = self.recompute or "none"
+        return f"{rc}:{self.recompute_layers}" if self.recompute_layers and rc == "full" else rc
+
+    def option_labels(self) -> list[str]:
+        """The plan's options in short form for tables: sharding, schedule, and every non-default option."""
+        out = [self.sharding] if self.shard_degree > 1 else []
+        if self.pp > 1:
+            out.append(self.schedule + (f"/v{self.vpp}" if self.vpp > 1 else ""))
+        if self.tp > 1 and not self.sequence_parallel:
+            out.append("no-SP")
+        if self.async_tp:
+            out.append("async-TP")
+        if self.cp > 1:
+            out.append(f"cp:{self.context_impl}")
+        if self.reshard_after_forward is not None:
+            out.append(f"reshard:{str(self.reshard_after_forward).lower()}")
+        if self.grad_sync is not None:
+            out.append(f"sync:{self.grad_sync}")
+        return out
 
     def label(self) -> str:
         """Short human name, e.g. 'TP=8 x FSDP=8' or 'HSDP 8x8'."""

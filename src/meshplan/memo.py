@@ -1,0 +1,40 @@
+"""Memoisation keyed by the identity of spec objects.
+
+``functools.lru_cache`` hashes every argument on every call, and a frozen dataclass re-hashes all of its
+fields each time: for a model or job spec that costs more than the memoised arithmetic. The search
+passes the same spec objects millions of times, so keying them by ``id`` is both exact and cheap. Each
+entry keeps references to its specs, so an id cannot be reused by another object while it is cached.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def cache_by_identity(n_specs: int, maxsize: int = 1 << 16) -> Callable[[F], F]:
+    """Memoise a function of positional arguments whose first ``n_specs`` are specs (keyed by identity)
+    and the rest hashable values (keyed by value). The table is cleared when it reaches ``maxsize``."""
+
+    def decorate(fn: F) -> F:
+        table: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] = {}
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any) -> Any:
+            key = (*map(id, args[:n_specs]), *args[n_specs:])
+            hit = table.get(key)
+            if hit is not None:
+                return hit[0]
+            if len(table) >= maxsize:
+                table.clear()
+            out = fn(*args)
+            table[key] = (out, args[:n_specs])
+            return out
+
+        wrapper.cache_clear = table.clear  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
