@@ -123,3 +123,11 @@ def test_recorder_sees_c10d_and_functional_collectives():
             ("all_gather", "dp_shard", 64, 4), ("all_reduce", "dp_shard", 32, 4)]
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("plan", ["tp=4,dp_shard=2", "dp_shard=8"])
+def test_partial_recomputation_matches(spec, plan):
+    """Checkpointing only the first layers (recompute_layers): the recomputed TP collectives, and the
+    memory, follow the number of layers wrapped."""
+    result = _run(spec, f"{plan},recompute=full,recompute_layers={spec.n_layers // 2}")
+    assert result.passed, [r for r in result.rows if not r.ok] + [m for m in result.memory if not m.ok]

@@ -232,12 +232,14 @@ def apply_tp(model: nn.Module, tp_mesh: Any, *, sequence_parallel: bool) -> None
         parallelize_module(block, tp_mesh, layer_plan)
 
 
-def apply_ac(model: nn.Module) -> None:
-    """Full activation checkpointing: each block wrapped by ``checkpoint_wrapper`` (torchtitan apply_ac)."""
+def apply_ac(model: nn.Module, n_layers: int | None = None) -> None:
+    """Full activation checkpointing: each block, or the first ``n_layers`` (plan.recompute_layers),
+    wrapped by ``checkpoint_wrapper`` (torchtitan apply_ac)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     for i, block in enumerate(model.layers):
-        model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+        if n_layers is None or i < n_layers:
+            model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: Any, *, reshard_after_forward: bool) -> None:
@@ -315,7 +317,7 @@ def run_parallel_step(model_spec: ModelSpec, plan: Plan, *, seq_len: int = 64, m
             apply_tp(model, mesh["tp"], sequence_parallel=plan.sequence_parallel)
         unit_shapes = _unit_shapes(model)
         if plan.recompute == "full":
-            apply_ac(model)
+            apply_ac(model, plan.recompute_layers)
         fsdp = plan.dp_shard > 1
         if fsdp:
             dp_axes = ("dp_replicate", "dp_shard") if plan.dp_replicate > 1 else ("dp_shard",)

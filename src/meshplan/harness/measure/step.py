@@ -120,10 +120,9 @@ def build_parallel_model(cfg: StepConfig, ctx: RunContext) -> tuple[torch.nn.Mod
     if plan.tp > 1:
         _tp_plan(model, mesh["tp"])
     if plan.recompute == "full":
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+        from meshplan.harness.crosscheck import apply_ac
 
-        for i, block in enumerate(model.layers):
-            model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+        apply_ac(model, plan.recompute_layers)
     if plan.dp > 1:
         dp_mesh = mesh["dp_shard"] if plan.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
