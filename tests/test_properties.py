@@ -164,3 +164,22 @@ def test_step_time_lower_bound_never_exceeds_the_step_time(model, cluster, job, 
     compute = compute_params_for(cluster.accelerator.name, job.software)
     est = evaluate(model, cluster, job, plan, compute=compute)
     assert step_time_lower_bound_s(model, cluster, job, plan, compute) <= est.step_time_s * (1 + 1e-9)
+
+
+@SETTINGS
+@given(models(), clusters(), jobs(), st.data())
+def test_option_variants_said_to_need_more_memory_do(model, cluster, job, data):
+    """The search skips such a variant when its default plan does not fit (search.needs_more_memory)."""
+    from meshplan.search.space import Space, enumerate_plans, needs_more_memory, option_variants
+
+    plans = [p for p in enumerate_plans(model, cluster, job, Space(max_vpp=2))
+             if any(True for _ in option_variants(model, cluster, job, p))]
+    if not plans:
+        return
+    plan = data.draw(st.sampled_from(plans))
+    variant = data.draw(st.sampled_from(list(option_variants(model, cluster, job, plan))))
+    rc = data.draw(st.sampled_from(["none", "sac", "full"]))
+    fixed = {"mbs": 1, "recompute": rc}
+    base, other = (evaluate(model, cluster, job, replace(p, **fixed)) for p in (plan, variant))
+    if needs_more_memory(variant):
+        assert other.memory.peak_bytes >= base.memory.peak_bytes * (1 - 1e-12)

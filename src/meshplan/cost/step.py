@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 from meshplan.cost import memory as mem
@@ -152,16 +152,30 @@ def _set_exposure(entries: list[CommEntry], windows: dict[str, float], overlap: 
 
 
 class _StaticMemory(NamedTuple):
-    """The memory terms of a stage that the micro-batch size and recomputation do not change [bytes]."""
+    """What a stage's memory needs that the micro-batch size and recomputation do not change."""
 
     state_terms: dict[str, float]
-    """Model states: parameters, gradients, optimizer (dense and expert)."""
+    """Model states [bytes]: parameters, gradients, optimizer (dense and expert)."""
     transient_terms: dict[str, float]
-    """Gathered FSDP units, kept parameters, unsharded gradients, DDP buckets."""
+    """Gathered FSDP units, kept parameters, unsharded gradients, DDP buckets [bytes]."""
+    runtime_terms: dict[str, float]
+    """CUDA context and NCCL buffers [bytes] (fragmentation scales with the rest)."""
+    a_dense: tuple[float, float]
+    """Activation bytes per token of a dense layer without recomputation: (unfused, flash) attention."""
+    a_moe: tuple[float, float]
+    """The same for an MoE layer (0 without MoE layers)."""
+    full_recompute: float
+    """Bytes per token per layer kept under full recomputation (the layer input)."""
+    sac: tuple[float, float]
+    """Bytes per token per (dense, MoE) layer kept by op-level selective checkpointing."""
+    logits: float
+    """Loss working set per token on the last stage (0 elsewhere)."""
+    embedding: float
+    """Embedding output per token on the first stage (0 elsewhere)."""
 
 
 def _static_memory(c: _StageCtx) -> _StaticMemory:
-    job, plan = c.job, c.plan
+    model, job, plan = c.model, c.job, c.plan
     n_d, edp = plan.shard_degree, c.groups["edp"].size
     dense_params, expert_params = c.params("dp_shard"), c.params("edp")
     terms: dict[str, float] = {}
@@ -190,65 +204,72 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
             transient["unsharded_grad_accumulation"] = (dense_params + expert_params) * job.reduce_dtype_bytes
     elif plan.sharding == "fsdp" and n_d == 1 and plan.dp_replicate > 1:
         transient["ddp_buckets"] = 2 * DDP_BUCKET_BYTES
-    return _StaticMemory(terms, transient)
+    rt = job.runtime
+    n_groups = 1 + sum(1 for a in ("tp", "cp", "dp_shard", "dp_replicate", "pp", "ep") if c.groups[a].size > 1)
+    runtime = {"cuda_context": rt.cuda_context_bytes, "nccl_buffers": rt.nccl_bytes_per_group * n_groups}
+
+    return _StaticMemory(terms, transient, runtime, *_activation_coefficients(
+        model, job, plan.tp, plan.sequence_parallel, c.n_moe > 0, c.s == 0, c.last))
 
 
-def _stage_memory(c: _StageCtx, static: _StaticMemory | None = None) -> MemoryReport:
-    """Peak memory of a GPU of stage ``c.s`` and its terms [bytes]; ``static``: its ``_static_memory``."""
-    model, job, plan = c.model, c.job, c.plan
-    sp = plan.sequence_parallel
-    tokens, recompute = c.tokens, c.recompute
-    static = static or _static_memory(c)
-    terms = dict(static.state_terms)
-    static_total = sum(terms.values())
+@cache_by_identity(n_specs=2)
+def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, moe: bool, first: bool, last: bool
+                             ) -> tuple[tuple[float, float], tuple[float, float], float, tuple[float, float], float,
+                                        float]:
+    """The per-token fields of ``_StaticMemory`` (a_dense ... embedding), memoised: they depend on the
+    model, the job and the TP split only."""
 
-    flash = job.flash_attention or recompute == "selective"
-    a_dense = mem.layer_activation_bytes_per_token(model, ffn_hidden=model.ffn_hidden, tp=plan.tp, sp=sp,
-                                                   flash_attention=flash, seq_len=job.seq_len)
-    a_moe = 0.0
-    if c.n_moe:
-        a_moe = mem.layer_activation_bytes_per_token(
-            model, ffn_hidden=model.ffn_hidden, tp=plan.tp, sp=sp, flash_attention=flash, seq_len=job.seq_len,
+    def act(flash: bool, moe: bool) -> float:
+        if not moe:
+            return mem.layer_activation_bytes_per_token(model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp,
+                                                        flash_attention=flash, seq_len=job.seq_len)
+        return mem.layer_activation_bytes_per_token(
+            model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp, flash_attention=flash, seq_len=job.seq_len,
             moe_tokens_factor=model.top_k * job.moe_capacity_factor * job.moe_routing_imbalance,
             moe_ffn_hidden=model.expert_ffn_hidden, n_shared=model.n_shared_experts)
-    held = in_flight_microbatches(schedule=plan.schedule, pp=plan.pp, m=c.m, vpp=plan.vpp, stage=c.s)
+
+    a_moe = (act(False, True), act(True, True)) if moe else (0.0, 0.0)
+    sac_m = (mem.sac_activation_bytes_per_token(model, ffn_hidden=model.expert_ffn_hidden * model.top_k, tp=tp,
+                                                sp=sp) if moe else 0.0)
+    return ((act(False, False), act(True, False)), a_moe,
+            mem.full_recompute_bytes_per_token(hidden=model.hidden, tp=tp, sp=sp),
+            (mem.sac_activation_bytes_per_token(model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp), sac_m),
+            mem.logits_bytes_per_token(vocab=model.vocab, tp=tp) if last else 0.0,
+            model.hidden * 2.0 / (tp if sp else 1) if first else 0.0)
+
+
+def _stage_memory(c: _StageCtx, static: _StaticMemory | None = None, *, terms: bool = True) -> MemoryReport:
+    """Peak memory of a GPU of stage ``c.s`` [bytes], with every term by name unless ``terms`` is False
+    (the search's memory probes need only the totals); ``static``: the stage's ``_static_memory``."""
+    st = static or _static_memory(c)
+    tokens, recompute = c.tokens, c.recompute
+    flash = c.job.flash_attention or recompute == "selective"
+    a_dense, a_moe = st.a_dense[flash], st.a_moe[flash]
+    held = in_flight_microbatches(schedule=c.plan.schedule, pp=c.plan.pp, m=c.m, vpp=c.plan.vpp, stage=c.s)
     working = 0.0
     if recompute == "full":
         r_dense, r_moe = c.recomputed
-        stored = tokens * ((r_dense + r_moe) * mem.full_recompute_bytes_per_token(hidden=model.hidden, tp=plan.tp,
-                                                                                  sp=sp)
-                           + (c.n_dense - r_dense) * a_dense + (c.n_moe - r_moe) * a_moe)
+        stored = tokens * ((r_dense + r_moe) * st.full_recompute + (c.n_dense - r_dense) * a_dense
+                           + (c.n_moe - r_moe) * a_moe)
         working = tokens * max(a_dense if r_dense else 0.0, a_moe if r_moe else 0.0)
     elif recompute == "sac":
-        sac_d = mem.sac_activation_bytes_per_token(model, ffn_hidden=model.ffn_hidden, tp=plan.tp, sp=sp)
-        sac_m = (mem.sac_activation_bytes_per_token(model, ffn_hidden=model.expert_ffn_hidden * model.top_k,
-                                                    tp=plan.tp, sp=sp) if c.n_moe else 0.0)
-        stored = tokens * (c.n_dense * sac_d + c.n_moe * sac_m)
-        working = tokens * (max(a_dense, a_moe) - max(sac_d, sac_m))
+        stored = tokens * (c.n_dense * st.sac[0] + c.n_moe * st.sac[1])
+        working = tokens * (max(a_dense, a_moe) - max(st.sac))
     else:
         stored = tokens * (c.n_dense * a_dense + c.n_moe * a_moe)
-    act_terms = {"activations": held * stored}
-    if c.s == 0:
-        act_terms["embedding_output"] = held * tokens * model.hidden * 2.0 / (plan.tp if sp else 1)
+    act_terms = {"activations": held * stored, "embedding_output": held * tokens * st.embedding}
+    new_transient = {"recompute_working_set": working, "logits_and_loss": tokens * st.logits}
+    static_total = sum(st.state_terms.values())
     activation = sum(act_terms.values())
-    terms.update(act_terms)
-
-    transient: dict[str, float] = {}
-    if working:
-        transient["recompute_working_set"] = working
-    if c.last:
-        transient["logits_and_loss"] = tokens * mem.logits_bytes_per_token(vocab=model.vocab, tp=plan.tp)
-    transient.update(static.transient_terms)
-    terms.update(transient)
-    transient_total = sum(transient.values())
-
-    rt = job.runtime
-    n_groups = 1 + sum(1 for a in ("tp", "cp", "dp_shard", "dp_replicate", "pp", "ep") if c.groups[a].size > 1)
-    runtime = {"cuda_context": rt.cuda_context_bytes, "nccl_buffers": rt.nccl_bytes_per_group * n_groups,
-               "allocator_fragmentation": rt.allocator_fraction * (static_total + activation + transient_total)}
-    terms.update(runtime)
-    runtime_total = sum(runtime.values())
-    return MemoryReport(terms=terms, static_bytes=static_total, activation_bytes=activation,
+    transient_total = sum(new_transient.values()) + sum(st.transient_terms.values())
+    fragmentation = c.job.runtime.allocator_fraction * (static_total + activation + transient_total)
+    runtime_total = sum(st.runtime_terms.values()) + fragmentation
+    named: dict[str, float] = {}
+    if terms:
+        named = {**st.state_terms, **{k: v for k, v in act_terms.items() if v or k == "activations"},
+                 **{k: v for k, v in new_transient.items() if v}, **st.transient_terms, **st.runtime_terms,
+                 "allocator_fragmentation": fragmentation}
+    return MemoryReport(terms=named, static_bytes=static_total, activation_bytes=activation,
                         transient_bytes=transient_total, runtime_bytes=runtime_total,
                         peak_bytes=static_total + activation + transient_total + runtime_total,
                         capacity_bytes=c.cluster.accelerator.hbm_capacity_bytes, stage=c.s)
@@ -299,6 +320,17 @@ def _stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute
     return t_f, t_b, t_w, t_r, attn, hf, hb
 
 
+def _optimizer_s(c: _StageCtx, compute: ComputeParams) -> float:
+    """The optimizer step of stage ``c.s`` [s]: memory-bound over the states of its local parameters."""
+    plan, job = c.plan, c.job
+    state = mem.state_bytes_per_param(sharding=plan.sharding, optimizer=job.optimizer, dp_sharded=True,
+                                      reduce_dtype_bytes=job.reduce_dtype_bytes)
+    touched = 2 * (4.0 + state.optimizer) + state.grads + (2.0 if state.master else 0.0)
+    local = c.params("dp_shard") / plan.shard_degree + c.params("edp") / c.groups["edp"].size
+    return optimizer_step_time_s(n_params_local=local, bytes_touched_per_param=touched,
+                                 accel=c.cluster.accelerator, params=compute)
+
+
 def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) -> StageDetail:
     """Communication ledger, exposure and the stage's step time [s]."""
     plan, job, m = c.plan, c.job, c.m
@@ -316,12 +348,7 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) 
     _set_exposure(ledger, windows, compute.overlap_efficiency,
                   compute.zero3_overlap_efficiency if plan.sharding == "zero3" else None)
     bubble = bubble_time_s(schedule=plan.schedule, pp=plan.pp, vpp=plan.vpp, t_f_s=t_f, t_b_s=t_b + t_r, t_w_s=t_w)
-    state = mem.state_bytes_per_param(sharding=plan.sharding, optimizer=job.optimizer, dp_sharded=True,
-                                      reduce_dtype_bytes=job.reduce_dtype_bytes)
-    touched = 2 * (4.0 + state.optimizer) + state.grads + (2.0 if state.master else 0.0)
-    local = c.params("dp_shard") / plan.shard_degree + c.params("edp") / c.groups["edp"].size
-    opt = optimizer_step_time_s(n_params_local=local, bytes_touched_per_param=touched,
-                                accel=c.cluster.accelerator, params=compute)
+    opt = _optimizer_s(c, compute)
     hidden = sum(x.time_s - x.exposed_s for x in ledger)
     breakdown: dict[str, float] = {"compute": m * (t_f + t_b + t_w), "recompute": m * t_r}
     for x in ledger:
@@ -398,8 +425,8 @@ def _stage_ctxs(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job
             for s in sorted({0, plan.pp - 1})]
 
 
-def _peak_memory(ctxs: list[_StageCtx], shared: _PlanShared) -> MemoryReport:
-    return max((_stage_memory(c, shared.static[c.s]) for c in ctxs), key=lambda r: r.peak_bytes)
+def _peak_memory(ctxs: list[_StageCtx], shared: _PlanShared, *, terms: bool = True) -> MemoryReport:
+    return max((_stage_memory(c, shared.static[c.s], terms=terms) for c in ctxs), key=lambda r: r.peak_bytes)
 
 
 def _memory_reason(report: MemoryReport) -> str:
@@ -423,7 +450,7 @@ class _Probe(NamedTuple):
 def _probe(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan,
            shared: _PlanShared) -> _Probe:
     reasons, m = _batch_reasons(job, plan)
-    report = _peak_memory(_stage_ctxs(model, counts, cluster, job, plan, m, shared), shared)
+    report = _peak_memory(_stage_ctxs(model, counts, cluster, job, plan, m, shared), shared, terms=False)
     return _Probe(plan, not reasons and report.peak_bytes <= report.capacity_bytes, report)
 
 
@@ -465,27 +492,52 @@ def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec,
     )
 
 
+_PLAN_FIELDS = tuple(f.name for f in fields(Plan))
+
+
+def _with_choice(plan: Plan, mbs: int, recompute: str, recompute_layers: int | None) -> Plan:
+    """``replace(plan, mbs=..., recompute=..., recompute_layers=...)`` without re-validating the other
+    fields (a valid plan's): the hot path of the micro-batch and recompute search, whose values are
+    valid by construction (a divisor of the batch, a mode of RECOMPUTE, layers only with 'full')."""
+    new = object.__new__(Plan)
+    for name in _PLAN_FIELDS:
+        object.__setattr__(new, name, getattr(plan, name))
+    object.__setattr__(new, "mbs", mbs)
+    object.__setattr__(new, "recompute", recompute)
+    object.__setattr__(new, "recompute_layers", recompute_layers)
+    return new
+
+
 def _mbs_options(job: JobSpec, plan: Plan) -> list[int]:
     per_replica = job.global_batch_seqs // plan.dp if job.global_batch_seqs >= plan.dp else 1
     return [b for b in range(per_replica, 0, -1) if per_replica % b == 0] or [1]
 
 
 def _compute_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, compute: ComputeParams,
-                     layout: list[tuple[int, int]], mbs: int, recompute: str, m: int,
-                     recompute_layers: int | None = None) -> float:
-    """The compute, recomputation and bubble of the busiest stage of ``plan`` (stage ``layout``) at
-    micro-batch size ``mbs`` and ``recompute``, plus the fixed step overhead [s]: every term of the step
-    time except communication, contention and the optimizer step, all of which are non-negative."""
-    tokens = mbs * job.seq_len / plan.cp
-    sp, chunked, last = plan.sequence_parallel, plan.context_impl != "a2a", plan.pp - 1
+                     mbs: int, recompute: str, m: int, recompute_layers: int | None = None) -> float:
+    """The compute, recomputation and bubble of the busiest stage of ``plan`` at micro-batch size ``mbs``
+    and ``recompute``, plus the fixed step overhead [s]: every term of the step time except
+    communication, contention and the optimizer step, all of which are non-negative."""
+    return _shape_bound_s(model, cluster.accelerator, compute, job, plan.tp, plan.cp, plan.ep, plan.pp,
+                          plan.schedule, plan.vpp, plan.sequence_parallel, plan.context_impl != "a2a", mbs, recompute,
+                          m, recompute_layers)
+
+
+@cache_by_identity(n_specs=4)
+def _shape_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: ComputeParams, job: JobSpec, tp: int,
+                   cp: int, ep: int, pp: int, schedule: str, vpp: int, sp: bool, cp_chunked: bool, mbs: int,
+                   recompute: str, m: int, recompute_layers: int | None) -> float:
+    """``_compute_bound_s`` on the plan fields it reads (memoised: plans that differ in sharding or in
+    their communication options share it)."""
+    layout = stage_layers(model, pp)
+    tokens = mbs * job.seq_len / cp
     worst = 0.0
-    for s in (0,) if last == 0 else (0, last):
+    for s in (0,) if pp == 1 else (0, pp - 1):
         n_dense, n_moe = layout[s]
         t_f, t_b, t_w, t_r, _, hf, hb = _stage_compute_times(
-            model, cluster.accelerator, compute, job, tokens, plan.tp, plan.cp, plan.ep, sp, chunked, n_dense, n_moe,
-            s == last, recompute, recomputed_layers(recompute, recompute_layers, n_dense, n_moe))
-        bubble = bubble_time_s(schedule=plan.schedule, pp=plan.pp, vpp=plan.vpp, t_f_s=t_f + hf,
-                               t_b_s=t_b + hb + t_r, t_w_s=t_w)
+            model, accelerator, compute, job, tokens, tp, cp, ep, sp, cp_chunked, n_dense, n_moe, s == pp - 1,
+            recompute, recomputed_layers(recompute, recompute_layers, n_dense, n_moe))
+        bubble = bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, t_f_s=t_f + hf, t_b_s=t_b + hb + t_r, t_w_s=t_w)
         worst = max(worst, m * (t_f + hf + t_b + hb + t_w + t_r) + bubble)
     return worst + compute.step_overhead_s
 
@@ -500,8 +552,7 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec
     passes the tie band of the best plan.
     """
     per_replica = max(1, job.global_batch_seqs // plan.dp)
-    layout = stage_layers(model, plan.pp)
-    return min(_compute_bound_s(model, cluster, job, plan, compute, layout, b, "none", max(1, per_replica // b))
+    return min(_compute_bound_s(model, cluster, job, plan, compute, b, "none", max(1, per_replica // b))
                for b in ([plan.mbs] if plan.mbs else _mbs_options(job, plan)))
 
 
@@ -550,7 +601,7 @@ def _evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, 
 
     def variant(rc: str, b: int, n: int | None = None) -> Plan:
         if (rc, b, n) not in variants:
-            variants[rc, b, n] = replace(plan, mbs=b, recompute=rc, recompute_layers=n or plan.recompute_layers)
+            variants[rc, b, n] = _with_choice(plan, b, rc, n or plan.recompute_layers)
         return variants[rc, b, n]
 
     def fits(rc: str, b: int, n: int | None = None) -> bool:
@@ -566,12 +617,17 @@ def _evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, 
 
     per_replica = max(1, job.global_batch_seqs // plan.dp)
 
+    bounds: dict[Key, float] = {}
+
     def pruned(rc: str, b: int, n: int | None = None) -> bool:
         """True when this combination cannot beat ``cutoff_s`` nor the best one timed so far."""
         limit = min(cutoff_s if cutoff_s is not None else float("inf"),
                     best.step_time_s if best is not None and mfu is None else float("inf"))
-        return limit < float("inf") and _compute_bound_s(model, cluster, job, plan, compute, shared.layout, b, rc,
-                                                         max(1, per_replica // b), n) >= limit
+        if limit == float("inf"):
+            return False
+        if (rc, b, n) not in bounds:
+            bounds[rc, b, n] = _compute_bound_s(model, cluster, job, plan, compute, b, rc, max(1, per_replica // b), n)
+        return bounds[rc, b, n] >= limit
 
     # the most lenient combination (most recomputation, smallest micro-batch) fails: nothing fits
     if not fits(recomputes[-1], mbs_list[-1]):

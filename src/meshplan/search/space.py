@@ -58,6 +58,16 @@ def _ulysses_fits(model: ModelSpec, tp: int, cp: int) -> bool:
     return not (model.n_heads // tp % cp or (not model.is_mla and model.n_kv_heads // tp % cp))
 
 
+def needs_more_memory(variant: Plan) -> bool:
+    """True when ``variant`` (from ``option_variants``) needs at least the memory of its default plan at
+    every micro-batch size and recompute mode, so that it cannot fit where the default does not: SP off
+    stores full-sequence activations, a kept or partial reshard keeps gathered parameters, gradient sync
+    on the last micro-batch keeps unsharded gradients, and async TP, the CP exchange and DDP's sync
+    frequency change no memory term. The exception is FSDP2 under a pipeline resharding per micro-batch,
+    which frees what the default keeps (tested in test_properties)."""
+    return not (variant.sharding == "fsdp" and variant.pp > 1 and variant.shard_degree > 1)
+
+
 def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan) -> Iterator[Plan]:
     """The non-default options each framework offers for ``plan`` (a plan with default options):
 
