@@ -94,6 +94,7 @@ def plan_analysis_dict(a: Any, *, top: int | None = None) -> dict[str, Any]:
             "optimizer": a.job.optimizer, "precision": a.job.precision,
         },
         "n_plans": r.n_plans,
+        "n_pruned": r.n_pruned,
         "n_configurations": r.n_configurations,
         "search_elapsed_s": r.elapsed_s,
         "recommended": estimate_dict(a.recommended) if a.recommended else None,

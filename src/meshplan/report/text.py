@@ -83,8 +83,10 @@ def plan_text(a: PlanAnalysis, *, top: int = 10) -> str:
     lines = [f"meshplan plan: {a.model.name} on {a.cluster.name}, {a.cluster.n_nodes} nodes x "
              f"{a.cluster.gpus_per_node} GPUs, {a.job.global_batch_tokens:,} tokens per step, sequence "
              f"{a.job.seq_len}, {a.job.optimizer}, {a.job.precision}",
-             f"searched {r.n_plans:,} plans ({r.n_configurations:,} configurations with micro-batch sizes and "
-             f"recompute modes) in {r.elapsed_s:.2f} s; {len(r.feasible):,} fit in memory", ""]
+             f"searched {r.n_plans + r.n_pruned:,} plans ({r.n_configurations:,} configurations with micro-batch "
+             f"sizes and recompute modes) in {r.elapsed_s:.2f} s: {r.n_plans:,} evaluated, {len(r.feasible):,} of "
+             f"them fit in memory; {r.n_pruned:,} option variants pruned (provably outside the tie band, or "
+             "needing more memory than a default that does not fit)", ""]
     for i, q in enumerate(a.questions, 1):
         lines.append(f"{i}. {q.title}")
         lines += [f"   {line}" for line in q.lines]
