@@ -29,3 +29,21 @@ def test_unfused_attention_is_slower_and_pays_for_the_score_matrix():
 def test_tensor_parallel_splits_gemm_time():
     one, eight = _lt(), _lt(tp=8)
     assert 7 < one.gemm_fwd_s / eight.gemm_fwd_s < 9
+
+
+def test_kernel_scale_slows_kernels_of_a_stack_on_its_gpu_family_only():
+    """kernel_scale is fitted per (stack, GPU family) against Megatron-core, which keeps 1."""
+    from dataclasses import replace
+
+    from meshplan.calibration import compute_params_for
+
+    ref = compute_params_for("h100-sxm", "megatron")
+    assert ref.kernel_scale == 1.0
+    assert compute_params_for("h200", "torchtitan").kernel_scale == compute_params_for("h100-sxm",
+                                                                                       "torchtitan").kernel_scale
+    m, a = load_model("llama-3-8b"), load_cluster("h100-sxm").accelerator
+    base = layer_times(m, a, ref, tokens=8192, seq_len=8192, cp=1, tp=1, precision="bf16")
+    slow = layer_times(m, a, replace(ref, kernel_scale=0.8), tokens=8192, seq_len=8192, cp=1, tp=1,
+                       precision="bf16")
+    assert slow.gemm_fwd_s == pytest.approx(base.gemm_fwd_s / 0.8)
+    assert slow.attention_fwd_s == pytest.approx(base.attention_fwd_s / 0.8)

@@ -3,7 +3,8 @@
 ``catalog/calibration/default.toml`` holds stated defaults with sources. ``fitted.toml``, written by
 ``meshplan validate --calibrate``, holds parameters fitted on published runs with their provenance
 (procedure, rows, cross-validated error): a ``[global]`` table, ``[accelerator.<name>]`` tables
-(``gemm_scale``) and ``[software.<name>]`` tables (overheads), and ``[uncertainty]`` bands.
+(``gemm_scale``), ``[software.<name>]`` tables (overheads), ``[stack."<software>/<family>"]`` tables
+(``kernel_scale``) and ``[uncertainty]`` bands.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import Any
 
 from meshplan.cost.compute import ComputeParams
 
-FIELDS = ("gemm_scale", "gemm_half_dim", "fp8_gemm_efficiency", "attention_efficiency", "attention_half_len",
-          "memory_efficiency", "overlap_efficiency", "comm_slowdown", "step_overhead_s", "layer_overhead_s",
-          "moe_gemm_efficiency", "moe_permute_passes", "causal_attention_fraction", "zero3_overlap_efficiency")
+FIELDS = ("gemm_scale", "kernel_scale", "gemm_half_dim", "fp8_gemm_efficiency", "attention_efficiency",
+          "attention_half_len", "memory_efficiency", "overlap_efficiency", "comm_slowdown", "step_overhead_s",
+          "layer_overhead_s", "moe_gemm_efficiency", "moe_permute_passes", "causal_attention_fraction",
+          "zero3_overlap_efficiency")
 # accelerators that share a calibration: the same GPU silicon with different memory, power or node
 # (A100 40/80 GB; Hopper H100/H200; Blackwell B200/GB200; Blackwell Ultra B300/GB300)
 FAMILY = {"h200": "h100-sxm", "a100-40gb": "a100-80gb", "gb200": "b200", "b300": "gb300"}
@@ -31,6 +33,11 @@ def _load(name: str) -> dict[str, Any]:
 
 def family(accelerator: str) -> str:
     return FAMILY.get(accelerator, accelerator)
+
+
+def stack_key(software: str, accelerator: str) -> str:
+    """The key of a (software stack, GPU family) table: 'llm-foundry/h100-sxm'."""
+    return f"{software}/{family(accelerator)}"
 
 
 def params_from(tables: list[dict[str, Any]], source: str) -> ComputeParams:
@@ -47,7 +54,8 @@ def compute_params_for(accelerator: str, software: str = "generic") -> ComputePa
     source = str(_load("default").get("source", "defaults"))
     if fitted:
         tables += [fitted.get("global", {}), fitted.get("accelerator", {}).get(family(accelerator), {}),
-                   fitted.get("software", {}).get(software, {})]
+                   fitted.get("software", {}).get(software, {}),
+                   fitted.get("stack", {}).get(stack_key(software, accelerator), {})]
         source = str(fitted.get("source", "fitted"))
     return params_from(tables, source)
 

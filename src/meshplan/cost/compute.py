@@ -31,6 +31,10 @@ class ComputeParams:
 
     gemm_scale: float = 1.0
     """Achieved over best-case (MAMF) matmul efficiency in training kernels, per accelerator."""
+    kernel_scale: float = 1.0
+    """A software stack's kernels (GEMMs and attention) against the reference stack's (Megatron-core with
+    Transformer Engine) on the same GPU generation: stacks and their releases reach different shares
+    of the same silicon."""
     gemm_half_dim: float = 128.0
     """d_{1/2} of the GEMM shape factor [elements]."""
     fp8_gemm_efficiency: float = 0.72
@@ -106,7 +110,7 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     D, t = model.hidden, float(tp)
     fp8 = precision == "fp8" and accel.fp8_flop_per_s is not None
     peak = accel.fp8_flop_per_s if fp8 else accel.bf16_flop_per_s
-    e_max = (params.fp8_gemm_efficiency if fp8 else accel.gemm_efficiency) * params.gemm_scale
+    e_max = (params.fp8_gemm_efficiency if fp8 else accel.gemm_efficiency) * params.gemm_scale * params.kernel_scale
     hd = params.gemm_half_dim
 
     def g(m: float, n: float, k: float) -> float:
@@ -139,15 +143,15 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
         # blocks of S/cp queries against S/cp keys with ring or all-gather CP; whole sequences otherwise
         block = seq_len / cp if cp_chunked else seq_len
         shape = (block / (block + params.attention_half_len)) ** 2
-        attn_fwd = attn_flop / (accel.bf16_flop_per_s * params.attention_efficiency * shape)
+        attn_fwd = attn_flop / (accel.bf16_flop_per_s * params.attention_efficiency * params.kernel_scale * shape)
     else:
         # Unfused attention (Megatron before FlashAttention): QKᵀ and A·V as batched GEMMs over every score,
         # masked or not, and the score matrix through memory: the fused scale-mask-softmax reads and writes
         # it (2 + 2 B per score), dropout reads it and writes it with its mask (2 + 2 + 1 B); the backward
         # reads and writes about twice that. N/t heads x S scores per token.
         scores = tokens * kv_len * model.n_heads / t
-        eff = gemm_efficiency(seq_len, seq_len, model.qk_head_dim, e_max=accel.gemm_efficiency * params.gemm_scale,
-                              half_dim=hd)
+        eff = gemm_efficiency(seq_len, seq_len, model.qk_head_dim,
+                              e_max=accel.gemm_efficiency * params.gemm_scale * params.kernel_scale, half_dim=hd)
         attn_fwd = attn_flop / (accel.bf16_flop_per_s * eff)
         attn_fwd += 9.0 * scores / (accel.hbm_bytes_per_s * params.memory_efficiency)
     # Memory-bound elementwise work per token [bytes], bf16: two norms (read+write 2D each, twice),
@@ -172,7 +176,7 @@ def lm_head_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParam
     """(forward, backward) time of the LM head GEMM and the cross-entropy loss on the last stage [s]."""
     fp8 = precision == "fp8" and accel.fp8_flop_per_s is not None
     peak = accel.fp8_flop_per_s if fp8 else accel.bf16_flop_per_s
-    e_max = (params.fp8_gemm_efficiency if fp8 else accel.gemm_efficiency) * params.gemm_scale
+    e_max = (params.fp8_gemm_efficiency if fp8 else accel.gemm_efficiency) * params.gemm_scale * params.kernel_scale
     v_local = model.vocab / tp
     gemm = gemm_time_s(tokens, v_local, model.hidden, peak_flop_per_s=peak, e_max=e_max,
                        half_dim=params.gemm_half_dim)

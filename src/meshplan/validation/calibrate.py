@@ -3,8 +3,9 @@
 Procedure (docs/calibration.md):
 1. Parameters: a few global ones (attention efficiency and its block-length constant, the GEMM shape
    constant, overlap efficiency, compute slowdown under communication, expert-GEMM efficiency), one
-   per accelerator family (``gemm_scale``: training-kernel over best-case matmul efficiency) and two
-   per software stack (``layer_overhead_s``, ``step_overhead_s``). None is per row.
+   per accelerator family (``gemm_scale``: training-kernel over best-case matmul efficiency), two
+   per software stack (``layer_overhead_s``, ``step_overhead_s``), and one per stack and family where
+   the reference stack (Megatron-core) also has rows (``kernel_scale``). None is per row.
 2. Loss: mean |log(predicted / measured)| of tokens/s per GPU over the training rows (robust to the
    few rows whose published configuration is incomplete).
 3. Optimiser: cyclic coordinate descent, a golden-section search per parameter within physical bounds,
@@ -24,11 +25,13 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from meshplan.calibration import _load, family, params_from
+from meshplan.calibration import _load, family, params_from, stack_key
 from meshplan.cost.compute import ComputeParams
 from meshplan.validation.validate import RowResult, predict
 
 GOLDEN = (math.sqrt(5) - 1) / 2
+REFERENCE_STACK = "megatron"
+"""The stack whose kernels define each GPU family's gemm_scale; other stacks get a kernel_scale."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,12 @@ def parameter_space(rows: list[RowResult]) -> list[Param]:
     for s in stacks:
         out += [Param("layer_overhead_s", f"software:{s}", 0.0, 0.01),
                 Param("step_overhead_s", f"software:{s}", 0.0, 3.0)]
+    # each other stack's kernels against the reference stack's on the same GPU generation, where both
+    # have rows (otherwise the family's gemm_scale already is that stack's)
+    combos = {(r.scenario.job.software, family(r.scenario.cluster.accelerator.name)) for r in rows if r.scenario}
+    for s, f in sorted(combos):
+        if s != REFERENCE_STACK and (REFERENCE_STACK, f) in combos:
+            out.append(Param("kernel_scale", f"stack:{stack_key(s, f)}", 0.5, 1.5))
     return out
 
 
@@ -71,19 +80,19 @@ State = dict[str, dict]
 
 
 def empty_state() -> State:
-    return {"global": {}, "accelerator": {}, "software": {}}
+    return {"global": {}, "accelerator": {}, "software": {}, "stack": {}}
 
 
 def _get(state: State, p: Param) -> dict:
     if p.scope == "global":
         return state["global"]
     kind, name = p.scope.split(":")
-    return state["accelerator" if kind == "accelerator" else "software"].setdefault(name, {})
+    return state[kind].setdefault(name, {})
 
 
 def params_for(state: State, accelerator: str, software: str) -> ComputeParams:
     tables = [_load("default"), state["global"], state["accelerator"].get(family(accelerator), {}),
-              state["software"].get(software, {})]
+              state["software"].get(software, {}), state["stack"].get(stack_key(software, accelerator), {})]
     return params_from(tables, "calibration in progress")
 
 
@@ -93,7 +102,11 @@ def _affects(p: Param, r: RowResult) -> bool:
     kind, name = p.scope.split(":")
     sc = r.scenario
     assert sc is not None
-    return family(sc.cluster.accelerator.name) == name if kind == "accelerator" else sc.job.software == name
+    if kind == "accelerator":
+        return family(sc.cluster.accelerator.name) == name
+    if kind == "stack":
+        return stack_key(sc.job.software, sc.cluster.accelerator.name) == name
+    return sc.job.software == name
 
 
 def _row_loss(r: RowResult, state: State) -> float:
@@ -240,6 +253,8 @@ def to_toml(state: State, *, source: str, summary: dict, bands: dict[str, dict[s
         lines += ["", f"[accelerator.{name}]", *table(t)]
     for name, t in sorted(state["software"].items()):
         lines += ["", f"[software.{name}]", *table(t)]
+    for name, t in sorted(state["stack"].items()):
+        lines += ["", f'[stack."{name}"]', *table(t)]
     for key, b in sorted(bands.items()):
         lines += ["", f'[uncertainty."{key}"]', f"low = {b['low']:.4f}", f"high = {b['high']:.4f}",
                   f"rows = {b['rows']}"]
