@@ -25,16 +25,17 @@ FAULT_ENV = "MESHPLAN_MEASURE_FAULT"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point under torchrun. A failed rank leaves at once (``os._exit``): tearing down a process
-    group whose peers are gone can block."""
+    """Entry point under torchrun. Every rank leaves with ``os._exit`` once its output is written and
+    flushed: a failed rank because tearing down a process group whose peers are gone can block, a
+    successful one because the interpreter's own teardown can abort in C++ destructors after the work is
+    done ("terminate called without an active exception": gloo and profiler threads still joinable),
+    which torchrun would report as a failed rank."""
     from meshplan.cli import main as cli_main
 
     code = cli_main(["measure", *(sys.argv[1:] if argv is None else argv)])
-    if code:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run(args: argparse.Namespace) -> int:
