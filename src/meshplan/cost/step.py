@@ -434,7 +434,8 @@ def _memory_reason(report: MemoryReport) -> str:
     return (f"needs {format_gib(report.peak_bytes)} per GPU (model states {format_gib(report.static_bytes)}"
             f" + activations {format_gib(report.activation_bytes)} + transient "
             f"{format_gib(report.transient_bytes)} + runtime {format_gib(report.runtime_bytes)}) on "
-            f"stage {report.stage}, over the {format_gib(report.capacity_bytes)} of HBM"
+            f"stage {report.stage}, {(report.peak_bytes - report.capacity_bytes) / MiB:,.0f} MiB over the "
+            f"{format_gib(report.capacity_bytes)} of HBM"
             + (f"; unsharded gradient accumulation alone is {format_gib(t['unsharded_grad_accumulation'])}"
                if "unsharded_grad_accumulation" in t else ""))
 
@@ -455,7 +456,10 @@ def _probe(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: Job
 
 
 def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan,
-                    compute: ComputeParams, mfu: float | None, *, shared: _PlanShared | None = None) -> Estimate:
+                    compute: ComputeParams, mfu: float | None, *, shared: _PlanShared | None = None,
+                    timed: bool = True) -> Estimate:
+    """Memory, FLOPs and (if ``timed`` or the plan fits) the step time of a plan whose micro-batch size
+    and recomputation are set; an untimed infeasible estimate has NaN times and no ledger."""
     reasons, m = _batch_reasons(job, plan)
     shared = shared or _plan_shared(model, counts, cluster, job, plan)
     tokens = job.global_batch_tokens
@@ -470,6 +474,13 @@ def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec,
     mem_report = _peak_memory(ctxs, shared)
     if mem_report.peak_bytes > mem_report.capacity_bytes:
         reasons.append(_memory_reason(mem_report))
+    if reasons and not timed:
+        nan = float("nan")
+        return Estimate(model=model.name, cluster=cluster.name, n_gpus=cluster.n_gpus, plan=plan, n_microbatches=m,
+                        global_batch_tokens=tokens, seq_len=job.seq_len, feasible=False,
+                        infeasible_reasons=reasons, memory=mem_report, flops=flops, step_time_s=nan,
+                        time_breakdown={}, mfu=nan, hfu=nan, comm=[],
+                        compute_source="not timed: the plan does not fit")
     times = [_stage_compute(c, compute) for c in ctxs]
     if mfu is not None:
         # compute runs at the given MFU: hardware FLOPs per GPU / (peak · mfu); scale the kernel model to it
@@ -557,11 +568,13 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec
 
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *, mfu: float | None = None,
-             compute: ComputeParams | None = None) -> Estimate:
+             compute: ComputeParams | None = None, time_infeasible: bool = True) -> Estimate:
     """Evaluate ``plan``. A micro-batch size or recompute mode left as None is chosen: the fastest
     feasible combination (the number of micro-batches follows from memory); if none fits, the one
-    that needs the least memory, reported infeasible with its reasons."""
-    est = _evaluate(model, cluster, job, plan, mfu=mfu, compute=compute, cutoff_s=None)
+    that needs the least memory, reported infeasible with its reasons, and timed as if it fitted
+    unless ``time_infeasible`` is False (the search lists such plans by memory, not time)."""
+    est = _evaluate(model, cluster, job, plan, mfu=mfu, compute=compute, cutoff_s=None,
+                    time_infeasible=time_infeasible)
     assert est is not None
     return est
 
@@ -576,7 +589,8 @@ def evaluate_within(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
 
 
 def _evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *, mfu: float | None,
-              compute: ComputeParams | None, cutoff_s: float | None) -> Estimate | None:
+              compute: ComputeParams | None, cutoff_s: float | None, time_infeasible: bool = True
+              ) -> Estimate | None:
     validate_plan(model, cluster, job, plan)
     if compute is None:
         from meshplan.calibration import compute_params_for  # catalog data, loaded lazily once
@@ -609,10 +623,10 @@ def _evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, 
             probes[rc, b, n] = _probe(model, counts, cluster, job, variant(rc, b, n), shared)
         return probes[rc, b, n].feasible
 
-    def at(rc: str, b: int, n: int | None = None) -> Estimate:
+    def at(rc: str, b: int, n: int | None = None, *, timed: bool = True) -> Estimate:
         if (rc, b, n) not in cache:
             cache[rc, b, n] = _evaluate_fixed(model, counts, cluster, job, variant(rc, b, n), compute, mfu,
-                                              shared=shared)
+                                              shared=shared, timed=timed)
         return cache[rc, b, n]
 
     per_replica = max(1, job.global_batch_seqs // plan.dp)
@@ -631,7 +645,7 @@ def _evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, 
 
     # the most lenient combination (most recomputation, smallest micro-batch) fails: nothing fits
     if not fits(recomputes[-1], mbs_list[-1]):
-        return None if cutoff_s is not None else at(recomputes[-1], mbs_list[-1])
+        return None if cutoff_s is not None else at(recomputes[-1], mbs_list[-1], timed=time_infeasible)
     # Memory only shrinks with the micro-batch size and with more recomputation (recomputes is ordered
     # from least to most): per mode, bisect for the largest micro-batch that fits, searching only sizes no
     # smaller than the previous mode's. Modes are timed from the fastest kind on, so that a combination

@@ -37,7 +37,8 @@ def _table(a: PlanAnalysis, top: int) -> tuple[list[str], list[list[str]]]:
     for i, e in enumerate(a.result.ranked[:top], 1):
         p = e.plan
         rows.append([str(i), p.label(), p.to_string(), f"{p.mbs} x {e.n_microbatches}, {p.recompute_label}",
-                     format_seconds(e.step_time_s), f"{e.mfu:.1%}", format_seconds(e.comm_time_s(exposed=True)),
+                     format_seconds(e.step_time_s) if e.step_time_s == e.step_time_s else "-",
+                     f"{e.mfu:.1%}" if e.mfu == e.mfu else "-", format_seconds(e.comm_time_s(exposed=True)),
                      format_gib(e.memory.peak_bytes), "yes" if e.feasible else "no",
                      "" if e.feasible else e.infeasible_reasons[0]])
     return header, rows

@@ -23,10 +23,11 @@ def complexity(plan: Plan) -> int:
 
 def rank(estimates: list[Estimate]) -> list[Estimate]:
     """Feasible plans first: the tie set (within TIE_BAND of the fastest) by simplicity and headroom, then
-    the rest by step time; infeasible plans last, by step time."""
+    the rest by step time; infeasible plans last, the closest to fitting first."""
     feasible = sorted((e for e in estimates if e.feasible), key=lambda e: e.step_time_s)
+    # closest to fitting first (a search does not time plans that do not fit)
     infeasible = sorted((e for e in estimates if not e.feasible),
-                        key=lambda e: (e.step_time_s if e.step_time_s == e.step_time_s else float("inf")))
+                        key=lambda e: (e.memory.peak_bytes / e.memory.capacity_bytes, e.plan.to_string()))
     if not feasible:
         return infeasible
     limit = feasible[0].step_time_s * (1.0 + TIE_BAND)

@@ -104,7 +104,7 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
     # layout keeps its reasons
     results = []
     for i, plan in enumerate(plans, 1):
-        results.append(evaluate(model, cluster, job, plan, mfu=mfu, compute=compute))
+        results.append(evaluate(model, cluster, job, plan, mfu=mfu, compute=compute, time_infeasible=False))
         tick(i)
     # option variants, in order of their lower bound: evaluated only if they could join the tie band
     # (branch and bound; exact for the recommendation, since the bound never exceeds the step time)
