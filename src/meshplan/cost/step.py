@@ -596,113 +596,141 @@ def _evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, 
         from meshplan.calibration import compute_params_for  # catalog data, loaded lazily once
 
         compute = compute_params_for(cluster.accelerator.name, job.software)
-    counts = param_counts(model)
-    if plan.recompute:
-        recomputes = [plan.recompute]
-    elif plan.recompute_layers:
-        recomputes = ["full"]
-    else:
-        recomputes = ["none", "sac", "full"] if job.flash_attention else ["none", "selective", "sac", "full"]
-    mbs_list = [plan.mbs] if plan.mbs else _mbs_options(job, plan)
-    max_stage_layers = max(d + e for d, e in stage_layers(model, plan.pp))
-    # partial recomputation (the fewest layers per stage that fit) is searched when nothing is fixed
-    partial = plan.recompute is None and plan.recompute_layers is None and max_stage_layers > 1
-    shared = _plan_shared(model, counts, cluster, job, plan)
-    Key = tuple[str, int, int | None]
-    cache: dict[Key, Estimate] = {}
-    probes: dict[Key, _Probe] = {}
-    variants: dict[Key, Plan] = {}
+    return _Choice(model, cluster, job, plan, compute, mfu, cutoff_s).choose(time_infeasible=time_infeasible)
 
-    def variant(rc: str, b: int, n: int | None = None) -> Plan:
-        if (rc, b, n) not in variants:
-            variants[rc, b, n] = _with_choice(plan, b, rc, n or plan.recompute_layers)
-        return variants[rc, b, n]
 
-    def fits(rc: str, b: int, n: int | None = None) -> bool:
-        if (rc, b, n) not in probes:
-            probes[rc, b, n] = _probe(model, counts, cluster, job, variant(rc, b, n), shared)
-        return probes[rc, b, n].feasible
+def _bisect(ok: Callable[[int], bool], lo: int, hi: int) -> int | None:
+    """The smallest index in [lo, hi] where ``ok`` holds, ``ok`` being monotone; None if nowhere."""
+    found = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            found, hi = mid, mid - 1
+        else:
+            lo = mid + 1
+    return found
 
-    def at(rc: str, b: int, n: int | None = None, *, timed: bool = True) -> Estimate:
-        if (rc, b, n) not in cache:
-            cache[rc, b, n] = _evaluate_fixed(model, counts, cluster, job, variant(rc, b, n), compute, mfu,
-                                              shared=shared, timed=timed)
-        return cache[rc, b, n]
 
-    per_replica = max(1, job.global_batch_seqs // plan.dp)
+_Key = tuple[str, int, int | None]
+"""(recompute mode, micro-batch size, recomputed layers or None)."""
 
-    bounds: dict[Key, float] = {}
 
-    def pruned(rc: str, b: int, n: int | None = None) -> bool:
-        """True when this combination cannot beat ``cutoff_s`` nor the best one timed so far."""
-        limit = min(cutoff_s if cutoff_s is not None else float("inf"),
-                    best.step_time_s if best is not None and mfu is None else float("inf"))
+class _Choice:
+    """Choosing a plan's micro-batch size and recomputation: the fastest combination that fits.
+
+    Memory only shrinks with a smaller micro-batch, with more recomputation (``recomputes`` is ordered
+    from least to most) and with more recomputed layers, so each is bisected. Modes are taken from the
+    least recomputation on, and a combination whose compute bound (``_compute_bound_s``) cannot beat
+    the best one timed, or the cutoff, is neither probed nor timed. Every probe and timing is cached.
+    """
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, compute: ComputeParams,
+                 mfu: float | None, cutoff_s: float | None) -> None:
+        self.model, self.cluster, self.job, self.plan = model, cluster, job, plan
+        self.compute, self.mfu, self.cutoff_s = compute, mfu, cutoff_s
+        self.counts = param_counts(model)
+        self.shared = _plan_shared(model, self.counts, cluster, job, plan)
+        self.mbs_list = [plan.mbs] if plan.mbs else _mbs_options(job, plan)  # largest first
+        self.per_replica = max(1, job.global_batch_seqs // plan.dp)
+        self.max_stage_layers = max(d + e for d, e in self.shared.layout)
+        if plan.recompute:
+            self.recomputes = [plan.recompute]
+        elif plan.recompute_layers:
+            self.recomputes = ["full"]
+        else:
+            self.recomputes = ["none", "sac", "full"] if job.flash_attention else ["none", "selective", "sac", "full"]
+        # partial recomputation (the fewest layers per stage that fit) is searched when nothing is fixed
+        self.partial = plan.recompute is None and plan.recompute_layers is None and self.max_stage_layers > 1
+        self.best: Estimate | None = None
+        self._plans: dict[_Key, Plan] = {}
+        self._probes: dict[_Key, _Probe] = {}
+        self._timed: dict[_Key, Estimate] = {}
+        self._bounds: dict[_Key, float] = {}
+
+    def variant(self, rc: str, b: int, n: int | None = None) -> Plan:
+        if (rc, b, n) not in self._plans:
+            self._plans[rc, b, n] = _with_choice(self.plan, b, rc, n or self.plan.recompute_layers)
+        return self._plans[rc, b, n]
+
+    def probe(self, rc: str, b: int, n: int | None = None) -> _Probe:
+        if (rc, b, n) not in self._probes:
+            self._probes[rc, b, n] = _probe(self.model, self.counts, self.cluster, self.job, self.variant(rc, b, n),
+                                            self.shared)
+        return self._probes[rc, b, n]
+
+    def fits(self, rc: str, b: int, n: int | None = None) -> bool:
+        return self.probe(rc, b, n).feasible
+
+    def at(self, rc: str, b: int, n: int | None = None, *, timed: bool = True) -> Estimate:
+        if (rc, b, n) not in self._timed:
+            self._timed[rc, b, n] = _evaluate_fixed(self.model, self.counts, self.cluster, self.job,
+                                                    self.variant(rc, b, n), self.compute, self.mfu,
+                                                    shared=self.shared, timed=timed)
+        return self._timed[rc, b, n]
+
+    def pruned(self, rc: str, b: int, n: int | None = None) -> bool:
+        """True when this combination cannot beat the cutoff nor the best one timed so far."""
+        limit = self.cutoff_s if self.cutoff_s is not None else float("inf")
+        if self.best is not None and self.mfu is None:  # with an assumed MFU compute is rescaled: no bound
+            limit = min(limit, self.best.step_time_s)
         if limit == float("inf"):
             return False
-        if (rc, b, n) not in bounds:
-            bounds[rc, b, n] = _compute_bound_s(model, cluster, job, plan, compute, b, rc, max(1, per_replica // b), n)
-        return bounds[rc, b, n] >= limit
+        if (rc, b, n) not in self._bounds:
+            self._bounds[rc, b, n] = _compute_bound_s(self.model, self.cluster, self.job, self.plan, self.compute,
+                                                      b, rc, max(1, self.per_replica // b), n)
+        return self._bounds[rc, b, n] >= limit
 
-    # the most lenient combination (most recomputation, smallest micro-batch) fails: nothing fits
-    if not fits(recomputes[-1], mbs_list[-1]):
-        return None if cutoff_s is not None else at(recomputes[-1], mbs_list[-1], timed=time_infeasible)
-    # Memory only shrinks with the micro-batch size and with more recomputation (recomputes is ordered
-    # from least to most): per mode, bisect for the largest micro-batch that fits, searching only sizes no
-    # smaller than the previous mode's. Modes are timed from the fastest kind on, so that a combination
-    # whose compute bound cannot beat the best one timed (or the cutoff) is neither probed nor timed.
-    first_fits: dict[str, int | None] = {}
-    best: Estimate | None = None
-    smallest: _Probe | None = None
-    last = len(mbs_list) - 1
-    hi_bound = last
+    def consider(self, rc: str, b: int, n: int | None = None) -> None:
+        """Time the combination unless the bound rules it out; keep it if it is the fastest that fits."""
+        if self.pruned(rc, b, n):
+            return
+        est = self.at(rc, b, n)
+        if est.feasible and (self.best is None or est.step_time_s < self.best.step_time_s):
+            self.best = est
 
-    def consider(est: Estimate) -> None:
-        nonlocal best
-        if est.feasible and (best is None or est.step_time_s < best.step_time_s):
-            best = est
+    def tries(self, first_fit: int) -> list[int]:
+        """Micro-batch indices to time once the largest that fits is known. Without a pipeline the largest
+        is the fastest; with one, fewer and larger micro-batches trade GEMM efficiency against the bubble:
+        the largest that fits, the smallest, and the one in the middle (in micro-batch count)."""
+        last = len(self.mbs_list) - 1
+        return [first_fit] if self.plan.pp == 1 else sorted({first_fit, (first_fit + last) // 2, last})
 
-    def bisect(ok: Callable[[int], bool], lo: int, hi: int) -> int | None:
-        """The smallest index in [lo, hi] where ``ok`` holds, ``ok`` being monotone; None if nowhere."""
-        found = None
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            if ok(mid):
-                found, hi = mid, mid - 1
-            else:
-                lo = mid + 1
-        return found
-
-    for rc in recomputes:
-        if best is not None and plan.pp == 1 and best.plan.mbs == mbs_list[0] and best.plan.recompute == "none":
-            break  # nothing recomputed at the largest micro-batch: recomputing can only be slower
-        if all(pruned(rc, b) for b in mbs_list):
-            continue
-        first_fit = bisect(lambda i, rc=rc: fits(rc, mbs_list[i]), 0, hi_bound)  # mbs_list is descending
-        first_fits[rc] = first_fit
-        if first_fit is None:
-            fits(rc, mbs_list[-1])
-            probe = probes[rc, mbs_list[-1], None]
-            if smallest is None or probe.memory.peak_bytes < smallest.memory.peak_bytes:
-                smallest = probe
-            continue
-        hi_bound = first_fit
-        # without a pipeline the largest micro-batch that fits is the fastest; with one, fewer and
-        # larger micro-batches trade GEMM efficiency against the bubble: try the largest that fits, the
-        # smallest, and the one in the middle (in micro-batch count)
-        tries = [first_fit] if plan.pp == 1 else sorted({first_fit, (first_fit + last) // 2, last})
-        for i in tries:
-            if not pruned(rc, mbs_list[i]):
-                consider(at(rc, mbs_list[i]))
-            none_fit = first_fits.get("none")
-            if (rc != "full" or not partial or (none_fit is not None and i >= none_fit)
-                    or pruned(rc, mbs_list[i], 1)):
+    def choose(self, *, time_infeasible: bool) -> Estimate | None:
+        """The fastest feasible combination. If none fits: with a cutoff None, else the combination that
+        needs the least memory, infeasible (timed only if ``time_infeasible``). With a cutoff, also None
+        when nothing can beat it."""
+        mbs = self.mbs_list
+        if not self.fits(self.recomputes[-1], mbs[-1]):  # even the most lenient combination does not fit
+            return None if self.cutoff_s is not None else self.at(self.recomputes[-1], mbs[-1], timed=time_infeasible)
+        first_fits: dict[str, int | None] = {}
+        smallest: _Probe | None = None
+        hi_bound = len(mbs) - 1  # a mode fits no smaller a micro-batch than the one before it (less recompute)
+        for rc in self.recomputes:
+            best = self.best
+            if best is not None and self.plan.pp == 1 and best.plan.mbs == mbs[0] and best.plan.recompute == "none":
+                break  # nothing recomputed at the largest micro-batch: recomputing can only be slower
+            if all(self.pruned(rc, b) for b in mbs):
                 continue
-            # Partial recomputation at this micro-batch size: time grows and memory shrinks with the
-            # number of recomputed layers, so the fewest that fit is the fastest; bisect for it.
-            n = bisect(lambda k, b=mbs_list[i]: fits("full", b, k), 1, max_stage_layers - 1)
-            if n is not None and not pruned(rc, mbs_list[i], n):
-                consider(at(rc, mbs_list[i], n))
-    if best is not None or cutoff_s is not None:
-        return best
-    assert smallest is not None
-    return at(smallest.plan.recompute or "none", smallest.plan.mbs or 1)
+            first_fit = _bisect(lambda i, rc=rc: self.fits(rc, mbs[i]), 0, hi_bound)
+            first_fits[rc] = first_fit
+            if first_fit is None:
+                probe = self.probe(rc, mbs[-1])
+                if smallest is None or probe.memory.peak_bytes < smallest.memory.peak_bytes:
+                    smallest = probe
+                continue
+            hi_bound = first_fit
+            none_fit = first_fits.get("none")
+            for i in self.tries(first_fit):
+                self.consider(rc, mbs[i])
+                if (rc != "full" or not self.partial or (none_fit is not None and i >= none_fit)
+                        or self.pruned(rc, mbs[i], 1)):
+                    continue
+                # Partial recomputation at this micro-batch size: time grows and memory shrinks with the
+                # number of recomputed layers, so the fewest that fit is the fastest; bisect for it.
+                n = _bisect(lambda k, b=mbs[i]: self.fits("full", b, k), 1, self.max_stage_layers - 1)
+                if n is not None:
+                    self.consider(rc, mbs[i], n)
+        if self.best is not None or self.cutoff_s is not None:
+            return self.best
+        assert smallest is not None
+        return self.at(smallest.plan.recompute or "none", smallest.plan.mbs or 1)
