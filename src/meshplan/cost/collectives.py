@@ -109,13 +109,17 @@ def _nic_bytes_per_s(cluster: ClusterSpec | _Links) -> float:
 
 def collective_time_s(op: str, message_bytes: float, grp: Group, cluster: ClusterSpec) -> float:
     """Time of one call of ``op`` with payload ``message_bytes`` on group ``grp`` [s]. 0 for a group of 1."""
-    return _collective_time_s(cluster.intra, cluster.inter, op, message_bytes, grp, cluster.gpus_per_node)
+    return _collective_time_s(cluster.intra, cluster.inter, op, message_bytes, grp.size, grp.ranks_per_node,
+                              cluster.gpus_per_node)
 
 
 @cache_by_identity(n_specs=2)
-def _collective_time_s(intra: IntraNodeLink, inter: InterNodeLink, op: str, message_bytes: float, grp: Group,
-                       gpus_per_node: int) -> float:
+def _collective_time_s(intra: IntraNodeLink, inter: InterNodeLink, op: str, message_bytes: float, size: int,
+                       ranks_per_node: int, gpus_per_node: int) -> float:
+    """``collective_time_s`` on what it depends on (memoised): a group's time depends on its size and
+    spread over nodes, not on its axis name."""
     cluster = _Links(intra, inter, gpus_per_node)
+    grp = Group("", size, ranks_per_node)
     n = grp.size
     if message_bytes <= 0 or (n <= 1 and op != SEND_RECV):
         return 0.0

@@ -520,8 +520,13 @@ def _with_choice(plan: Plan, mbs: int, recompute: str, recompute_layers: int | N
 
 
 def _mbs_options(job: JobSpec, plan: Plan) -> list[int]:
-    per_replica = job.global_batch_seqs // plan.dp if job.global_batch_seqs >= plan.dp else 1
-    return [b for b in range(per_replica, 0, -1) if per_replica % b == 0] or [1]
+    """Micro-batch sizes that divide the per-replica batch, largest first (a shared list: do not modify)."""
+    return _divisors_descending(job.global_batch_seqs // plan.dp if job.global_batch_seqs >= plan.dp else 1)
+
+
+@functools.lru_cache(maxsize=4096)
+def _divisors_descending(n: int) -> list[int]:
+    return [b for b in range(n, 0, -1) if n % b == 0] or [1]
 
 
 def _compute_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, compute: ComputeParams,
