@@ -171,12 +171,14 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     )
 
 
-def lm_head_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams, *, tokens: float, tp: int,
-                  precision: str) -> tuple[float, float]:
-    """(forward, backward) time of the LM head GEMM and the cross-entropy loss on the last stage [s]."""
-    fp8 = precision == "fp8" and accel.fp8_flop_per_s is not None
-    peak = accel.fp8_flop_per_s if fp8 else accel.bf16_flop_per_s
-    e_max = (params.fp8_gemm_efficiency if fp8 else accel.gemm_efficiency) * params.gemm_scale * params.kernel_scale
+def lm_head_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams, *, tokens: float, tp: int
+                  ) -> tuple[float, float]:
+    """(forward, backward) time of the LM head GEMM and the cross-entropy loss on the last stage [s]. The
+    head runs in BF16 even in FP8 training: Megatron-core's output layer is a plain ColumnParallelLinear,
+    outside Transformer Engine's FP8 modules, and torchtitan's float8 recipes leave ``output`` out
+    (``filter_fqns=["output"]``, torchtitan components/quantization/float8.md)."""
+    peak = accel.bf16_flop_per_s
+    e_max = accel.gemm_efficiency * params.gemm_scale * params.kernel_scale
     v_local = model.vocab / tp
     gemm = gemm_time_s(tokens, v_local, model.hidden, peak_flop_per_s=peak, e_max=e_max,
                        half_dim=params.gemm_half_dim)

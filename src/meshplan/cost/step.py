@@ -35,7 +35,7 @@ from meshplan.cost.pipeline import bubble_fraction, bubble_time_s, in_flight_mic
 from meshplan.cost.validate import validate_plan
 from meshplan.memo import cache_by_identity
 from meshplan.specs import AcceleratorSpec, ClusterSpec, JobSpec, ModelSpec, Plan
-from meshplan.units import MiB, format_gib
+from meshplan.units import GiB, MiB, format_gib
 
 DDP_BUCKET_BYTES = 25 * MiB  # torch DDP default bucket_cap_mb=25
 
@@ -316,7 +316,7 @@ def _stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute
         t_r = attn
     hf = hb = 0.0
     if last:
-        hf, hb = lm_head_times(model, accelerator, compute, tokens=tokens, tp=tp, precision=job.precision)
+        hf, hb = lm_head_times(model, accelerator, compute, tokens=tokens, tp=tp)
     return t_f, t_b, t_w, t_r, attn, hf, hb
 
 
@@ -429,12 +429,17 @@ def _peak_memory(ctxs: list[_StageCtx], shared: _PlanShared, *, terms: bool = Tr
     return max((_stage_memory(c, shared.static[c.s], terms=terms) for c in ctxs), key=lambda r: r.peak_bytes)
 
 
+def _excess(n_bytes: float) -> str:
+    """How far over capacity: MiB below a GiB (where one decimal of GiB would read as zero)."""
+    return f"{n_bytes / MiB:,.0f} MiB" if n_bytes < GiB else format_gib(n_bytes)
+
+
 def _memory_reason(report: MemoryReport) -> str:
     t = report.terms
     return (f"needs {format_gib(report.peak_bytes)} per GPU (model states {format_gib(report.static_bytes)}"
             f" + activations {format_gib(report.activation_bytes)} + transient "
             f"{format_gib(report.transient_bytes)} + runtime {format_gib(report.runtime_bytes)}) on "
-            f"stage {report.stage}, {(report.peak_bytes - report.capacity_bytes) / MiB:,.0f} MiB over the "
+            f"stage {report.stage}, {_excess(report.peak_bytes - report.capacity_bytes)} over the "
             f"{format_gib(report.capacity_bytes)} of HBM"
             + (f"; unsharded gradient accumulation alone is {format_gib(t['unsharded_grad_accumulation'])}"
                if "unsharded_grad_accumulation" in t else ""))
