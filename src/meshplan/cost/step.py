@@ -173,6 +173,12 @@ class _StaticMemory(NamedTuple):
     embedding: float
     """Embedding output per token on the first stage (0 elsewhere)."""
 
+    @property
+    def fixed_bytes(self) -> tuple[float, float, float]:
+        """(model states, static transients, CUDA context and NCCL) totals [bytes]."""
+        return (sum(self.state_terms.values()), sum(self.transient_terms.values()),
+                sum(self.runtime_terms.values()))
+
 
 def _static_memory(c: _StageCtx) -> _StaticMemory:
     model, job, plan = c.model, c.job, c.plan
@@ -238,10 +244,9 @@ def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, 
             model.hidden * 2.0 / (tp if sp else 1) if first else 0.0)
 
 
-def _stage_memory(c: _StageCtx, static: _StaticMemory | None = None, *, terms: bool = True) -> MemoryReport:
-    """Peak memory of a GPU of stage ``c.s`` [bytes], with every term by name unless ``terms`` is False
-    (the search's memory probes need only the totals); ``static``: the stage's ``_static_memory``."""
-    st = static or _static_memory(c)
+def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, float, float]:
+    """The terms the micro-batch size and recomputation set [bytes]: (activations held for backward,
+    embedding output, recomputation working set, logits and loss)."""
     tokens, recompute = c.tokens, c.recompute
     flash = c.job.flash_attention or recompute == "selective"
     a_dense, a_moe = st.a_dense[flash], st.a_moe[flash]
@@ -257,18 +262,29 @@ def _stage_memory(c: _StageCtx, static: _StaticMemory | None = None, *, terms: b
         working = tokens * (max(a_dense, a_moe) - max(st.sac))
     else:
         stored = tokens * (c.n_dense * a_dense + c.n_moe * a_moe)
-    act_terms = {"activations": held * stored, "embedding_output": held * tokens * st.embedding}
-    new_transient = {"recompute_working_set": working, "logits_and_loss": tokens * st.logits}
-    static_total = sum(st.state_terms.values())
-    activation = sum(act_terms.values())
-    transient_total = sum(new_transient.values()) + sum(st.transient_terms.values())
+    return held * stored, held * tokens * st.embedding, working, tokens * st.logits
+
+
+def _stage_peak_bytes(c: _StageCtx, st: _StaticMemory) -> float:
+    """``_stage_memory(c, st).peak_bytes`` without naming the terms (the search's memory probes)."""
+    states, transients, runtime = st.fixed_bytes
+    tensors = states + transients + sum(_dynamic_memory(c, st))
+    return tensors * (1.0 + c.job.runtime.allocator_fraction) + runtime
+
+
+def _stage_memory(c: _StageCtx, static: _StaticMemory | None = None) -> MemoryReport:
+    """Peak memory of a GPU of stage ``c.s`` and its terms [bytes]; ``static``: its ``_static_memory``."""
+    st = static or _static_memory(c)
+    activations, embedding, working, logits = _dynamic_memory(c, st)
+    static_total, static_transient, static_runtime = st.fixed_bytes
+    activation = activations + embedding
+    transient_total = working + logits + static_transient
     fragmentation = c.job.runtime.allocator_fraction * (static_total + activation + transient_total)
-    runtime_total = sum(st.runtime_terms.values()) + fragmentation
-    named: dict[str, float] = {}
-    if terms:
-        named = {**st.state_terms, **{k: v for k, v in act_terms.items() if v or k == "activations"},
-                 **{k: v for k, v in new_transient.items() if v}, **st.transient_terms, **st.runtime_terms,
-                 "allocator_fragmentation": fragmentation}
+    runtime_total = static_runtime + fragmentation
+    named = {**st.state_terms, "activations": activations, **({"embedding_output": embedding} if embedding else {}),
+             **({"recompute_working_set": working} if working else {}),
+             **({"logits_and_loss": logits} if logits else {}), **st.transient_terms, **st.runtime_terms,
+             "allocator_fragmentation": fragmentation}
     return MemoryReport(terms=named, static_bytes=static_total, activation_bytes=activation,
                         transient_bytes=transient_total, runtime_bytes=runtime_total,
                         peak_bytes=static_total + activation + transient_total + runtime_total,
@@ -425,8 +441,8 @@ def _stage_ctxs(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job
             for s in sorted({0, plan.pp - 1})]
 
 
-def _peak_memory(ctxs: list[_StageCtx], shared: _PlanShared, *, terms: bool = True) -> MemoryReport:
-    return max((_stage_memory(c, shared.static[c.s], terms=terms) for c in ctxs), key=lambda r: r.peak_bytes)
+def _peak_memory(ctxs: list[_StageCtx], shared: _PlanShared) -> MemoryReport:
+    return max((_stage_memory(c, shared.static[c.s]) for c in ctxs), key=lambda r: r.peak_bytes)
 
 
 def _excess(n_bytes: float) -> str:
@@ -450,14 +466,16 @@ class _Probe(NamedTuple):
 
     plan: Plan
     feasible: bool
-    memory: MemoryReport
+    peak_bytes: float
+    """Of the busiest stage."""
 
 
 def _probe(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan,
            shared: _PlanShared) -> _Probe:
     reasons, m = _batch_reasons(job, plan)
-    report = _peak_memory(_stage_ctxs(model, counts, cluster, job, plan, m, shared), shared, terms=False)
-    return _Probe(plan, not reasons and report.peak_bytes <= report.capacity_bytes, report)
+    peak = max(_stage_peak_bytes(c, shared.static[c.s]) for c in _stage_ctxs(model, counts, cluster, job, plan, m,
+                                                                             shared))
+    return _Probe(plan, not reasons and peak <= cluster.accelerator.hbm_capacity_bytes, peak)
 
 
 def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan,
@@ -725,7 +743,7 @@ class _Choice:
             first_fits[rc] = first_fit
             if first_fit is None:
                 probe = self.probe(rc, mbs[-1])
-                if smallest is None or probe.memory.peak_bytes < smallest.memory.peak_bytes:
+                if smallest is None or probe.peak_bytes < smallest.peak_bytes:
                     smallest = probe
                 continue
             hi_bound = first_fit
