@@ -34,6 +34,8 @@ def test_plan_json_lists_plans_reasons_recommendation_and_conditions(plan_json):
     d = plan_json
     assert d["recommended"]["feasible"] is True
     assert len(d["plans"]) == d["n_plans"] > 100
+    assert d["n_pruned"] > 0 and d["n_configurations"] > 1_000_000  # option variants and partial recompute
+    assert all(p["step_time_s"] is None for p in d["plans"] if not p["feasible"])  # listed, not timed
     infeasible = [p for p in d["plans"] if not p["feasible"]]
     assert infeasible and all(p["infeasible_reasons"] for p in infeasible)
     assert isinstance(d["conditions"], list)
