@@ -428,7 +428,7 @@ def _batch_reasons(job: JobSpec, plan: Plan) -> tuple[list[str], int]:
         reasons.append(f"global batch of {seqs} sequences is smaller than {dp} data-parallel replicas")
     if per_replica % mbs:
         reasons.append(f"micro-batch size {mbs} does not divide the {per_replica} sequences per replica")
-    m = max(1, per_replica // mbs)
+    m = _micro_batches(job, dp, mbs)
     if plan.schedule == "interleaved" and plan.pp > 1 and m % plan.pp:
         reasons.append(f"interleaved schedule needs micro-batches ({m}) to be a multiple of pp={plan.pp}")
     return reasons, m
@@ -542,9 +542,10 @@ def _with_choice(plan: Plan, mbs: int, recompute: str, recompute_layers: int | N
     return new
 
 
-def _mbs_options(job: JobSpec, plan: Plan) -> list[int]:
-    """Micro-batch sizes that divide the per-replica batch, largest first (a shared list: do not modify)."""
-    return _divisors_descending(job.global_batch_seqs // plan.dp if job.global_batch_seqs >= plan.dp else 1)
+def micro_batch_sizes(job: JobSpec, dp: int) -> list[int]:
+    """Micro-batch sizes that divide each of ``dp`` replicas' share of the batch, largest first (a shared
+    list: do not modify)."""
+    return _divisors_descending(job.global_batch_seqs // dp if job.global_batch_seqs >= dp else 1)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -553,13 +554,18 @@ def _divisors_descending(n: int) -> list[int]:
 
 
 def _compute_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, compute: ComputeParams,
-                     mbs: int, recompute: str, m: int, recompute_layers: int | None = None) -> float:
+                     mbs: int, recompute: str, recompute_layers: int | None = None) -> float:
     """The compute, recomputation and bubble of the busiest stage of ``plan`` at micro-batch size ``mbs``
     and ``recompute``, plus the fixed step overhead [s]: every term of the step time except
     communication, contention and the optimizer step, all of which are non-negative."""
     return _shape_bound_s(model, cluster.accelerator, compute, job, plan.tp, plan.cp, plan.ep, plan.pp,
                           plan.schedule, plan.vpp, plan.sequence_parallel, plan.context_impl != "a2a", mbs, recompute,
-                          m, recompute_layers)
+                          _micro_batches(job, plan.dp, mbs), recompute_layers)
+
+
+def _micro_batches(job: JobSpec, dp: int, mbs: int) -> int:
+    """Micro-batches per step of each data-parallel replica (as ``_batch_reasons`` counts them)."""
+    return max(1, max(1, job.global_batch_seqs // dp) // mbs)
 
 
 @cache_by_identity(n_specs=4)
@@ -590,9 +596,20 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec
     fixed step overhead bounds it from below. The search sorts option variants by it and stops where it
     passes the tie band of the best plan.
     """
-    per_replica = max(1, job.global_batch_seqs // plan.dp)
-    return min(_compute_bound_s(model, cluster, job, plan, compute, b, "none", max(1, per_replica // b))
-               for b in ([plan.mbs] if plan.mbs else _mbs_options(job, plan)))
+    return _shape_lower_bound_s(model, cluster.accelerator, compute, job, plan.dp, plan.tp, plan.cp, plan.ep,
+                                plan.pp, plan.schedule, plan.vpp, plan.sequence_parallel, plan.context_impl != "a2a",
+                                plan.mbs)
+
+
+@cache_by_identity(n_specs=4)
+def _shape_lower_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: ComputeParams, job: JobSpec,
+                         dp: int, tp: int, cp: int, ep: int, pp: int, schedule: str, vpp: int, sp: bool,
+                         cp_chunked: bool, mbs: int | None) -> float:
+    """``step_time_lower_bound_s`` on the plan fields it reads (memoised: option variants that change
+    only communication or memory share it)."""
+    sizes = [mbs] if mbs else micro_batch_sizes(job, dp)
+    return min(_shape_bound_s(model, accelerator, compute, job, tp, cp, ep, pp, schedule, vpp, sp, cp_chunked, b,
+                              "none", _micro_batches(job, dp, b), None) for b in sizes)
 
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *, mfu: float | None = None,
@@ -658,8 +675,7 @@ class _Choice:
         self.compute, self.mfu, self.cutoff_s = compute, mfu, cutoff_s
         self.counts = param_counts(model)
         self.shared = _plan_shared(model, self.counts, cluster, job, plan)
-        self.mbs_list = [plan.mbs] if plan.mbs else _mbs_options(job, plan)  # largest first
-        self.per_replica = max(1, job.global_batch_seqs // plan.dp)
+        self.mbs_list = [plan.mbs] if plan.mbs else micro_batch_sizes(job, plan.dp)  # largest first
         self.max_stage_layers = max(d + e for d, e in self.shared.layout)
         if plan.recompute:
             self.recomputes = [plan.recompute]
@@ -705,7 +721,7 @@ class _Choice:
             return False
         if (rc, b, n) not in self._bounds:
             self._bounds[rc, b, n] = _compute_bound_s(self.model, self.cluster, self.job, self.plan, self.compute,
-                                                      b, rc, max(1, self.per_replica // b), n)
+                                                      b, rc, n)
         return self._bounds[rc, b, n] >= limit
 
     def consider(self, rc: str, b: int, n: int | None = None) -> None:

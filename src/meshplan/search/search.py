@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from meshplan.calibration import compute_params_for
 from meshplan.cost.estimate import Estimate
 from meshplan.cost.pipeline import stage_layers
-from meshplan.cost.step import evaluate, evaluate_within, step_time_lower_bound_s
+from meshplan.cost.step import evaluate, evaluate_within, micro_batch_sizes, step_time_lower_bound_s
 from meshplan.search.rank import TIE_BAND, pareto_front, rank
 from meshplan.search.space import Space, enumerate_plans, family, needs_more_memory, option_variants
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec
@@ -92,9 +92,8 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
     @functools.cache
     def configurations(dp: int, pp: int) -> int:
         """Micro-batch sizes x recompute modes, 'full' on 1..L layers of an L-layer stage."""
-        per_replica = max(1, job.global_batch_seqs // dp)
         partial = max(d + e for d, e in stage_layers(model, pp)) - 1
-        return (recompute_modes + partial) * sum(1 for b in range(1, per_replica + 1) if per_replica % b == 0)
+        return (recompute_modes + partial) * len(micro_batch_sizes(job, dp))
 
     def tick(i: int) -> None:
         if progress and (i % 64 == 0 or i == total):
@@ -111,14 +110,7 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
     n_pruned = 0
     fastest = min((e.step_time_s for e in results if e.feasible), default=float("inf"))
     if mfu is None:
-        by_shape: dict[tuple[object, ...], float] = {}  # the bound reads only the plan's compute shape
-        bounds = []
-        for k, v in enumerate(variants):
-            shape = (v.dp, v.tp, v.pp, v.cp, v.ep, v.schedule, v.vpp, v.context_impl == "a2a", v.sequence_parallel)
-            if shape not in by_shape:
-                by_shape[shape] = step_time_lower_bound_s(model, cluster, job, v, compute)
-            bounds.append((by_shape[shape], k))
-        bounds.sort()
+        bounds = sorted((step_time_lower_bound_s(model, cluster, job, v, compute), k) for k, v in enumerate(variants))
     else:  # the assumed-MFU mode rescales compute per plan: no bound, evaluate them all
         bounds = [(0.0, k) for k in range(len(variants))]
     for i, (bound, k) in enumerate(bounds, len(plans) + 1):

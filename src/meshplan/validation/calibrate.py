@@ -38,7 +38,7 @@ REFERENCE_STACK = "megatron"
 class Param:
     key: str
     scope: str
-    """'global', 'accelerator:<family>' or 'software:<stack>'."""
+    """'global', 'accelerator:<family>', 'software:<stack>' or 'stack:<stack>/<family>'."""
     lo: float
     hi: float
     log: bool = False
