@@ -14,10 +14,8 @@ TIE_BAND = 0.05
 def complexity(plan: Plan) -> int:
     """How exotic a plan is: one point per parallel axis in use and per non-default option."""
     axes = sum(1 for d in (plan.dp_shard, plan.dp_replicate, plan.tp, plan.pp, plan.cp, plan.ep) if d > 1)
-    options = ((plan.sharding != "fsdp") + (plan.schedule not in ("1f1b",) and plan.pp > 1) + plan.async_tp
-               + (plan.tp > 1 and plan.sp is False) + (plan.cp > 1 and plan.cp_impl is not None)
-               + (plan.reshard_after_forward is not None) + (plan.grad_sync is not None)
-               + (plan.recompute_layers is not None))
+    options = ((plan.sharding != "fsdp") + (plan.schedule not in ("1f1b",) and plan.pp > 1)
+               + len(plan.explicit_options()) + (plan.recompute_layers is not None))
     return axes + options
 
 

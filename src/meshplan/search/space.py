@@ -49,8 +49,7 @@ class Space:
 
 def has_default_options(plan: Plan) -> bool:
     """True when every option is left to the plan's framework (the first plan of each structure)."""
-    return (plan.sp is None and not plan.async_tp and plan.reshard_after_forward is None
-            and plan.grad_sync is None and plan.cp_impl is None)
+    return not plan.explicit_options()
 
 
 def _ulysses_fits(model: ModelSpec, tp: int, cp: int) -> bool:

@@ -186,6 +186,12 @@ class Plan:
         rc = self.recompute or "none"
         return f"{rc}:{self.recompute_layers}" if self.recompute_layers and rc == "full" else rc
 
+    def explicit_options(self) -> list[str]:
+        """The options set here rather than left to the framework's default (None or False)."""
+        out = [name for name in ("sp", "cp_impl", "reshard_after_forward", "grad_sync")
+               if getattr(self, name) is not None]
+        return out + (["async_tp"] if self.async_tp else [])
+
     def option_labels(self) -> list[str]:
         """The plan's options in short form for tables: sharding, schedule, and every non-default option."""
         out = [self.sharding] if self.shard_degree > 1 else []
