@@ -12,6 +12,11 @@ def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
+def ulysses_fits(model: ModelSpec, tp: int, cp: int) -> bool:
+    """Ulysses all-to-all splits the query (and, without MLA, the KV) heads of each TP rank over cp."""
+    return not (model.n_heads // tp % cp or (not model.is_mla and model.n_kv_heads // tp % cp))
+
+
 def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan) -> None:
     n = cluster.n_gpus
     if plan.world_size != n:
@@ -28,10 +33,9 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
         if job.seq_len % (2 * plan.cp):
             raise SpecError("plan.cp", f"2·cp must divide seq_len={job.seq_len} (load-balanced causal "
                                        f"chunks); got cp={plan.cp}")
-        if plan.context_impl == "a2a":
+        if plan.context_impl == "a2a" and not ulysses_fits(model, plan.tp, plan.cp):
             heads, kv = model.n_heads // plan.tp, (model.n_kv_heads // plan.tp if not model.is_mla else 0)
-            if heads % plan.cp or (kv and kv % plan.cp):
-                raise SpecError("plan.cp", f"Ulysses all-to-all needs cp to divide the heads per TP rank "
+            raise SpecError("plan.cp", f"Ulysses all-to-all needs cp to divide the heads per TP rank "
                                            f"({heads} query, {kv} KV); got cp={plan.cp}")
     if plan.pp > model.n_layers:
         raise SpecError("plan.pp", f"{plan.pp} stages for {model.n_layers} layers; allowed: 1..{model.n_layers}")

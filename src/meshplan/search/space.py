@@ -16,6 +16,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from meshplan.cost.validate import ulysses_fits
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.specs.plan import FRAMEWORK_CP, FRAMEWORK_SCHEDULES
 
@@ -52,11 +53,6 @@ def has_default_options(plan: Plan) -> bool:
     return not plan.explicit_options()
 
 
-def _ulysses_fits(model: ModelSpec, tp: int, cp: int) -> bool:
-    """Ulysses all-to-all splits the heads of each TP rank over cp."""
-    return not (model.n_heads // tp % cp or (not model.is_mla and model.n_kv_heads // tp % cp))
-
-
 def needs_more_memory(variant: Plan) -> bool:
     """True when ``variant`` (from ``option_variants``) needs at least the memory of its default plan at
     every micro-batch size and recompute mode, so that it cannot fit where the default does not: SP off
@@ -91,7 +87,7 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
     cp_opts: list[str | None] = [None]
     if plan.cp > 1:
         cp_opts += [impl for impl in FRAMEWORK_CP[plan.sharding][1:] if impl != "a2a" or
-                    _ulysses_fits(model, plan.tp, plan.cp)]
+                    ulysses_fits(model, plan.tp, plan.cp)]
     dp_opts: list[tuple[bool | int | None, str | None]] = [(None, None)]
     if sharded and plan.pp == 1:
         rafs: list[bool | int | None] = [None, False]
@@ -166,7 +162,7 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space:
             for sharding in shardings:
                 if pp > 1 and (sharding in ("zero2", "zero3") or schedule not in FRAMEWORK_SCHEDULES[sharding]):
                     continue  # each framework runs its own schedules; DeepSpeed pipelines with ZeRO-1 only
-                if cp > 1 and FRAMEWORK_CP[sharding][0] == "a2a" and not _ulysses_fits(model, tp, cp):
+                if cp > 1 and FRAMEWORK_CP[sharding][0] == "a2a" and not ulysses_fits(model, tp, cp):
                     continue
                 yield Plan(dp_replicate=dr, dp_shard=ds, cp=cp, tp=tp, pp=pp, ep=ep, sharding=sharding,
                            schedule=schedule, vpp=vpp)
