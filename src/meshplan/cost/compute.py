@@ -42,8 +42,8 @@ class ComputeParams:
     attention_efficiency: float = 0.40
     """FlashAttention forward+backward throughput over BF16 peak, on long blocks."""
     attention_half_len: float = 256.0
-    """Query (and key) block length at which attention efficiency halves, per factor: short blocks, as in
-    ring context parallelism with many ranks, run FlashAttention far below its long-sequence rate."""
+    """Key length at which attention efficiency halves: short sequences, and short blocks as in ring
+    context parallelism with many ranks, run FlashAttention below its long-sequence rate."""
     memory_efficiency: float = 0.80
     """Achieved over spec HBM bandwidth for memory-bound kernels (Azure STREAM-like: 79-95 %)."""
     overlap_efficiency: float = 0.9
@@ -62,8 +62,8 @@ class ComputeParams:
     moe_permute_passes: float = 4.0
     """Memory passes over each routed token copy (permute, unpermute, their gradients: 4 at least)."""
     causal_attention_fraction: float = 0.5
-    """Time of a causal attention kernel over the non-causal one of the same shape (0.5: masked blocks
-    skipped perfectly)."""
+    """Time of a causal attention kernel over the non-causal one of the same shape on long sequences (0.5:
+    masked tiles skipped perfectly); shorter ones compute their diagonal tiles whole (causal_time_fraction)."""
     source: str = "defaults (uncalibrated)"
 
 
@@ -81,6 +81,33 @@ def gemm_time_s(m: float, n: float, k: float, *, peak_flop_per_s: float, e_max: 
         return 0.0
     eff = gemm_efficiency(m, n, k, e_max=e_max, half_dim=half_dim)
     return 2.0 * m * n * k / (peak_flop_per_s * eff)
+
+
+FLASH_TILE = 128
+"""Query and key tile of FlashAttention's kernels for head dimensions up to 128 [tokens] (FlashAttention-2
+forward, head dimension 64: kBlockM = kBlockN = 128, csrc/flash_attn/src/flash_fwd_launch_template.h)."""
+
+
+def causal_time_fraction(block_len: float, asymptote: float) -> float:
+    """Time of a causal attention kernel over the non-causal one on ``block_len`` queries and keys [0-1].
+
+    A causal kernel skips the key tiles above the diagonal but computes the n diagonal tiles whole: of
+    the n² tiles (n = block / tile) it computes n(n+1)/2, a fraction (n+1)/(2n) that tends to 1/2. The
+    calibrated ``asymptote`` (0.5 for perfect skipping) carries the rest, masking and load imbalance
+    between query tiles, scaled by the same (n+1)/n."""
+    n = max(1.0, block_len / FLASH_TILE)
+    return min(1.0, asymptote * (n + 1) / n)
+
+
+def attention_length_efficiency(block_len: float, half_len: float) -> float:
+    """Share of its long-sequence rate a FlashAttention kernel reaches on blocks of ``block_len`` queries
+    and keys [0-1]: (L / (L + L½))², L½ calibrated on the published runs (catalog).
+
+    One factor for the keys: each thread block streams them past one query tile, and its fixed cost
+    (loading the tile, the prologue, the output write) is amortised over the key length. One for the
+    queries: short blocks, as in ring context parallelism, give few query tiles per head. A single
+    factor fits the published runs worse (docs/calibration.md, "Tried and not adopted")."""
+    return (block_len / (block_len + half_len)) ** 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,12 +165,12 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     kv_len = seq_len  # every local query attends over the whole (gathered or ring-passed) sequence
     attn_flop = 2.0 * tokens * kv_len * model.n_heads * (model.qk_head_dim + model.value_head_dim) / t
     if flash_attention:
-        if causal_kernel:
-            attn_flop *= params.causal_attention_fraction
         # blocks of S/cp queries against S/cp keys with ring or all-gather CP; whole sequences otherwise
         block = seq_len / cp if cp_chunked else seq_len
-        shape = (block / (block + params.attention_half_len)) ** 2
-        attn_fwd = attn_flop / (accel.bf16_flop_per_s * params.attention_efficiency * params.kernel_scale * shape)
+        if causal_kernel:
+            attn_flop *= causal_time_fraction(block, params.causal_attention_fraction)
+        attn_fwd = attn_flop / (accel.bf16_flop_per_s * params.attention_efficiency * params.kernel_scale
+                                * attention_length_efficiency(block, params.attention_half_len))
     else:
         # Unfused attention (Megatron before FlashAttention): QKᵀ and A·V as batched GEMMs over every score,
         # masked or not, and the score matrix through memory: the fused scale-mask-softmax reads and writes
