@@ -34,6 +34,76 @@ def test_moe_expert_parallel_shows_all_to_all_and_expert_memory():
         "expert_params", 0)
 
 
+def _ep(extra: str = "", nodes: int = 4):
+    """Mixtral 8x7B with its 8 experts over two 4-GPU nodes (the expert-parallel group spans a node)."""
+    from meshplan.cost.step import evaluate as evaluate_plan
+    cluster = load_cluster("h100-sxm", nodes=nodes, gpus_per_node=4)
+    job = JobSpec(global_batch_tokens=1_048_576, seq_len=4096)
+    plan = parse_plan("ep=8,dp_shard=16,mbs=1,recompute=sac,sharding=megatron" + extra)
+    return evaluate_plan(load_model("mixtral-8x7b"), cluster, job, plan)
+
+
+def _a2a(est):
+    return [e for e in est.comm if e.axis == "ep"]
+
+
+def test_remote_nodes_per_token_matches_counting():
+    """A token's top_k experts lie on (k-1)(1 - C(E-E/k, top_k)/C(E, top_k)) other nodes; with top-1 routing
+    that is the (k-1)/k every routed copy of an all-to-all sends off the node."""
+    from math import comb
+
+    from meshplan.cost.collectives import remote_nodes_per_token
+    assert remote_nodes_per_token(256, 8, 8) == pytest.approx(7 * (1 - comb(224, 8) / comb(256, 8)))
+    assert remote_nodes_per_token(64, 1, 4) == pytest.approx(3 / 4)
+    assert remote_nodes_per_token(8, 2, 1) == 0.0
+    assert remote_nodes_per_token(8, 8, 2) == pytest.approx(1.0)  # every node holds some of all 8 experts
+
+
+def test_deepep_sends_each_token_once_per_remote_node():
+    alltoall, deepep = _ep(), _ep(",ep_dispatch=deepep")
+    # Mixtral top-2 of 8 experts over 2 nodes: an all-to-all sends 2 x 1/2 copies off the node per token,
+    # DeepEP 1 - C(4,2)/C(8,2) = 11/14 of a token
+    for a, d in zip(_a2a(alltoall), _a2a(deepep), strict=True):
+        assert d.inter_node_bytes_per_gpu == pytest.approx(a.inter_node_bytes_per_gpu * (11 / 14))
+        assert d.time_s < a.time_s
+    assert deepep.step_time_s < alltoall.step_time_s
+
+
+def test_ep_overlap_hides_all_to_all_behind_another_micro_batch():
+    plain, overlap = _ep(), _ep(",ep_overlap=true")
+    exposed = [sum(e.exposed_s for e in _a2a(x)) for x in (plain, overlap)]
+    assert exposed[0] == pytest.approx(sum(e.time_s for e in _a2a(plain)))  # on the critical path
+    assert 0 < exposed[1] < 0.5 * exposed[0]  # only the first forward's and last backward's stay exposed
+    assert overlap.memory.peak_bytes > plain.memory.peak_bytes  # two micro-batches alive at once
+
+
+@pytest.mark.parametrize("plan, message", [
+    ("ep=8,dp_shard=16,ep_overlap=true", "sharding=megatron"),
+    ("dp_shard=16,sharding=megatron,ep_overlap=true", "ep >= 2"),
+    ("ep=8,dp_shard=16,sharding=megatron,ep_overlap=true,recompute=full", "full recomputation"),
+    ("ep=8,dp_shard=8,pp=2,sharding=megatron,ep_overlap=true", "interleaved"),
+    ("ep=8,dp_shard=16,ep_dispatch=deepep", "alltoall"),
+    ("ep=8,dp_shard=16,sharding=megatron,ep_dispatch=nvshmem", "alltoall, deepep"),
+])
+def test_moe_options_outside_their_framework_are_spec_errors(plan, message):
+    with pytest.raises(SpecError, match=message):
+        parse_plan(plan)
+
+
+def test_search_offers_deepep_and_the_overlap_only_where_they_change_something():
+    from meshplan.search.space import option_variants
+    model, job = load_model("mixtral-8x7b"), JobSpec(global_batch_tokens=1_048_576, seq_len=4096)
+    plan = parse_plan("ep=8,dp_shard=16,sharding=megatron")
+    across = {(v.ep_dispatch, v.ep_overlap)
+              for v in option_variants(model, load_cluster("h100-sxm", nodes=4, gpus_per_node=4), job, plan)}
+    assert across == {("deepep", False), (None, True), ("deepep", True)}
+    inside = {(v.ep_dispatch, v.ep_overlap)
+              for v in option_variants(model, load_cluster("h100-sxm", nodes=2), job, plan)}
+    assert inside == {(None, True)}  # DeepEP inside one NVLink node is an ordinary all-to-all
+    piped = parse_plan("ep=8,dp_shard=8,pp=2,sharding=megatron")
+    assert not list(option_variants(model, load_cluster("h100-sxm", nodes=2), job, piped))
+
+
 def test_context_parallel_ring_and_ulysses():
     ring = _est("cp=2,dp_shard=32,mbs=1,recompute=full", seq=8192)
     cp = [e for e in ring.comm if e.axis == "cp"]

@@ -107,15 +107,33 @@ def _nic_bytes_per_s(cluster: ClusterSpec | _Links) -> float:
     return cluster.inter.nic_bytes_per_s * cluster.inter.efficiency
 
 
-def collective_time_s(op: str, message_bytes: float, grp: Group, cluster: ClusterSpec) -> float:
-    """Time of one call of ``op`` with payload ``message_bytes`` on group ``grp`` [s]. 0 for a group of 1."""
+def remote_nodes_per_token(n_experts: int, top_k: int, n_nodes: int) -> float:
+    """Expected number of other nodes a token's experts lie on [nodes]: ``n_experts`` spread evenly over
+    ``n_nodes``, ``top_k`` distinct experts chosen uniformly (balanced routing). A node is missed with
+    probability C(E - E/k, top_k) / C(E, top_k)."""
+    if n_nodes <= 1:
+        return 0.0
+    per_node = n_experts / n_nodes
+    miss = 1.0
+    for i in range(top_k):
+        miss *= max(0.0, (n_experts - per_node - i) / (n_experts - i))
+    return (n_nodes - 1) * (1.0 - miss)
+
+
+def collective_time_s(op: str, message_bytes: float, grp: Group, cluster: ClusterSpec, *,
+                      remote_share: float | None = None) -> float:
+    """Time of one call of ``op`` with payload ``message_bytes`` on group ``grp`` [s]. 0 for a group of 1.
+
+    ``remote_share`` (all-to-all only) is a deduplicated dispatch (DeepEP): that fraction of the payload
+    leaves the node, through each GPU's own NIC, instead of the (n-r)/n every routed copy would; on the
+    destination node the copies fan out over NVLink, (r-1)/r of the payload."""
     return _collective_time_s(cluster.intra, cluster.inter, op, message_bytes, grp.size, grp.ranks_per_node,
-                              cluster.gpus_per_node)
+                              cluster.gpus_per_node, remote_share)
 
 
 @cache_by_identity(n_specs=2)
 def _collective_time_s(intra: IntraNodeLink, inter: InterNodeLink, op: str, message_bytes: float, size: int,
-                       ranks_per_node: int, gpus_per_node: int) -> float:
+                       ranks_per_node: int, gpus_per_node: int, remote_share: float | None = None) -> float:
     """``collective_time_s`` on what it depends on (memoised): a group's time depends on its size and
     spread over nodes, not on its axis name."""
     cluster = _Links(intra, inter, gpus_per_node)
@@ -133,8 +151,10 @@ def _collective_time_s(intra: IntraNodeLink, inter: InterNodeLink, op: str, mess
     if op == SEND_RECV:
         return alpha + message_bytes / nic
     if op == ALL_TO_ALL:
-        leaving = message_bytes * (n - r) / n
-        staying = message_bytes * (r - 1) / n
+        if remote_share is not None:
+            leaving, staying = message_bytes * remote_share, message_bytes * (r - 1) / r
+        else:
+            leaving, staying = message_bytes * (n - r) / n, message_bytes * (r - 1) / n
         t_intra = staying / intra_busbw(op, r, cluster) if r > 1 else 0.0
         return alpha + max(leaving / nic, t_intra)
     ring_bw = r * nic if r == 1 else min(intra_busbw(op, r, cluster), r * nic)

@@ -44,8 +44,9 @@ from meshplan.cost.collectives import (
     SEND_RECV,
     busbw_factor,
     collective_time_s,
+    remote_nodes_per_token,
 )
-from meshplan.cost.estimate import CommEntry
+from meshplan.cost.estimate import OTHER_MICROBATCH, CommEntry
 from meshplan.cost.mesh import Group
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 
@@ -96,19 +97,22 @@ class _Ledger:
         self.entries: list[CommEntry] = []
 
     def add(self, op: str, axis: str, purpose: str, phase: str, count: int, message_bytes: float,
-            window: str, *, group: Group | None = None, edge_calls: float = 0.0, time_scale: float = 1.0
-            ) -> None:
+            window: str, *, group: Group | None = None, edge_calls: float = 0.0, time_scale: float = 1.0,
+            remote_share: float | None = None) -> None:
         grp = group or self.groups[axis]
         if count <= 0 or message_bytes <= 0 or (grp.size <= 1 and op != SEND_RECV):
             return
-        t_one = collective_time_s(op, message_bytes, grp, self.cluster) * time_scale
+        if grp.n_nodes == 1:
+            remote_share = None  # a deduplicated dispatch inside one node is an ordinary all-to-all
+        t_one = collective_time_s(op, message_bytes, grp, self.cluster, remote_share=remote_share) * time_scale
         sent = count * message_bytes * busbw_factor(op, grp.size)
         inter = 0.0
         if grp.n_nodes > 1:
             r = grp.ranks_per_node
             inter = sent if op in (SEND_RECV, ALL_TO_ALL) else sent / r
             if op == ALL_TO_ALL:
-                inter = count * message_bytes * (grp.size - r) / grp.size
+                share = remote_share if remote_share is not None else (grp.size - r) / grp.size
+                inter = count * message_bytes * share
         self.entries.append(CommEntry(
             collective=op, axis=grp.axis, purpose=purpose, phase=phase, count=count,
             message_bytes=message_bytes, group_size=grp.size, link=grp.link, bytes_per_gpu=sent,
@@ -259,6 +263,9 @@ def _context_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraff
 
 
 def _expert_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, st: StageTraffic) -> None:
+    """Dispatch and combine of every MoE layer, forward and backward. With ``ep_dispatch='deepep'`` a token
+    crosses the network once per node holding one of its experts; with ``ep_overlap`` the all-to-alls of
+    one micro-batch hide behind another's compute, all but the first forward's and the last backward's."""
     if plan.ep <= 1 or st.n_moe_layers == 0:
         return
     tokens = st.tokens / (plan.tp if plan.sequence_parallel else 1)
@@ -266,10 +273,15 @@ def _expert_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, s
     calls = st.m * st.n_moe_layers
     fwd = 2 * (calls + st.m * st.recomputed[1])
     scale = job.moe_routing_imbalance
-    led.add(ALL_TO_ALL, "ep", "MoE token dispatch and combine (forward)", "forward", fwd, msg, "none",
-            time_scale=scale)
+    grp = led.groups["ep"]
+    share = None
+    if plan.ep_dispatch == "deepep":
+        share = remote_nodes_per_token(model.n_experts, model.top_k, grp.n_nodes) / model.top_k
+    window, edge = (OTHER_MICROBATCH, 2 * st.n_moe_layers) if plan.ep_overlap else ("none", 0)
+    led.add(ALL_TO_ALL, "ep", "MoE token dispatch and combine (forward)", "forward", fwd, msg, window,
+            time_scale=scale, remote_share=share, edge_calls=edge)
     led.add(ALL_TO_ALL, "ep", "MoE dispatch and combine gradients (backward)", "backward", 2 * calls, msg,
-            "none", time_scale=scale)
+            window, time_scale=scale, remote_share=share, edge_calls=edge)
 
 
 def _pipeline(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffic) -> None:

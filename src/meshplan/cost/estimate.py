@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 from meshplan.specs import Plan
 
+OTHER_MICROBATCH = "other_microbatch"
+"""The window of traffic that runs beside another micro-batch's compute (Megatron's MoE all-to-all overlap)."""
+
 
 @dataclass(slots=True)
 class CommEntry:
@@ -14,8 +17,9 @@ class CommEntry:
     ``message_bytes`` is the payload of one call as nccl-tests defines it; ``bytes_per_gpu`` what the
     GPU sends per step over all calls; ``time_s`` the time of all calls; ``window`` the compute that
     can hide it ('forward', 'backward', 'first_forward', 'last_backward', 'attention', 'pipeline',
-    or 'none' for collectives on the critical path); ``edge_s`` the part no compute can hide (the
-    first all-gather before any compute, the last reduce-scatter after it).
+    OTHER_MICROBATCH for the compute of another micro-batch, or 'none' for collectives on the critical
+    path); ``edge_s`` the part no compute can hide (the first all-gather before any compute, the last
+    reduce-scatter after it).
     """
 
     collective: str

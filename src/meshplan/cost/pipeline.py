@@ -38,15 +38,20 @@ def stage_layers(model: ModelSpec, pp: int) -> list[tuple[int, int]]:
     return out
 
 
-def in_flight_microbatches(*, schedule: str, pp: int, m: int, vpp: int, stage: int) -> float:
-    """Micro-batches whose activations stage ``stage`` holds at its peak [micro-batches of its layers] [3]."""
+def in_flight_microbatches(*, schedule: str, pp: int, m: int, vpp: int, stage: int, ep_overlap: bool = False
+                           ) -> float:
+    """Micro-batches whose activations stage ``stage`` holds at its peak [micro-batches of its layers] [3].
+
+    Megatron's MoE all-to-all overlap runs the forward of one micro-batch beside the backward of the one
+    before: without a pipeline two micro-batches are alive; the interleaved schedule warms up one more
+    model chunk (num_warmup_microbatches + 1, megatron/core/pipeline_parallel/schedules.py)."""
     if pp == 1:
-        return 1.0
+        return 2.0 if ep_overlap and m > 1 else 1.0
     if schedule == "gpipe":
         return float(m)
     held = float(min(m, pp - stage))
     if schedule == "interleaved":
-        held = min(float(m), held * (1.0 + (pp - 1) / (pp * vpp)))
+        held = min(float(m), held * (1.0 + (pp - 1) / (pp * vpp)) + (1.0 / vpp if ep_overlap else 0.0))
     return held
 
 

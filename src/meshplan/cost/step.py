@@ -27,7 +27,7 @@ from meshplan.cost.compute import (
     lm_head_times,
     optimizer_step_time_s,
 )
-from meshplan.cost.estimate import CommEntry, Estimate, FlopReport, MemoryReport, StageDetail
+from meshplan.cost.estimate import OTHER_MICROBATCH, CommEntry, Estimate, FlopReport, MemoryReport, StageDetail
 from meshplan.cost.flops import model_flop_per_token, recompute_flop_per_token
 from meshplan.cost.mesh import Group, axis_groups
 from meshplan.cost.params import ParamCounts, param_counts
@@ -250,7 +250,8 @@ def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, floa
     tokens, recompute = c.tokens, c.recompute
     flash = c.job.flash_attention or recompute == "selective"
     a_dense, a_moe = st.a_dense[flash], st.a_moe[flash]
-    held = in_flight_microbatches(schedule=c.plan.schedule, pp=c.plan.pp, m=c.m, vpp=c.plan.vpp, stage=c.s)
+    held = in_flight_microbatches(schedule=c.plan.schedule, pp=c.plan.pp, m=c.m, vpp=c.plan.vpp, stage=c.s,
+                                  ep_overlap=c.plan.ep_overlap)
     working = 0.0
     if recompute == "full":
         r_dense, r_moe = c.recomputed
@@ -359,7 +360,7 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) 
     windows = {
         "forward": m * t_f, "backward": m * (t_b + t_w + t_r), "first_forward": t_f,
         "last_backward": t_b + t_w + t_r, "attention": m * attn * attn_passes,
-        "pipeline": m * (t_f + t_b + t_w + t_r), "none": 0.0,
+        "pipeline": m * (t_f + t_b + t_w + t_r), OTHER_MICROBATCH: m * (t_f + t_b + t_w + t_r), "none": 0.0,
     }
     _set_exposure(ledger, windows, compute.overlap_efficiency,
                   compute.zero3_overlap_efficiency if plan.sharding == "zero3" else None)
@@ -683,8 +684,11 @@ class _Choice:
             self.recomputes = ["full"]
         else:
             self.recomputes = ["none", "sac", "full"] if job.flash_attention else ["none", "selective", "sac", "full"]
+            if plan.ep_overlap:  # Megatron's all-to-all overlap runs without full recomputation
+                self.recomputes.remove("full")
         # partial recomputation (the fewest layers per stage that fit) is searched when nothing is fixed
-        self.partial = plan.recompute is None and plan.recompute_layers is None and self.max_stage_layers > 1
+        self.partial = (plan.recompute is None and plan.recompute_layers is None and self.max_stage_layers > 1
+                        and not plan.ep_overlap)
         self.best: Estimate | None = None
         self._plans: dict[_Key, Plan] = {}
         self._probes: dict[_Key, _Probe] = {}

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from meshplan.cost.validate import ulysses_fits
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
-from meshplan.specs.plan import FRAMEWORK_CP, FRAMEWORK_SCHEDULES
+from meshplan.specs.plan import FRAMEWORK_CP, FRAMEWORK_EP_DISPATCH, FRAMEWORK_SCHEDULES
 
 FAMILIES = ("ddp", "fsdp", "hsdp", "tp", "pp", "cp", "ep")
 
@@ -57,9 +57,11 @@ def needs_more_memory(variant: Plan) -> bool:
     """True when ``variant`` (from ``option_variants``) needs at least the memory of its default plan at
     every micro-batch size and recompute mode, so that it cannot fit where the default does not: SP off
     stores full-sequence activations, a kept or partial reshard keeps gathered parameters, gradient sync
-    on the last micro-batch keeps unsharded gradients, and async TP, the CP exchange and DDP's sync
-    frequency change no memory term. The exception is FSDP2 under a pipeline resharding per micro-batch,
-    which frees what the default keeps (tested in test_properties)."""
+    on the last micro-batch keeps unsharded gradients, the MoE all-to-all overlap keeps one more
+    micro-batch (or model chunk) of activations and rules out full recomputation, and async TP, the CP
+    exchange, the MoE dispatch and DDP's sync frequency change no memory term. The exception is FSDP2
+    under a pipeline resharding per micro-batch, which frees what the default keeps (tested in
+    test_properties)."""
     return not (variant.sharding == "fsdp" and variant.pp > 1 and variant.shard_degree > 1)
 
 
@@ -72,7 +74,9 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
     - FSDP2 without a pipeline: ``reshard_after_forward`` False, or the node size (a partial reshard),
       each with gradient sync after every micro-batch or only the last;
     - FSDP2 under a pipeline: reshard and reduce per micro-batch instead of keeping the stage gathered;
-    - DDP: all-reduce after every micro-batch instead of ``no_sync``.
+    - DDP: all-reduce after every micro-batch instead of ``no_sync``;
+    - Megatron MoE: DeepEP dispatch where the expert-parallel group spans nodes, and the all-to-all
+      overlap with another micro-batch (without a pipeline, or with the interleaved schedule).
 
     Options that change nothing for the plan (grad sync with one micro-batch, a partial reshard that
     is the whole group) are not generated, so no configuration is counted twice.
@@ -99,10 +103,18 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
         dp_opts.append((True, "every"))
     elif plan.sharding == "fsdp" and plan.dp_replicate > 1 and per_replica > 1:
         dp_opts.append((None, "every"))
-    for (sp, async_tp), cp_impl, (raf, sync) in itertools.product(tp_opts, cp_opts, dp_opts):
-        if sp is None and not async_tp and cp_impl is None and raf is None and sync is None:
+    ep_opts: list[tuple[str | None, bool]] = [(None, False)]
+    if plan.ep > 1 and model.n_experts and "deepep" in FRAMEWORK_EP_DISPATCH[plan.sharding]:
+        dispatches = [None, "deepep"] if plan.ep > gpn else [None]  # ep consecutive ranks: across nodes
+        overlaps = [False, True] if plan.pp == 1 or plan.schedule == "interleaved" else [False]
+        ep_opts = list(itertools.product(dispatches, overlaps))
+    for (sp, async_tp), cp_impl, (raf, sync), (dispatch, ep_overlap) in itertools.product(
+            tp_opts, cp_opts, dp_opts, ep_opts):
+        if (sp is None and not async_tp and cp_impl is None and raf is None and sync is None and dispatch is None
+                and not ep_overlap):
             continue  # the default plan itself
-        yield replace(plan, sp=sp, async_tp=async_tp, cp_impl=cp_impl, reshard_after_forward=raf, grad_sync=sync)
+        yield replace(plan, sp=sp, async_tp=async_tp, cp_impl=cp_impl, reshard_after_forward=raf, grad_sync=sync,
+                      ep_dispatch=dispatch, ep_overlap=ep_overlap)
 
 
 def family(plan: Plan) -> str:

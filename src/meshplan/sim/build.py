@@ -9,7 +9,8 @@ Placement of each ledger entry (see meshplan.cost.comm for what each implementat
 - per-step parameter all-gathers (ZeRO-1/2, Megatron distributed optimizer): before each layer's first
   forward;
 - tensor-, sequence- and expert-parallel collectives: inline, between the halves of a layer's compute
-  (on the critical path), unless async-TP lets them overlap the compute they feed;
+  (on the critical path), unless async-TP lets them overlap the compute they feed; expert-parallel
+  all-to-alls overlapped with another micro-batch (Megatron's MoE overlap) on their own stream;
 - context-parallel exchanges: beside the layer's attention compute, which waits for them to finish;
 - root units (embedding, LM head): at the start of the forward and the end of the backward.
 """
@@ -18,11 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.cost.estimate import CommEntry, StageDetail
+from meshplan.cost.estimate import OTHER_MICROBATCH, CommEntry, StageDetail
 from meshplan.sim.engine import Op
 from meshplan.specs import Plan
 
-_PER_LAYER = ("ag_fwd", "ag_bwd", "grads", "step_ag", "inline_f", "inline_b", "inline_r", "cp_f", "cp_b", "cp_r")
+_PER_LAYER = ("ag_fwd", "ag_bwd", "grads", "step_ag", "inline_f", "inline_b", "inline_r", "cp_f", "cp_b", "cp_r",
+              "other_f", "other_b")
 
 
 def _key(e: CommEntry) -> str:
@@ -42,7 +44,7 @@ def _split(detail: StageDetail, m: int) -> dict[str, list[_Per]]:
     L = max(1, detail.n_layers)
     out: dict[str, list[_Per]] = {k: [] for k in ("ag_fwd", "ag_bwd", "grads", "step_ag", "inline_f", "inline_b",
                                                    "inline_r", "cp_f", "cp_b", "cp_r", "root_f", "root_b", "edge_f",
-                                                   "edge_b", "pipeline")}
+                                                   "edge_b", "pipeline", "other_f", "other_b")}
     for e in detail.comm:
         root = "root" in e.purpose
         edge = "embedding" in e.purpose or "LM head" in e.purpose
@@ -62,6 +64,8 @@ def _split(detail: StageDetail, m: int) -> dict[str, list[_Per]]:
             calls = (1 if per_step else m) * (1 if root else L)
             target = "root_b" if root else "grads"
             out[target].append(_Per(e, e.time_s / calls))
+        elif e.window == OTHER_MICROBATCH:  # runs beside another micro-batch's compute, on its own stream
+            out["other_f" if e.phase == "forward" else "other_b"].append(_Per(e, e.time_s / (m * L)))
         elif e.window == "attention":
             k = "cp_r" if recomputed else ("cp_f" if e.phase == "forward" else "cp_b")
             out[k].append(_Per(e, e.time_s / (m * L)))
@@ -134,6 +138,7 @@ def stage_ops(detail: StageDetail, plan: Plan, m: int, *, m_sim: int | None = No
                 c = b.compute(f"mb{k} L{i} fwd mlp", 0.5 * (f_layer - attn_f), "compute",
                               [a, *cp, *([] if async_tp else t1)])
                 t2 = b.comm(f"mb{k} L{i} fwd collectives (mlp)", _half(place["inline_f"]), "tp", [c])
+                b.comm(f"mb{k} L{i} fwd all-to-all (overlapped)", place["other_f"], "ep", [a])
                 waits = [] if async_tp else t2
                 fwd_done.append(c)
             if detail.head_f_s:
@@ -161,6 +166,7 @@ def stage_ops(detail: StageDetail, plan: Plan, m: int, *, m_sim: int | None = No
                 c2 = b.compute(f"mb{k} L{i} bwd attention", 0.5 * b_layer, "compute",
                                [c1, *([] if async_tp else t1)])
                 t2 = b.comm(f"mb{k} L{i} bwd collectives (attention)", _half(place["inline_b"]), "tp", [c2])
+                b.comm(f"mb{k} L{i} bwd all-to-all (overlapped)", place["other_b"], "ep", [c1])
                 waits = [*cp, *([] if async_tp else t2)]
                 bwd_done.append(c2)
                 b.comm(f"mb{k} L{i} grad reduction", every, "grads", [c2])

@@ -21,6 +21,7 @@ SHARDING = ("fsdp", "zero1", "zero2", "zero3", "megatron")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 CP_IMPLS = ("ring", "a2a", "allgather")
 GRAD_SYNC = ("every", "last")
+EP_DISPATCH = ("alltoall", "deepep")
 
 # What each implementation of the data-parallel axis runs with: the features of its framework.
 # PyTorch (FSDP2, torchtitan): every schedule in torch.distributed.pipelining, ring (all-gather based)
@@ -30,6 +31,11 @@ FRAMEWORK_SCHEDULES = {"fsdp": SCHEDULES, "megatron": ("1f1b", "interleaved"), "
                        "zero2": ("1f1b",), "zero3": ("1f1b",)}
 FRAMEWORK_CP = {"fsdp": ("ring", "allgather"), "megatron": CP_IMPLS, "zero1": ("a2a",), "zero2": ("a2a",),
                 "zero3": ("a2a",)}
+# MoE token dispatch: NCCL all-to-all everywhere; Megatron-core's flex dispatcher also runs DeepEP / HybridEP
+# (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep|hybridep), and only Megatron overlaps
+# the all-to-all of one micro-batch with another's compute (--overlap-moe-expert-parallel-comm).
+FRAMEWORK_EP_DISPATCH = {"fsdp": ("alltoall",), "megatron": EP_DISPATCH, "zero1": ("alltoall",),
+                         "zero2": ("alltoall",), "zero3": ("alltoall",)}
 
 # What a plan string may say, and what each key means; aliases on the right.
 _ALIASES = {"fsdp": "dp_shard", "ddp": "dp_replicate", "dp": "dp_replicate", "vp": "vpp",
@@ -87,6 +93,14 @@ class Plan:
     (Ulysses all-to-all). None: the framework's own (ring; a2a for DeepSpeed)."""
     async_tp: bool = False
     """Overlap TP/SP collectives with the GEMMs they feed (micro-pipelined async-TP)."""
+    ep_dispatch: str | None = None
+    """MoE token dispatch across the ep ranks: 'alltoall' (NCCL all-to-all: every routed copy of a token
+    travels to its expert's rank) or 'deepep' (DeepEP / HybridEP: a token crosses the network once per
+    destination node and is fanned out over NVLink there). None: the framework's own (alltoall)."""
+    ep_overlap: bool = False
+    """Hide the MoE all-to-all of one micro-batch behind the compute of another (Megatron-core
+    --overlap-moe-expert-parallel-comm: merged forward and backward of consecutive micro-batches). Needs
+    sharding='megatron', no full recomputation, and with pipelining the interleaved schedule."""
 
     def __post_init__(self) -> None:
         for d in DEGREES:
@@ -115,10 +129,31 @@ class Plan:
         if self.cp > 1 and self.context_impl not in FRAMEWORK_CP[self.sharding]:
             raise SpecError("plan.cp_impl", f"sharding={self.sharding} runs context parallelism as "
                                             f"{' or '.join(FRAMEWORK_CP[self.sharding])}; got {self.cp_impl}")
+        if self.ep_dispatch is not None:
+            one_of("plan.ep_dispatch", self.ep_dispatch, EP_DISPATCH)
+            if self.ep_dispatch not in FRAMEWORK_EP_DISPATCH[self.sharding]:
+                raise SpecError("plan.ep_dispatch", f"sharding={self.sharding} dispatches MoE tokens with "
+                                                    f"{' or '.join(FRAMEWORK_EP_DISPATCH[self.sharding])}; "
+                                                    f"got {self.ep_dispatch}")
+        if self.ep_overlap:
+            self._check_ep_overlap()
         if self.vpp > 1 and self.schedule != "interleaved":
             raise SpecError("plan.vpp", f"virtual stages need schedule=interleaved; got schedule={self.schedule}")
         if self.schedule == "interleaved" and self.pp > 1 and self.vpp < 2:
             raise SpecError("plan.vpp", "schedule=interleaved needs vpp >= 2")
+
+    def _check_ep_overlap(self) -> None:
+        """Megatron-core's conditions for --overlap-moe-expert-parallel-comm (TransformerConfig.__post_init__,
+        megatron/core/transformer/transformer_config.py)."""
+        if self.sharding != "megatron":
+            raise SpecError("plan.ep_overlap", f"is Megatron-core's; needs sharding=megatron, got {self.sharding}")
+        if self.ep < 2:
+            raise SpecError("plan.ep_overlap", f"overlaps the expert-parallel all-to-all; needs ep >= 2, got {self.ep}")
+        if self.recompute == "full" or self.recompute_layers is not None:
+            raise SpecError("plan.ep_overlap", "does not run with full recomputation; use recompute=none, "
+                                               "selective or sac")
+        if self.pp > 1 and self.schedule != "interleaved":
+            raise SpecError("plan.ep_overlap", f"with pipelining needs schedule=interleaved; got {self.schedule}")
 
     @property
     def world_size(self) -> int:
@@ -188,9 +223,9 @@ class Plan:
 
     def explicit_options(self) -> list[str]:
         """The options set here rather than left to the framework's default (None or False)."""
-        out = [name for name in ("sp", "cp_impl", "reshard_after_forward", "grad_sync")
+        out = [name for name in ("sp", "cp_impl", "reshard_after_forward", "grad_sync", "ep_dispatch")
                if getattr(self, name) is not None]
-        return out + (["async_tp"] if self.async_tp else [])
+        return out + [name for name in ("async_tp", "ep_overlap") if getattr(self, name)]
 
     def option_labels(self) -> list[str]:
         """The plan's options in short form for tables: sharding, schedule, and every non-default option."""
@@ -207,6 +242,10 @@ class Plan:
             out.append(f"reshard:{str(self.reshard_after_forward).lower()}")
         if self.grad_sync is not None:
             out.append(f"sync:{self.grad_sync}")
+        if self.ep > 1 and self.ep_dispatch is not None:
+            out.append(f"ep:{self.ep_dispatch}")
+        if self.ep_overlap:
+            out.append("ep-overlap")
         return out
 
     def label(self) -> str:
