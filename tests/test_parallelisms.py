@@ -104,6 +104,22 @@ def test_search_offers_deepep_and_the_overlap_only_where_they_change_something()
     assert not list(option_variants(model, load_cluster("h100-sxm", nodes=2), job, piped))
 
 
+def test_uneven_model_chunks_interleave():
+    """Llama 3.1 405B's 126 layers on 8 stages x 8 chunks: Megatron counts the embedding and the loss as a
+    layer each (128 = 64 x 2); the search offers that split, and evaluate accepts any split with a layer
+    per chunk."""
+    from meshplan.cost.step import evaluate as evaluate_plan
+    from meshplan.search.space import Space, _pipeline_options
+    model, cluster = load_model("llama-3.1-405b"), load_cluster("h100-sxm", nodes=64)
+    job = JobSpec(global_batch_tokens=8192 * 512, seq_len=8192)
+    assert ("interleaved", 8) in set(_pipeline_options(model, 8, Space(max_vpp=8)))
+    assert ("interleaved", 3) not in set(_pipeline_options(model, 8, Space(max_vpp=8)))
+    base = "tp=8,pp=8,dp_shard=8,mbs=1,recompute=full,sharding=megatron"
+    plain, inter = (evaluate_plan(model, cluster, job, parse_plan(base + extra))
+                    for extra in ("", ",schedule=interleaved,vpp=8"))
+    assert inter.time_breakdown["pipeline bubble"] == pytest.approx(plain.time_breakdown["pipeline bubble"] / 8)
+
+
 def test_context_parallel_ring_and_ulysses():
     ring = _est("cp=2,dp_shard=32,mbs=1,recompute=full", seq=8192)
     cp = [e for e in ring.comm if e.axis == "cp"]
@@ -150,7 +166,7 @@ def test_megatron_distributed_optimizer_memory():
     ("cp=3,dp_shard=1", "plan"),
     ("cp=64", "plan.cp"),
     ("pp=64,dp_shard=1", "plan.vpp"),
-    ("pp=8,dp_shard=8,schedule=interleaved,vpp=3", "plan.vpp"),
+    ("pp=8,dp_shard=8,schedule=interleaved,vpp=11", "plan.vpp"),  # 88 chunks, 80 layers
     ("pp=8,dp_shard=8,schedule=zb-h1,sharding=zero1", "plan.schedule"),
     ("dp_shard=64,ep=2", "plan.ep"),
 ])

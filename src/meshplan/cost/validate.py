@@ -39,10 +39,12 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
                                            f"({heads} query, {kv} KV); got cp={plan.cp}")
     if plan.pp > model.n_layers:
         raise SpecError("plan.pp", f"{plan.pp} stages for {model.n_layers} layers; allowed: 1..{model.n_layers}")
+    # Model chunks need not hold equal layer counts (Megatron's pipeline_model_parallel_layout and its
+    # account_for_embedding/loss_in_pipeline_split, torchtitan's per-stage module lists), but each needs one.
     chunks = plan.pp * plan.model_chunks
-    if plan.model_chunks > 1 and model.n_layers % chunks:
-        raise SpecError("plan.vpp", f"n_layers={model.n_layers} must divide into pp x chunks = {plan.pp} x "
-                                    f"{plan.model_chunks}")
+    if plan.model_chunks > 1 and model.n_layers < chunks:
+        raise SpecError("plan.vpp", f"pp x chunks = {plan.pp} x {plan.model_chunks} model chunks for "
+                                    f"n_layers={model.n_layers}; each chunk needs a layer")
     if plan.ep > 1:
         if not model.is_moe:
             raise SpecError("plan.ep", f"{model.name} is dense; expert parallelism needs an MoE model")

@@ -141,7 +141,10 @@ def _pipeline_options(model: ModelSpec, pp: int, space: Space) -> Iterator[tuple
     for schedule in space.schedules:
         if schedule == "interleaved":
             for v in range(2, space.max_vpp + 1):
-                if model.n_layers % (pp * v) == 0:
+                # equal chunks, or equal once the embedding and the loss count as a layer each (Megatron's
+                # --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split)
+                chunks = pp * v
+                if model.n_layers >= chunks and (model.n_layers % chunks == 0 or (model.n_layers + 2) % chunks == 0):
                     yield schedule, v
         elif schedule == "zb-v":
             if model.n_layers % (2 * pp) == 0:

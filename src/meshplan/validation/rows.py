@@ -187,7 +187,7 @@ def _plan(row: dict[str, str], model: ModelSpec, n_gpus: int) -> Plan:
         raise Skip(f"ep={ep} does not fold into tp·cp·dp_shard = {tp * cp * dp_shard}")
     vpp = _i(row, "virtual_pp")
     schedule, v = "1f1b", 1
-    if pp > 1 and vpp and vpp > 1 and model.n_layers % (pp * vpp) == 0:
+    if pp > 1 and vpp and vpp > 1 and model.n_layers >= pp * vpp:  # uneven chunks: Megatron layouts
         schedule, v = "interleaved", vpp
     rc = (row.get("recompute") or "").lower()
     if rc.startswith("selective") and ("op" in rc or "sac" in rc):
