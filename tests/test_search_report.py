@@ -150,14 +150,22 @@ def test_option_variants_are_valid_distinct_and_not_the_default():
     assert len(seen) > 1000
 
 
-def test_branch_and_bound_finds_what_evaluating_every_variant_finds():
+def _moe_scenario():
+    """Mixtral 8x7B on four 4-GPU nodes: expert groups span nodes, so DeepEP and the overlap are offered."""
+    from meshplan import JobSpec, load_cluster, load_model
+    return (load_model("mixtral-8x7b"), load_cluster("h100-sxm", nodes=4, gpus_per_node=4),
+            JobSpec(global_batch_tokens=262_144, seq_len=4096))
+
+
+@pytest.mark.parametrize("scenario", [lambda: worked_example(nodes=2), _moe_scenario], ids=["dense", "moe"])
+def test_branch_and_bound_finds_what_evaluating_every_variant_finds(scenario):
     """The search prunes option variants by a lower bound; evaluating all of them must not change the
     recommendation or the tie band."""
     from meshplan import evaluate, search
     from meshplan.search.rank import rank
     from meshplan.search.space import option_variants
 
-    m, c, j = worked_example(nodes=2)
+    m, c, j = scenario()
     space = Space(max_vpp=2)
     result = search(m, c, j, space)
     assert result.n_pruned > 0

@@ -90,8 +90,11 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
     recompute_modes = 3 if job.flash_attention else 4
 
     @functools.cache
-    def configurations(dp: int, pp: int) -> int:
-        """Micro-batch sizes x recompute modes, 'full' on 1..L layers of an L-layer stage."""
+    def configurations(dp: int, pp: int, ep_overlap: bool) -> int:
+        """Micro-batch sizes x recompute modes, 'full' on 1..L layers of an L-layer stage (no 'full' with
+        Megatron's MoE all-to-all overlap)."""
+        if ep_overlap:
+            return (recompute_modes - 1) * len(micro_batch_sizes(job, dp))
         partial = max(d + e for d, e in stage_layers(model, pp)) - 1
         return (recompute_modes + partial) * len(micro_batch_sizes(job, dp))
 
@@ -134,7 +137,7 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
         tick(i)
     if progress:
         progress(total, total)
-    n_cfg = sum(configurations(p.dp, p.pp) for p in [*plans, *variants])
+    n_cfg = sum(configurations(p.dp, p.pp, p.ep_overlap) for p in [*plans, *variants])
     ranked = rank(results)
     if refine_top:
         from meshplan.sim.simulate import refine
