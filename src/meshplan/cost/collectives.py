@@ -110,7 +110,8 @@ def _nic_bytes_per_s(cluster: ClusterSpec | _Links) -> float:
 def remote_nodes_per_token(n_experts: int, top_k: int, n_nodes: int) -> float:
     """Expected number of other nodes a token's experts lie on [nodes]: ``n_experts`` spread evenly over
     ``n_nodes``, ``top_k`` distinct experts chosen uniformly (balanced routing). A node is missed with
-    probability C(E - E/k, top_k) / C(E, top_k)."""
+    probability C(E - E/n_nodes, top_k) / C(E, top_k). Node-limited routing (DeepSeek-V3: at most 4
+    nodes per token) is not modelled, so this is an upper bound for such models."""
     if n_nodes <= 1:
         return 0.0
     per_node = n_experts / n_nodes

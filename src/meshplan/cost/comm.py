@@ -88,6 +88,9 @@ class StageTraffic:
     m: int
     recomputed: tuple[int, int]
     """(dense, MoE) layers whose forward recompute='full' re-runs (all, or the first recompute_layers)."""
+    unpaired: float = 1.0
+    """Micro-batches whose forward (and as many backwards) run with no other micro-batch beside them:
+    pipeline warm-up and cool-down (pipeline.unpaired_microbatches)."""
 
 
 class _Ledger:
@@ -265,7 +268,8 @@ def _context_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraff
 def _expert_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, st: StageTraffic) -> None:
     """Dispatch and combine of every MoE layer, forward and backward. With ``ep_dispatch='deepep'`` a token
     crosses the network once per node holding one of its experts; with ``ep_overlap`` the all-to-alls of
-    one micro-batch hide behind another's compute, all but the first forward's and the last backward's."""
+    one micro-batch hide behind another's compute, except those of the forwards that run with no backward
+    beside them (warm-up) and of the backwards with no forward (cool-down)."""
     if plan.ep <= 1 or st.n_moe_layers == 0:
         return
     tokens = st.tokens / (plan.tp if plan.sequence_parallel else 1)
@@ -277,7 +281,7 @@ def _expert_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, s
     share = None
     if plan.ep_dispatch == "deepep":
         share = remote_nodes_per_token(model.n_experts, model.top_k, grp.n_nodes) / model.top_k
-    window, edge = (OTHER_MICROBATCH, 2 * st.n_moe_layers) if plan.ep_overlap else ("none", 0)
+    window, edge = (OTHER_MICROBATCH, 2 * st.n_moe_layers * st.unpaired) if plan.ep_overlap else ("none", 0)
     led.add(ALL_TO_ALL, "ep", "MoE token dispatch and combine (forward)", "forward", fwd, msg, window,
             time_scale=scale, remote_share=share, edge_calls=edge)
     led.add(ALL_TO_ALL, "ep", "MoE dispatch and combine gradients (backward)", "backward", 2 * calls, msg,

@@ -42,8 +42,9 @@ class ComputeParams:
     attention_efficiency: float = 0.40
     """FlashAttention forward+backward throughput over BF16 peak, on long blocks."""
     attention_half_len: float = 256.0
-    """Key length at which attention efficiency halves: short sequences, and short blocks as in ring
-    context parallelism with many ranks, run FlashAttention below its long-sequence rate."""
+    """Block length L½ of the attention length efficiency (L / (L + L½))², a quarter of the long-sequence
+    rate at L = L½: short sequences, and short blocks as in ring context parallelism with many ranks, run
+    FlashAttention below its long-sequence rate."""
     memory_efficiency: float = 0.80
     """Achieved over spec HBM bandwidth for memory-bound kernels (Azure STREAM-like: 79-95 %)."""
     overlap_efficiency: float = 0.9
@@ -84,8 +85,10 @@ def gemm_time_s(m: float, n: float, k: float, *, peak_flop_per_s: float, e_max: 
 
 
 FLASH_TILE = 128
-"""Query and key tile of FlashAttention's kernels for head dimensions up to 128 [tokens] (FlashAttention-2
-forward, head dimension 64: kBlockM = kBlockN = 128, csrc/flash_attn/src/flash_fwd_launch_template.h)."""
+"""Query tile of FlashAttention's kernels [tokens], the granularity at which a causal mask is skipped
+(FlashAttention-2 forward: kBlockM = 128, and kBlockN = 128 for head dimension 64,
+csrc/flash_attn/src/flash_fwd_launch_template.h; other head dimensions and kernels use 64-176-token key
+tiles, which the calibrated asymptote absorbs)."""
 
 
 def causal_time_fraction(block_len: float, asymptote: float) -> float:
@@ -167,8 +170,8 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     if flash_attention:
         # blocks of S/cp queries against S/cp keys with ring or all-gather CP; whole sequences otherwise
         block = seq_len / cp if cp_chunked else seq_len
-        if causal_kernel:
-            attn_flop *= causal_time_fraction(block, params.causal_attention_fraction)
+        if causal_kernel:  # only the sequence's diagonal tiles are partial, however CP splits it
+            attn_flop *= causal_time_fraction(seq_len, params.causal_attention_fraction)
         attn_fwd = attn_flop / (accel.bf16_flop_per_s * params.attention_efficiency * params.kernel_scale
                                 * attention_length_efficiency(block, params.attention_half_len))
     else:

@@ -55,6 +55,20 @@ def in_flight_microbatches(*, schedule: str, pp: int, m: int, vpp: int, stage: i
     return held
 
 
+def unpaired_microbatches(*, schedule: str, pp: int, m: int, vpp: int, stage: int) -> float:
+    """Micro-batches (in layers of the stage) whose forward runs with no backward beside it, and as many
+    backwards with no forward: the warm-up and cool-down of stage ``stage``. Megatron's MoE all-to-all
+    overlap pairs a forward with a backward only in the steady state; its interleaved schedule warms up
+    (pp - stage - 1)·2 + (v - 1)·pp + 1 model chunks (get_pp_rank_microbatches,
+    megatron/core/pipeline_parallel/schedules.py), a chunk being 1/v of the stage's layers. Without a
+    pipeline one micro-batch: the first forward and the last backward."""
+    if pp == 1:
+        return 1.0 if m > 0 else 0.0
+    v = vpp if schedule == "interleaved" else 1
+    warm = (pp - stage - 1) * (2 if v > 1 else 1) + (v - 1) * pp + 1
+    return min(float(m), warm / v)
+
+
 def bubble_time_s(*, schedule: str, pp: int, vpp: int, t_f_s: float, t_b_s: float, t_w_s: float) -> float:
     """Idle time of a pipeline rank per step [s] ([1], [2]). t_b_s is the input-gradient part of the
     backward, t_w_s the weight-gradient part."""

@@ -31,7 +31,13 @@ from meshplan.cost.estimate import OTHER_MICROBATCH, CommEntry, Estimate, FlopRe
 from meshplan.cost.flops import model_flop_per_token, recompute_flop_per_token
 from meshplan.cost.mesh import Group, axis_groups
 from meshplan.cost.params import ParamCounts, param_counts
-from meshplan.cost.pipeline import bubble_fraction, bubble_time_s, in_flight_microbatches, stage_layers
+from meshplan.cost.pipeline import (
+    bubble_fraction,
+    bubble_time_s,
+    in_flight_microbatches,
+    stage_layers,
+    unpaired_microbatches,
+)
 from meshplan.cost.validate import validate_plan
 from meshplan.memo import cache_by_identity
 from meshplan.specs import AcceleratorSpec, ClusterSpec, JobSpec, ModelSpec, Plan
@@ -138,17 +144,23 @@ def _units(counts: ParamCounts, t: int, ep: int, pp: int, s: int, n_dense: int, 
 def _set_exposure(entries: list[CommEntry], windows: dict[str, float], overlap: float,
                   dp_overlap: float | None = None) -> None:
     """Set ``exposed_s`` on each entry: per (window, link), traffic beyond the window is exposed.
-    ``dp_overlap`` replaces ``overlap`` for data-parallel traffic (an implementation's own prefetching)."""
+    ``dp_overlap`` replaces ``overlap`` for data-parallel traffic (an implementation's own prefetching).
+    Traffic beside another micro-batch (OTHER_MICROBATCH) spans the whole compute, so it gets only what
+    the other windows left of it on its link."""
     by_key: dict[tuple[str, str, bool], list[CommEntry]] = defaultdict(list)
     for e in entries:
         by_key[(e.window, e.link, dp_overlap is not None and e.axis in ("dp_shard", "edp"))].append(e)
-    for (window, _link, dp), group in by_key.items():
+    hidden_on: dict[str, float] = defaultdict(float)
+    for (window, link, dp), group in sorted(by_key.items(), key=lambda kv: kv[0][0] == OTHER_MICROBATCH):
         hideable = sum(e.time_s - e.edge_s for e in group)
         capacity = windows.get(window, 0.0) * (dp_overlap if dp else overlap)
+        if window == OTHER_MICROBATCH:
+            capacity = max(0.0, capacity - hidden_on[link])
         excess = max(0.0, hideable - capacity)
         share = excess / hideable if hideable > 0 else 0.0
         for e in group:
             e.exposed_s = e.edge_s + (e.time_s - e.edge_s) * share
+            hidden_on[link] += e.time_s - e.exposed_s
 
 
 class _StaticMemory(NamedTuple):
@@ -353,8 +365,9 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) 
     plan, job, m = c.plan, c.job, c.m
     lf, lb, t_w, t_r, attn, hf, hb = times
     t_f, t_b = lf + hf, lb + hb
+    unpaired = unpaired_microbatches(schedule=plan.schedule, pp=plan.pp, m=m, vpp=plan.vpp, stage=c.s)
     st = StageTraffic(units=c.units, n_layers=c.n_dense + c.n_moe, n_moe_layers=c.n_moe, has_embedding=c.s == 0,
-                      has_lm_head=c.last, tokens=c.tokens, m=m, recomputed=c.recomputed)
+                      has_lm_head=c.last, tokens=c.tokens, m=m, recomputed=c.recomputed, unpaired=unpaired)
     ledger = comm_ledger(c.model, c.cluster, job, plan, c.groups, st)
     attn_passes = 1.0 + 2.5 + sum(c.recomputed) / (c.n_dense + c.n_moe)
     windows = {

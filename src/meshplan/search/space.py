@@ -106,7 +106,8 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
     ep_opts: list[tuple[str | None, bool]] = [(None, False)]
     if plan.ep > 1 and model.n_experts and "deepep" in FRAMEWORK_EP_DISPATCH[plan.sharding]:
         dispatches = [None, "deepep"] if plan.ep > gpn else [None]  # ep consecutive ranks: across nodes
-        overlaps = [False, True] if plan.pp == 1 or plan.schedule == "interleaved" else [False]
+        pairs = per_replica > 1 and (plan.pp == 1 or plan.schedule == "interleaved")  # a micro-batch to pair
+        overlaps = [False, True] if pairs else [False]
         ep_opts = list(itertools.product(dispatches, overlaps))
     for (sp, async_tp), cp_impl, (raf, sync), (dispatch, ep_overlap) in itertools.product(
             tp_opts, cp_opts, dp_opts, ep_opts):

@@ -9,8 +9,9 @@ Placement of each ledger entry (see meshplan.cost.comm for what each implementat
 - per-step parameter all-gathers (ZeRO-1/2, Megatron distributed optimizer): before each layer's first
   forward;
 - tensor-, sequence- and expert-parallel collectives: inline, between the halves of a layer's compute
-  (on the critical path), unless async-TP lets them overlap the compute they feed; expert-parallel
-  all-to-alls overlapped with another micro-batch (Megatron's MoE overlap) on their own stream;
+  (on the critical path), unless async-TP lets them overlap the compute they feed; of the expert-parallel
+  all-to-alls overlapped with another micro-batch (Megatron's MoE overlap), the closed form's exposed
+  share, on the critical path (the simulator runs one micro-batch at a time and cannot pair two);
 - context-parallel exchanges: beside the layer's attention compute, which waits for them to finish;
 - root units (embedding, LM head): at the start of the forward and the end of the backward.
 """
@@ -64,8 +65,10 @@ def _split(detail: StageDetail, m: int) -> dict[str, list[_Per]]:
             calls = (1 if per_step else m) * (1 if root else L)
             target = "root_b" if root else "grads"
             out[target].append(_Per(e, e.time_s / calls))
-        elif e.window == OTHER_MICROBATCH:  # runs beside another micro-batch's compute, on its own stream
-            out["other_f" if e.phase == "forward" else "other_b"].append(_Per(e, e.time_s / (m * L)))
+        elif e.window == OTHER_MICROBATCH:
+            # The simulator runs one micro-batch at a time, so it cannot pair two: the closed form's exposed
+            # share (warm-up, cool-down, and what the link has no compute left to hide) is on the critical path.
+            out["other_f" if e.phase == "forward" else "other_b"].append(_Per(e, e.exposed_s / (m * L)))
         elif e.window == "attention":
             k = "cp_r" if recomputed else ("cp_f" if e.phase == "forward" else "cp_b")
             out[k].append(_Per(e, e.time_s / (m * L)))
@@ -135,10 +138,10 @@ def stage_ops(detail: StageDetail, plan: Plan, m: int, *, m_sim: int | None = No
                 a = b.compute(f"mb{k} L{i} fwd attention", attn_f + 0.5 * (f_layer - attn_f), "compute", deps)
                 cp = b.comm(f"mb{k} L{i} cp", place["cp_f"], "cp", deps)
                 t1 = b.comm(f"mb{k} L{i} fwd collectives (attention)", _half(place["inline_f"]), "tp", [a])
+                a2a = b.comm(f"mb{k} L{i} fwd all-to-all (exposed share)", place["other_f"], "ep", [a])
                 c = b.compute(f"mb{k} L{i} fwd mlp", 0.5 * (f_layer - attn_f), "compute",
-                              [a, *cp, *([] if async_tp else t1)])
+                              [a, *cp, *a2a, *([] if async_tp else t1)])
                 t2 = b.comm(f"mb{k} L{i} fwd collectives (mlp)", _half(place["inline_f"]), "tp", [c])
-                b.comm(f"mb{k} L{i} fwd all-to-all (overlapped)", place["other_f"], "ep", [a])
                 waits = [] if async_tp else t2
                 fwd_done.append(c)
             if detail.head_f_s:
@@ -163,10 +166,10 @@ def stage_ops(detail: StageDetail, plan: Plan, m: int, *, m_sim: int | None = No
                 c1 = b.compute(f"mb{k} L{i} bwd mlp", 0.5 * b_layer, "compute", deps)
                 t1 = b.comm(f"mb{k} L{i} bwd collectives (mlp)", _half(place["inline_b"]), "tp", [c1])
                 cp = b.comm(f"mb{k} L{i} cp (backward)", place["cp_b"], "cp", [c1])
+                a2a = b.comm(f"mb{k} L{i} bwd all-to-all (exposed share)", place["other_b"], "ep", [c1])
                 c2 = b.compute(f"mb{k} L{i} bwd attention", 0.5 * b_layer, "compute",
-                               [c1, *([] if async_tp else t1)])
+                               [c1, *a2a, *([] if async_tp else t1)])
                 t2 = b.comm(f"mb{k} L{i} bwd collectives (attention)", _half(place["inline_b"]), "tp", [c2])
-                b.comm(f"mb{k} L{i} bwd all-to-all (overlapped)", place["other_b"], "ep", [c1])
                 waits = [*cp, *([] if async_tp else t2)]
                 bwd_done.append(c2)
                 b.comm(f"mb{k} L{i} grad reduction", every, "grads", [c2])

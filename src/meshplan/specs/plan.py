@@ -131,6 +131,9 @@ class Plan:
                                             f"{' or '.join(FRAMEWORK_CP[self.sharding])}; got {self.cp_impl}")
         if self.ep_dispatch is not None:
             one_of("plan.ep_dispatch", self.ep_dispatch, EP_DISPATCH)
+            if self.ep < 2:
+                raise SpecError("plan.ep_dispatch", f"dispatches to expert-parallel ranks; needs ep >= 2, "
+                                                    f"got {self.ep}")
             if self.ep_dispatch not in FRAMEWORK_EP_DISPATCH[self.sharding]:
                 raise SpecError("plan.ep_dispatch", f"sharding={self.sharding} dispatches MoE tokens with "
                                                     f"{' or '.join(FRAMEWORK_EP_DISPATCH[self.sharding])}; "
