@@ -42,8 +42,8 @@ from meshplan.cost.collectives import (
     ALL_TO_ALL,
     REDUCE_SCATTER,
     SEND_RECV,
+    _collective_time_s,
     busbw_factor,
-    collective_time_s,
     remote_nodes_per_token,
 )
 from meshplan.cost.estimate import OTHER_MICROBATCH, CommEntry
@@ -107,7 +107,9 @@ class _Ledger:
             return
         if grp.n_nodes == 1:
             remote_share = None  # a deduplicated dispatch inside one node is an ordinary all-to-all
-        t_one = collective_time_s(op, message_bytes, grp, self.cluster, remote_share=remote_share) * time_scale
+        c = self.cluster  # collective_time_s without its keyword layer: this is the search's hottest call
+        t_one = _collective_time_s(c.intra, c.inter, op, message_bytes, grp.size, grp.ranks_per_node,
+                                   c.gpus_per_node, remote_share) * time_scale
         sent = count * message_bytes * busbw_factor(op, grp.size)
         inter = 0.0
         if grp.n_nodes > 1:

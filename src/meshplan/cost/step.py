@@ -148,19 +148,27 @@ def _set_exposure(entries: list[CommEntry], windows: dict[str, float], overlap: 
     Traffic beside another micro-batch (OTHER_MICROBATCH) spans the whole compute, so it gets only what
     the other windows left of it on its link."""
     by_key: dict[tuple[str, str, bool], list[CommEntry]] = defaultdict(list)
+    later: list[CommEntry] = []
     for e in entries:
-        by_key[(e.window, e.link, dp_overlap is not None and e.axis in ("dp_shard", "edp"))].append(e)
-    hidden_on: dict[str, float] = defaultdict(float)
-    for (window, link, dp), group in sorted(by_key.items(), key=lambda kv: kv[0][0] == OTHER_MICROBATCH):
-        hideable = sum(e.time_s - e.edge_s for e in group)
-        capacity = windows.get(window, 0.0) * (dp_overlap if dp else overlap)
-        if window == OTHER_MICROBATCH:
-            capacity = max(0.0, capacity - hidden_on[link])
-        excess = max(0.0, hideable - capacity)
-        share = excess / hideable if hideable > 0 else 0.0
-        for e in group:
-            e.exposed_s = e.edge_s + (e.time_s - e.edge_s) * share
-            hidden_on[link] += e.time_s - e.exposed_s
+        if e.window == OTHER_MICROBATCH:
+            later.append(e)
+        else:
+            by_key[(e.window, e.link, dp_overlap is not None and e.axis in ("dp_shard", "edp"))].append(e)
+    for (window, _link, dp), group in by_key.items():
+        _expose(group, windows.get(window, 0.0) * (dp_overlap if dp else overlap))
+    for link in {e.link for e in later}:
+        hidden = sum(e.time_s - e.exposed_s for e in entries if e.link == link and e.window != OTHER_MICROBATCH)
+        _expose([e for e in later if e.link == link],
+                max(0.0, windows.get(OTHER_MICROBATCH, 0.0) * overlap - hidden))
+
+
+def _expose(group: list[CommEntry], capacity: float) -> None:
+    """Expose what of ``group`` exceeds ``capacity`` seconds of hiding compute, pro rata, plus the edges."""
+    hideable = sum(e.time_s - e.edge_s for e in group)
+    excess = max(0.0, hideable - capacity)
+    share = excess / hideable if hideable > 0 else 0.0
+    for e in group:
+        e.exposed_s = e.edge_s + (e.time_s - e.edge_s) * share
 
 
 class _StaticMemory(NamedTuple):
