@@ -9,8 +9,8 @@ Procedure (docs/calibration.md):
 2. Loss: mean |log(predicted / measured)| of tokens/s per GPU over the training rows (robust to the
    few rows whose published configuration is incomplete).
 3. Optimiser: cyclic coordinate descent, a golden-section search per parameter within physical bounds,
-   three rounds, starting from the stated defaults; a parameter's search re-evaluates only the rows it
-   affects.
+   starting from the stated defaults, in rounds until one improves the loss by less than 0.2 % (at most
+   eight); a parameter's search re-evaluates only the rows it affects.
 4. Cross-validation: k folds (rows assigned by index, deterministic), each fitted from the defaults on
    the other folds and used to predict its own rows; the reported error is over those out-of-fold
    predictions. Optionally leave-one-source-group-out.
@@ -119,11 +119,25 @@ def _row_loss(r: RowResult, state: State) -> float:
     return abs(math.log(pred / sc.measured_tokens_per_s_per_gpu))
 
 
-def fit(rows: list[RowResult], *, rounds: int = 3, progress: Callable[[str], None] | None = None) -> State:
-    """Fit the parameter space on ``rows`` (which must have scenarios) from the defaults."""
+MAX_ROUNDS = 8
+TOLERANCE = 0.002
+"""Coordinate descent stops when a round improves the total loss by less than this fraction. Three fixed
+rounds had stopped short: the GEMM shape constant and the per-GPU kernel scales trade off along a valley
+that coordinate steps descend slowly (six rounds: fit MAPE 10.5 % → 9.7 %, cross-validated 12.0 % → 11.0 %)."""
+
+
+def total_loss(rows: list[RowResult], state: State) -> float:
+    return sum(_row_loss(r, state) for r in rows)
+
+
+def fit(rows: list[RowResult], *, rounds: int = MAX_ROUNDS, tol: float = TOLERANCE,
+        progress: Callable[[str], None] | None = None) -> State:
+    """Fit the parameter space on ``rows`` (which must have scenarios) from the defaults: rounds of
+    coordinate descent until one improves the loss by less than ``tol`` (relative), at most ``rounds``."""
     state = empty_state()
     defaults = ComputeParams()
     space = parameter_space(rows)
+    before = total_loss(rows, state)
     for rnd in range(rounds):
         for p in space:
             subset = [r for r in rows if _affects(p, r)]
@@ -139,6 +153,10 @@ def fit(rows: list[RowResult], *, rounds: int = 3, progress: Callable[[str], Non
             table[p.key] = _golden(loss, p, start)
             if progress:
                 progress(f"round {rnd + 1}/{rounds} {p.scope}.{p.key} = {table[p.key]:.4g}")
+        after = total_loss(rows, state)
+        if before - after < tol * before:
+            break
+        before = after
     return state
 
 
@@ -177,7 +195,7 @@ def folds(rows: list[RowResult], k: int) -> list[list[RowResult]]:
     return out
 
 
-def cross_validate(rows: list[RowResult], *, k: int = 5, rounds: int = 2, by_group: bool = False,
+def cross_validate(rows: list[RowResult], *, k: int = 5, rounds: int = MAX_ROUNDS, by_group: bool = False,
                    progress: Callable[[str], None] | None = None) -> None:
     """Fill ``cv_predicted_tokens_per_s_per_gpu`` of every row from a fit that did not see it."""
     modelled = [r for r in rows if r.scenario is not None and r.measured_tokens_per_s_per_gpu]

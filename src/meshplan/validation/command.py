@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.calibration import compute_params_for
+from meshplan.validation.calibrate import MAX_ROUNDS, TOLERANCE
 from meshplan.validation.validate import RowResult, load_scenarios, read_rows, run, summary
 
 BINS = (0.02, 0.05, 0.10, 0.20, 0.50)
@@ -21,7 +22,9 @@ def register(sub: Any) -> None:
     p.add_argument("--plot", metavar="FILE", help="write predicted against measured tokens/s (PNG)")
     p.add_argument("--cv", type=int, default=5, metavar="K",
                    help="k-fold cross-validation: refit on k-1 folds, predict the k-th (0: skip; default 5)")
-    p.add_argument("--cv-rounds", type=int, default=2, help="coordinate-descent rounds per fold (default 2)")
+    p.add_argument("--cv-rounds", type=int, default=MAX_ROUNDS,
+                   help=f"most coordinate-descent rounds per fold; each fit stops earlier once a round gains "
+                        f"less than {TOLERANCE * 100:.1f} %% (default {MAX_ROUNDS})")
     p.add_argument("--by-source", action="store_true", help="also leave one source group out at a time")
     p.add_argument("--calibrate", metavar="TOML", help="fit on every row and write the parameters to TOML")
     p.add_argument("--profile", default=None, metavar="FILE",
@@ -154,7 +157,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 r.notes = notes
     modelled = [r for r in results if r.scenario is not None]
     if args.calibrate:
-        state = cal.fit(modelled, rounds=3, progress=_progress)
+        state = cal.fit(modelled, progress=_progress)
         cal.cross_validate(results, k=max(2, args.cv or 5), rounds=args.cv_rounds, progress=_progress)
         bands = cal.uncertainty_bands(results)
         cv_sum = summary(results, use_cv=True)["tokens_per_s_per_gpu"]
