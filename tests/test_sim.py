@@ -112,4 +112,5 @@ def test_overlapped_moe_all_to_all_is_not_free_in_the_simulator(nic_gb_per_s):
     sim = simulate(est, slowdown=CP.comm_slowdown, step_overhead_s=CP.step_overhead_s)
     exposed = sum(e.exposed_s for e in est.comm if e.axis == "ep")
     assert sim.step_time_s >= est.time_breakdown["compute"] + exposed
-    assert sim.step_time_s == pytest.approx(est.step_time_s, rel=0.15)
+    # the two place contention differently (the closed form charges comm_slowdown on all hidden traffic)
+    assert sim.step_time_s == pytest.approx(est.step_time_s, rel=0.25)
