@@ -368,15 +368,21 @@ def _optimizer_s(c: _StageCtx, compute: ComputeParams) -> float:
                                  accel=c.cluster.accelerator, params=compute)
 
 
+def _stage_ledger(c: _StageCtx) -> list[CommEntry]:
+    """Every collective stage ``c.s`` issues in a step (exposure not yet set)."""
+    plan = c.plan
+    unpaired = unpaired_microbatches(schedule=plan.schedule, pp=plan.pp, m=c.m, vpp=plan.vpp, stage=c.s)
+    st = StageTraffic(units=c.units, n_layers=c.n_dense + c.n_moe, n_moe_layers=c.n_moe, has_embedding=c.s == 0,
+                      has_lm_head=c.last, tokens=c.tokens, m=c.m, recomputed=c.recomputed, unpaired=unpaired)
+    return comm_ledger(c.model, c.cluster, c.job, plan, c.groups, st)
+
+
 def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) -> StageDetail:
     """Communication ledger, exposure and the stage's step time [s]."""
-    plan, job, m = c.plan, c.job, c.m
+    plan, m = c.plan, c.m
     lf, lb, t_w, t_r, attn, hf, hb = times
     t_f, t_b = lf + hf, lb + hb
-    unpaired = unpaired_microbatches(schedule=plan.schedule, pp=plan.pp, m=m, vpp=plan.vpp, stage=c.s)
-    st = StageTraffic(units=c.units, n_layers=c.n_dense + c.n_moe, n_moe_layers=c.n_moe, has_embedding=c.s == 0,
-                      has_lm_head=c.last, tokens=c.tokens, m=m, recomputed=c.recomputed, unpaired=unpaired)
-    ledger = comm_ledger(c.model, c.cluster, job, plan, c.groups, st)
+    ledger = _stage_ledger(c)
     attn_passes = 1.0 + 2.5 + sum(c.recomputed) / (c.n_dense + c.n_moe)
     windows = {
         "forward": m * t_f, "backward": m * (t_b + t_w + t_r), "first_forward": t_f,
