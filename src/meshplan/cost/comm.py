@@ -42,8 +42,8 @@ from meshplan.cost.collectives import (
     ALL_TO_ALL,
     REDUCE_SCATTER,
     SEND_RECV,
-    _collective_time_s,
     busbw_factor,
+    collective_time_s,
     remote_nodes_per_token,
 )
 from meshplan.cost.estimate import OTHER_MICROBATCH, CommEntry
@@ -105,11 +105,7 @@ class _Ledger:
         grp = group or self.groups[axis]
         if count <= 0 or message_bytes <= 0 or (grp.size <= 1 and op != SEND_RECV):
             return
-        if grp.n_nodes == 1:
-            remote_share = None  # a deduplicated dispatch inside one node is an ordinary all-to-all
-        c = self.cluster  # collective_time_s without its keyword layer: this is the search's hottest call
-        t_one = _collective_time_s(c.intra, c.inter, op, message_bytes, grp.size, grp.ranks_per_node,
-                                   c.gpus_per_node, remote_share) * time_scale
+        t_one = collective_time_s(op, message_bytes, grp, self.cluster, remote_share=remote_share) * time_scale
         sent = count * message_bytes * busbw_factor(op, grp.size)
         inter = 0.0
         if grp.n_nodes > 1:

@@ -384,10 +384,11 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) 
     t_f, t_b = lf + hf, lb + hb
     ledger = _stage_ledger(c)
     attn_passes = 1.0 + 2.5 + sum(c.recomputed) / (c.n_dense + c.n_moe)
+    whole = m * (t_f + t_b + t_w + t_r)  # every compute of the step
     windows = {
         "forward": m * t_f, "backward": m * (t_b + t_w + t_r), "first_forward": t_f,
         "last_backward": t_b + t_w + t_r, "attention": m * attn * attn_passes,
-        "pipeline": m * (t_f + t_b + t_w + t_r), OTHER_MICROBATCH: m * (t_f + t_b + t_w + t_r), "none": 0.0,
+        "pipeline": whole, OTHER_MICROBATCH: whole, "none": 0.0,
     }
     _set_exposure(ledger, windows, compute.overlap_efficiency,
                   compute.zero3_overlap_efficiency if plan.sharding == "zero3" else None)
@@ -672,6 +673,20 @@ def _evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, 
     return _Choice(model, cluster, job, plan, compute, mfu, cutoff_s).choose(time_infeasible=time_infeasible)
 
 
+def recompute_options(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[str], int]:
+    """The recompute modes ``evaluate`` chooses among for ``plan``, least recomputation first, and the
+    largest number of layers per stage it may recompute partially (full recomputation of the first 1..L-1
+    layers of an L-layer stage, searched when nothing is fixed; 0: none)."""
+    if plan.recompute:
+        return [plan.recompute], 0
+    if plan.recompute_layers:
+        return ["full"], 0
+    modes = ["none", "sac", "full"] if job.flash_attention else ["none", "selective", "sac", "full"]
+    if plan.ep_overlap:  # Megatron's all-to-all overlap runs without full recomputation
+        return modes[:-1], 0
+    return modes, max(d + e for d, e in stage_layers(model, plan.pp)) - 1
+
+
 def _bisect(ok: Callable[[int], bool], lo: int, hi: int) -> int | None:
     """The smallest index in [lo, hi] where ``ok`` holds, ``ok`` being monotone; None if nowhere."""
     found = None
@@ -704,18 +719,7 @@ class _Choice:
         self.counts = param_counts(model)
         self.shared = _plan_shared(model, self.counts, cluster, job, plan)
         self.mbs_list = [plan.mbs] if plan.mbs else micro_batch_sizes(job, plan.dp)  # largest first
-        self.max_stage_layers = max(d + e for d, e in self.shared.layout)
-        if plan.recompute:
-            self.recomputes = [plan.recompute]
-        elif plan.recompute_layers:
-            self.recomputes = ["full"]
-        else:
-            self.recomputes = ["none", "sac", "full"] if job.flash_attention else ["none", "selective", "sac", "full"]
-            if plan.ep_overlap:  # Megatron's all-to-all overlap runs without full recomputation
-                self.recomputes.remove("full")
-        # partial recomputation (the fewest layers per stage that fit) is searched when nothing is fixed
-        self.partial = (plan.recompute is None and plan.recompute_layers is None and self.max_stage_layers > 1
-                        and not plan.ep_overlap)
+        self.recomputes, self.partial_layers = recompute_options(model, job, plan)
         self.best: Estimate | None = None
         self._plans: dict[_Key, Plan] = {}
         self._probes: dict[_Key, _Probe] = {}
@@ -797,12 +801,12 @@ class _Choice:
             none_fit = first_fits.get("none")
             for i in self.tries(first_fit):
                 self.consider(rc, mbs[i])
-                if (rc != "full" or not self.partial or (none_fit is not None and i >= none_fit)
+                if (rc != "full" or not self.partial_layers or (none_fit is not None and i >= none_fit)
                         or self.pruned(rc, mbs[i], 1)):
                     continue
                 # Partial recomputation at this micro-batch size: time grows and memory shrinks with the
                 # number of recomputed layers, so the fewest that fit is the fastest; bisect for it.
-                n = _bisect(lambda k, b=mbs[i]: self.fits("full", b, k), 1, self.max_stage_layers - 1)
+                n = _bisect(lambda k, b=mbs[i]: self.fits("full", b, k), 1, self.partial_layers)
                 if n is not None:
                     self.consider(rc, mbs[i], n)
         if self.best is not None or self.cutoff_s is not None:

@@ -7,7 +7,7 @@ from meshplan.cost.estimate import Estimate
 from meshplan.specs import Plan
 
 TIE_BAND = 0.05
-"""Step-time differences below 5 % are ties: the model's median cross-validated error is about 8 %
+"""Step-time differences below 5 % are ties: the model's median cross-validated error is about 6 %
 (README, Validation), so a smaller gap is no reason to take on another parallel axis."""
 
 

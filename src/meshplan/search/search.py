@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import time
 from collections.abc import Callable, Iterator
@@ -11,11 +10,16 @@ from dataclasses import dataclass
 
 from meshplan.calibration import compute_params_for
 from meshplan.cost.estimate import Estimate
-from meshplan.cost.pipeline import stage_layers
-from meshplan.cost.step import evaluate, evaluate_within, micro_batch_sizes, step_time_lower_bound_s
+from meshplan.cost.step import (
+    evaluate,
+    evaluate_within,
+    micro_batch_sizes,
+    recompute_options,
+    step_time_lower_bound_s,
+)
 from meshplan.search.rank import TIE_BAND, pareto_front, rank
 from meshplan.search.space import Space, enumerate_plans, family, needs_more_memory, option_variants
-from meshplan.specs import ClusterSpec, JobSpec, ModelSpec
+from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 
 Progress = Callable[[int, int], None]
 
@@ -91,16 +95,16 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
             variants.append(v)
             base_of.append(k)
     total = len(plans) + len(variants)
-    recompute_modes = 3 if job.flash_attention else 4
+    counted: dict[tuple[int, int, bool], int] = {}
 
-    @functools.cache
-    def configurations(dp: int, pp: int, ep_overlap: bool) -> int:
-        """Micro-batch sizes x recompute modes, 'full' on 1..L layers of an L-layer stage (no 'full' with
-        Megatron's MoE all-to-all overlap)."""
-        if ep_overlap:
-            return (recompute_modes - 1) * len(micro_batch_sizes(job, dp))
-        partial = max(d + e for d, e in stage_layers(model, pp)) - 1
-        return (recompute_modes + partial) * len(micro_batch_sizes(job, dp))
+    def configurations(p: Plan) -> int:
+        """Micro-batch sizes x (recompute modes + partial recomputation layer counts) that evaluate chooses
+        among; for the search's plans (mbs and recompute unset) that depends on dp, pp and ep_overlap only."""
+        key = (p.dp, p.pp, p.ep_overlap)
+        if key not in counted:
+            modes, partial = recompute_options(model, job, p)
+            counted[key] = (len(modes) + partial) * len(micro_batch_sizes(job, p.dp))
+        return counted[key]
 
     def tick(i: int) -> None:
         if progress and (i % 64 == 0 or i == total):
@@ -141,7 +145,7 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
         tick(i)
     if progress:
         progress(total, total)
-    n_cfg = sum(configurations(p.dp, p.pp, p.ep_overlap) for p in [*plans, *variants])
+    n_cfg = sum(configurations(p) for p in [*plans, *variants])
     ranked = rank(results)
     if refine_top:
         from meshplan.sim.simulate import refine
