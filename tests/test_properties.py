@@ -14,6 +14,7 @@ from meshplan.cost.collectives import (
     ALL_REDUCE,
     ALL_TO_ALL,
     REDUCE_SCATTER,
+    SEND_RECV,
     busbw_factor,
     bytes_sent_per_rank,
     collective_time_s,
@@ -121,6 +122,16 @@ def test_collective_time_grows_with_message_size(cluster, op, size, stride, msg,
     assert collective_time_s(op, msg * factor, g, cluster) >= collective_time_s(op, msg, g, cluster)
 
 
+@SETTINGS
+@given(clusters(), st.sampled_from([ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL, SEND_RECV]),
+       st.sampled_from([2, 4, 8, 16, 64]), st.sampled_from([1, 8]), st.floats(1e4, 1e10), st.integers(2, 64))
+def test_fewer_larger_calls_are_never_slower(cluster, op, size, stride, msg, k):
+    """The same bytes in k times fewer calls take no longer: what makes the search's communication floor
+    (step._critical_comm_s, taken at the largest micro-batch size) a lower bound."""
+    g = group("x", size, stride, cluster.gpus_per_node)
+    assert collective_time_s(op, msg * k, g, cluster) <= k * collective_time_s(op, msg, g, cluster) * (1 + 1e-12)
+
+
 @given(st.sampled_from(["1f1b", "interleaved", "zb-h1", "gpipe"]), st.integers(2, 32), st.integers(1, 256))
 def test_bubble_shrinks_with_more_microbatches(schedule, p, m):
     v = 2 if schedule == "interleaved" else 1
@@ -164,6 +175,27 @@ def test_step_time_lower_bound_never_exceeds_the_step_time(model, cluster, job, 
     compute = compute_params_for(cluster.accelerator.name, job.software)
     est = evaluate(model, cluster, job, plan, compute=compute)
     assert step_time_lower_bound_s(model, cluster, job, plan, compute) <= est.step_time_s * (1 + 1e-9)
+
+
+@SETTINGS
+@given(models(), clusters(), jobs(), st.data())
+def test_combination_bound_never_exceeds_its_step_time(model, cluster, job, data):
+    """evaluate skips a micro-batch size and recompute mode whose bound (compute, bubble and the
+    communication no compute hides) cannot beat the best one timed: the bound must hold for each."""
+    from meshplan.calibration import compute_params_for
+    from meshplan.cost.step import _compute_bound_s, micro_batch_sizes, recompute_options
+    from meshplan.search.space import Space, enumerate_plans, option_variants
+
+    plans = list(enumerate_plans(model, cluster, job, Space(max_vpp=2)))
+    if not plans:
+        return
+    plan = data.draw(st.sampled_from(plans))
+    plan = data.draw(st.sampled_from([plan, *option_variants(model, cluster, job, plan)]))
+    b = data.draw(st.sampled_from(micro_batch_sizes(job, plan.dp)))
+    rc = data.draw(st.sampled_from(recompute_options(model, job, plan)[0]))
+    compute = compute_params_for(cluster.accelerator.name, job.software)
+    est = evaluate(model, cluster, job, replace(plan, mbs=b, recompute=rc), compute=compute)
+    assert _compute_bound_s(model, cluster, job, plan, compute, b, rc) <= est.step_time_s * (1 + 1e-9)
 
 
 @SETTINGS

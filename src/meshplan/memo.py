@@ -15,16 +15,18 @@ from typing import Any, TypeVar
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def cache_by_identity(n_specs: int, maxsize: int = 1 << 16) -> Callable[[F], F]:
+def cache_by_identity(n_specs: int, maxsize: int = 1 << 16, n_unkeyed: int = 0) -> Callable[[F], F]:
     """Memoise a function of positional arguments whose first ``n_specs`` are specs (keyed by identity)
-    and the rest hashable values (keyed by value). The table is cleared when it reaches ``maxsize``."""
+    and the rest hashable values (keyed by value), except the last ``n_unkeyed``: passed through but not
+    part of the key, the caller guaranteeing that the keyed arguments determine what is read of them.
+    The table is cleared when it reaches ``maxsize``."""
 
     def decorate(fn: F) -> F:
         table: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] = {}
 
         @functools.wraps(fn)
         def wrapper(*args: Any) -> Any:
-            key = (*map(id, args[:n_specs]), *args[n_specs:])
+            key = (*map(id, args[:n_specs]), *args[n_specs:len(args) - n_unkeyed])
             hit = table.get(key)
             if hit is not None:
                 return hit[0]

@@ -585,11 +585,47 @@ def _divisors_descending(n: int) -> list[int]:
 def _compute_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, compute: ComputeParams,
                      mbs: int, recompute: str, recompute_layers: int | None = None) -> float:
     """The compute, recomputation and bubble of the busiest stage of ``plan`` at micro-batch size ``mbs``
-    and ``recompute``, plus the fixed step overhead [s]: every term of the step time except
-    communication, contention and the optimizer step, all of which are non-negative."""
-    return _shape_bound_s(model, cluster.accelerator, compute, job, plan.tp, plan.cp, plan.ep, plan.pp,
-                          plan.schedule, plan.vpp, plan.sequence_parallel, plan.context_impl != "a2a", mbs, recompute,
-                          _micro_batches(job, plan.dp, mbs), recompute_layers)
+    and ``recompute``, the fixed step overhead and the communication no compute hides
+    (``_critical_comm_s``) [s]: every term of the step time except the hideable communication, contention
+    and the optimizer step, all of which are non-negative."""
+    m = _micro_batches(job, plan.dp, mbs)
+    return (_shape_bound_s(model, cluster.accelerator, compute, job, plan.tp, plan.cp, plan.ep, plan.pp,
+                           plan.schedule, plan.vpp, plan.sequence_parallel, plan.context_impl != "a2a", mbs,
+                           recompute, m, recompute_layers)
+            + _critical_comm_s(model, cluster, job, plan, mbs, m, recompute, recompute_layers))
+
+
+def _critical_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, mbs: int, m: int,
+                     recompute: str, recompute_layers: int | None) -> float:
+    """The communication no compute hides (window 'none': tensor parallelism without async TP, Ulysses
+    all-to-alls, expert all-to-alls without overlap) of the lighter of the first and last stages at
+    micro-batch size ``mbs`` [s]: every stage's step time includes its own in full."""
+    if not ((plan.tp > 1 and not plan.async_tp) or (plan.cp > 1 and plan.context_impl == "a2a")
+            or (plan.ep > 1 and model.n_moe_layers and not plan.ep_overlap)):
+        return 0.0
+    return _critical_comm_cached(model, cluster, job, plan.tp, plan.sequence_parallel, plan.async_tp,
+                                 plan.sharding == "megatron", plan.cp, plan.context_impl, plan.ep, plan.ep_dispatch,
+                                 plan.ep_overlap, plan.pp, mbs, m, recompute, recompute_layers, plan)
+
+
+@cache_by_identity(n_specs=3, n_unkeyed=1)
+def _critical_comm_cached(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, tp: int, sp: bool, async_tp: bool,
+                          megatron: bool, cp: int, context_impl: str, ep: int, ep_dispatch: str | None,
+                          ep_overlap: bool, pp: int, mbs: int, m: int, recompute: str, recompute_layers: int | None,
+                          plan: Plan) -> float:
+    """``_critical_comm_s``, memoised on the plan fields the TP, CP and EP ledgers read (their groups do not
+    depend on data parallelism): plans that differ only in data-parallel layout or sharding share it."""
+    groups = axis_groups(plan, cluster)
+    layout = stage_layers(model, pp)
+    least = float("inf")
+    for s in sorted({0, pp - 1}):
+        n_dense, n_moe = layout[s]
+        st = StageTraffic(units=(), n_layers=n_dense + n_moe, n_moe_layers=n_moe, has_embedding=s == 0,
+                          has_lm_head=s == pp - 1, tokens=mbs * job.seq_len / cp, m=m,
+                          recomputed=recomputed_layers(recompute, recompute_layers, n_dense, n_moe))
+        least = min(least, sum(e.time_s for e in comm_ledger(model, cluster, job, plan, groups, st)
+                               if e.window == "none"))
+    return least
 
 
 def _micro_batches(job: JobSpec, dp: int, mbs: int) -> int:
@@ -621,13 +657,17 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec
     """A lower bound on ``evaluate(plan).step_time_s`` over every micro-batch size and recompute mode [s].
 
     Each stage's step time is a sum of non-negative terms (module docstring); keeping only the compute
-    without recomputation, the pipeline bubble it implies (which only grows with recomputation) and the
-    fixed step overhead bounds it from below. The search sorts option variants by it and stops where it
-    passes the tie band of the best plan.
+    without recomputation, the pipeline bubble it implies (which only grows with recomputation), the
+    fixed step overhead and the communication no compute hides bounds it from below. That communication
+    is taken at the largest micro-batch size without recomputation, where it is least: the same bytes in
+    fewer, larger calls, none repeated for a recomputed forward. The search sorts option variants by the
+    bound and stops where it passes the tie band of the best plan.
     """
-    return _shape_lower_bound_s(model, cluster.accelerator, compute, job, plan.dp, plan.tp, plan.cp, plan.ep,
-                                plan.pp, plan.schedule, plan.vpp, plan.sequence_parallel, plan.context_impl != "a2a",
-                                plan.mbs)
+    b = plan.mbs or micro_batch_sizes(job, plan.dp)[0]
+    return (_shape_lower_bound_s(model, cluster.accelerator, compute, job, plan.dp, plan.tp, plan.cp, plan.ep,
+                                 plan.pp, plan.schedule, plan.vpp, plan.sequence_parallel,
+                                 plan.context_impl != "a2a", plan.mbs)
+            + _critical_comm_s(model, cluster, job, plan, b, _micro_batches(job, plan.dp, b), "none", None))
 
 
 @cache_by_identity(n_specs=4)
@@ -703,6 +743,15 @@ _Key = tuple[str, int, int | None]
 """(recompute mode, micro-batch size, recomputed layers or None)."""
 
 
+@cache_by_identity(n_specs=4)
+def _shared_bounds(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, compute: ComputeParams, *fields: object
+                   ) -> dict[_Key, float]:
+    """The table of ``_compute_bound_s`` values that plans alike in ``fields`` (every plan field the bound
+    reads, and the fixed micro-batch size) share: option variants that change only the sharding fill it
+    once."""
+    return {}
+
+
 class _Choice:
     """Choosing a plan's micro-batch size and recomputation: the fastest combination that fits.
 
@@ -724,7 +773,10 @@ class _Choice:
         self._plans: dict[_Key, Plan] = {}
         self._probes: dict[_Key, _Probe] = {}
         self._timed: dict[_Key, Estimate] = {}
-        self._bounds: dict[_Key, float] = {}
+        self._bounds = _shared_bounds(model, cluster, job, compute, plan.tp, plan.cp, plan.ep, plan.pp, plan.dp,
+                                      plan.schedule, plan.vpp, plan.sequence_parallel, plan.context_impl,
+                                      plan.async_tp, plan.sharding == "megatron", plan.ep_dispatch, plan.ep_overlap,
+                                      plan.mbs)
 
     def variant(self, rc: str, b: int, n: int | None = None) -> Plan:
         if (rc, b, n) not in self._plans:
@@ -754,10 +806,18 @@ class _Choice:
             limit = min(limit, self.best.step_time_s)
         if limit == float("inf"):
             return False
-        if (rc, b, n) not in self._bounds:
-            self._bounds[rc, b, n] = _compute_bound_s(self.model, self.cluster, self.job, self.plan, self.compute,
-                                                      b, rc, n)
-        return self._bounds[rc, b, n] >= limit
+        return self.bound(rc, b, n) >= limit
+
+    def bound(self, rc: str, b: int, n: int | None = None) -> float:
+        """``_compute_bound_s`` of a combination; b = 0: the least over every micro-batch size."""
+        key = (rc, b, n)
+        if key not in self._bounds:
+            if b == 0:
+                self._bounds[key] = min(self.bound(rc, x) for x in self.mbs_list)
+            else:
+                self._bounds[key] = _compute_bound_s(self.model, self.cluster, self.job, self.plan, self.compute,
+                                                     b, rc, n)
+        return self._bounds[key]
 
     def consider(self, rc: str, b: int, n: int | None = None) -> None:
         """Time the combination unless the bound rules it out; keep it if it is the fastest that fits."""
@@ -788,7 +848,7 @@ class _Choice:
             best = self.best
             if best is not None and self.plan.pp == 1 and best.plan.mbs == mbs[0] and best.plan.recompute == "none":
                 break  # nothing recomputed at the largest micro-batch: recomputing can only be slower
-            if all(self.pruned(rc, b) for b in mbs):
+            if self.pruned(rc, 0):  # every micro-batch size
                 continue
             first_fit = _bisect(lambda i, rc=rc: self.fits(rc, mbs[i]), 0, hi_bound)
             first_fits[rc] = first_fit
