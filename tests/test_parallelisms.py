@@ -34,6 +34,33 @@ def test_moe_expert_parallel_shows_all_to_all_and_expert_memory():
         "expert_params", 0)
 
 
+def test_experts_split_over_tp_without_expert_parallelism():
+    """Without EP the routed experts are split t ways like a dense MLP (Megatron's ETP defaults to TP,
+    torchtitan applies TensorParallel to them): TP=8 x FSDP=4 holds the same expert states per GPU as
+    EP=8 x FSDP=4 and as FSDP=32, and does the same expert GEMM FLOPs."""
+    tp = _est("tp=8,dp_shard=4,mbs=1,recompute=none", model="mixtral-8x7b", nodes=4, batch=1_048_576)
+    ep = _est("ep=8,dp_shard=32,mbs=1,recompute=none", model="mixtral-8x7b", nodes=4, batch=1_048_576)
+    fsdp = _est("dp_shard=32,mbs=1,recompute=none", model="mixtral-8x7b", nodes=4, batch=1_048_576)
+    def states(est) -> float:
+        return est.memory.terms["params"] + est.memory.terms["expert_params"]
+
+    assert states(tp) == pytest.approx(states(fsdp), rel=0.01)
+    assert states(tp) == pytest.approx(states(ep), rel=0.01)
+    assert tp.flops.hardware_flop_per_step == pytest.approx(fsdp.flops.hardware_flop_per_step)
+
+
+def test_tp_collectives_of_moe_layers_follow_the_expert_split():
+    """A layer issues a TP collective pair for attention and one for its MLP; under EP the routed experts
+    are whole on each rank (ETP = 1) and need none, so an MoE layer without shared experts issues one."""
+    def gathers(plan: str) -> int:
+        est = _est(plan, model="mixtral-8x7b", nodes=4, batch=1_048_576)
+        return sum(e.count for e in est.comm if e.purpose == "SP all-gather before QKV and MLP (forward)")
+
+    m = 1_048_576 // 4096 // 4  # micro-batches of one sequence per data-parallel rank
+    assert gathers("tp=8,dp_shard=4,mbs=1,recompute=none") == 2 * 32 * m
+    assert gathers("tp=8,ep=8,dp_shard=4,mbs=1,recompute=none") == 32 * m
+
+
 def _ep(extra: str = "", nodes: int = 4):
     """Mixtral 8x7B with its 8 experts over two 4-GPU nodes (the expert-parallel group spans a node)."""
     from meshplan.cost.step import evaluate as evaluate_plan

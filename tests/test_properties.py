@@ -199,6 +199,32 @@ def test_combination_bound_never_exceeds_its_step_time(model, cluster, job, data
 
 
 @SETTINGS
+@given(models(), clusters(), jobs(), st.sampled_from([6, 12, 24]), st.data())
+def test_evaluate_finds_the_fastest_recomputation_that_fits(model, cluster, job, hbm_gib, data):
+    """With the micro-batch size fixed, evaluate chooses the recompute mode and the number of partially
+    recomputed layers by bounds and bisection: it must find what timing every one of them finds. Small
+    memories force the choice."""
+    from meshplan.cost.step import micro_batch_sizes, recompute_options
+    from meshplan.search.space import Space, enumerate_plans, option_variants
+
+    cluster = replace(cluster, accelerator=replace(cluster.accelerator, hbm_capacity_bytes=hbm_gib * 2**30))
+    plans = list(enumerate_plans(model, cluster, job, Space(max_vpp=2)))
+    if not plans:
+        return
+    plan = data.draw(st.sampled_from(plans))
+    plan = data.draw(st.sampled_from([plan, *option_variants(model, cluster, job, plan)]))
+    plan = replace(plan, mbs=data.draw(st.sampled_from(micro_batch_sizes(job, plan.dp))))
+    chosen = evaluate(model, cluster, job, plan)
+    modes, partial = recompute_options(model, job, plan)
+    tried = [replace(plan, recompute=rc) for rc in modes]
+    tried += [replace(plan, recompute="full", recompute_layers=n) for n in range(1, partial + 1)]
+    times = [e.step_time_s for e in (evaluate(model, cluster, job, p) for p in tried) if e.feasible]
+    if times:
+        assert chosen.feasible
+        assert chosen.step_time_s <= min(times) * (1 + 1e-9)
+
+
+@SETTINGS
 @given(models(), clusters(), jobs(), st.data())
 def test_option_variants_said_to_need_more_memory_do(model, cluster, job, data):
     """The search skips such a variant when its default plan does not fit (search.needs_more_memory)."""

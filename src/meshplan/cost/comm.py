@@ -47,7 +47,7 @@ from meshplan.cost.collectives import (
     remote_nodes_per_token,
 )
 from meshplan.cost.estimate import OTHER_MICROBATCH, CommEntry
-from meshplan.cost.mesh import Group
+from meshplan.cost.mesh import Group, expert_tp
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 
 PARAM_DTYPE_BYTES = 2.0  # bf16 all-gather (FSDP2 MixedPrecisionPolicy.param_dtype)
@@ -186,31 +186,36 @@ def _tensor_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffi
     if plan.tp <= 1:
         return
     msg = st.tokens * model.hidden * ACT_BYTES
-    per_layer_calls = st.m * st.n_layers
-    recomp_calls = st.m * sum(st.recomputed)
+    # one collective pair per layer for attention and one for the MLP; an MoE layer's routed experts need
+    # none under expert parallelism (ETP = 1: the dispatcher moves the sequence-parallel tokens), only
+    # its shared experts, which are split over TP like a dense MLP
+    moe_pairs = 2 if (expert_tp(plan.tp, plan.ep) > 1 or model.n_shared_experts) else 1
+    r_dense, r_moe = st.recomputed
+    per_layer = st.m * (2 * (st.n_layers - st.n_moe_layers) + moe_pairs * st.n_moe_layers)
+    recomputed = st.m * (2 * r_dense + moe_pairs * r_moe)
     # PyTorch's non-reentrant checkpoint stops recomputing once the last saved tensor is rebuilt
-    # (torch/utils/checkpoint.py, set_checkpoint_early_stop), so a block's final reduction after the MLP
-    # is not re-run; Megatron's recomputation re-runs the whole forward.
-    recompute_rs = 2 if plan.sharding == "megatron" else 1
+    # (torch/utils/checkpoint.py, set_checkpoint_early_stop), so a dense block's final reduction after the
+    # MLP is not re-run; Megatron's recomputation re-runs the whole forward.
+    recomputed_rs = recomputed if plan.sharding == "megatron" else recomputed - st.m * r_dense
     window_f = "forward" if plan.async_tp else "none"
     window_b = "backward" if plan.async_tp else "none"
     if plan.sequence_parallel:
         megatron = plan.sharding == "megatron"
-        led.add(ALL_GATHER, "tp", "SP all-gather before QKV and MLP (forward)", "forward", 2 * per_layer_calls,
+        led.add(ALL_GATHER, "tp", "SP all-gather before QKV and MLP (forward)", "forward", per_layer,
                 msg, window_f)
         led.add(REDUCE_SCATTER, "tp", "SP reduce-scatter after attention and MLP (forward)", "forward",
-                2 * per_layer_calls, msg, window_f)
+                per_layer, msg, window_f)
         led.add(REDUCE_SCATTER, "tp", "SP reduce-scatter of input grads (backward)", "backward",
-                2 * per_layer_calls, msg, window_b)
+                per_layer, msg, window_b)
         led.add(ALL_GATHER, "tp", "SP all-gather of output grads (backward)", "backward",
-                2 * per_layer_calls, msg, window_b)
+                per_layer, msg, window_b)
         if megatron:
             led.add(ALL_GATHER, "tp", "SP input re-gather for weight grads (Megatron-core backward)",
-                    "backward", 2 * per_layer_calls, msg, window_b)
-        led.add(ALL_GATHER, "tp", "SP all-gather (recomputed forward)", "backward", 2 * recomp_calls,
+                    "backward", per_layer, msg, window_b)
+        led.add(ALL_GATHER, "tp", "SP all-gather (recomputed forward)", "backward", recomputed,
                 msg, window_b)
         led.add(REDUCE_SCATTER, "tp", "SP reduce-scatter (recomputed forward)", "backward",
-                recompute_rs * recomp_calls, msg, window_b)
+                recomputed_rs, msg, window_b)
         if st.has_embedding:
             led.add(REDUCE_SCATTER, "tp", "vocab-parallel embedding output (forward)", "forward", st.m, msg,
                     window_f)
@@ -222,11 +227,11 @@ def _tensor_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffi
                     msg, window_b)
     else:
         led.add(ALL_REDUCE, "tp", "TP all-reduce after attention and MLP (forward)", "forward",
-                2 * per_layer_calls, msg, window_f)
-        led.add(ALL_REDUCE, "tp", "TP all-reduce of input grads (backward)", "backward", 2 * per_layer_calls,
+                per_layer, msg, window_f)
+        led.add(ALL_REDUCE, "tp", "TP all-reduce of input grads (backward)", "backward", per_layer,
                 msg, window_b)
         led.add(ALL_REDUCE, "tp", "TP all-reduce (recomputed forward)", "backward",
-                recompute_rs * recomp_calls, msg, window_b)
+                recomputed_rs, msg, window_b)
         if st.has_embedding:
             led.add(ALL_REDUCE, "tp", "vocab-parallel embedding output (forward)", "forward", st.m, msg, window_f)
         if st.has_lm_head:

@@ -128,14 +128,16 @@ class LayerTimes:
 def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams, *, tokens: float,
                 seq_len: int, cp: int, tp: int, precision: str, causal_kernel: bool = True, cp_chunked: bool = True,
                 flash_attention: bool = True,
-                moe: bool = False, expert_tokens: float = 0.0, local_experts: float = 0.0) -> LayerTimes:
+                moe: bool = False, expert_tokens: float = 0.0, local_experts: float = 0.0,
+                expert_tp: int = 1) -> LayerTimes:
     """Forward and backward time of one transformer layer for ``tokens`` tokens on a rank (T = b·S/cp).
 
     GEMM shapes after tensor-parallel splitting (Megatron column/row split): QKV [T, D]x[D, (h_q+2h_kv)/t],
     output [T, h_q/t]x[h_q/t, D], MLP up (and gate) [T, D]x[D, F/t], down [T, F/t]x[F/t, D]; the backward
     runs the same shapes twice (input and weight gradient). MoE layers: each local expert processes
-    ``expert_tokens`` tokens (ETP = 1). Attention: 4·T·S_kv·h_q/t FLOPs forward (half when causal,
-    FlashAttention skips masked blocks), backward 2.5x forward (it recomputes QKᵀ).
+    ``expert_tokens`` tokens, its FFN split ``expert_tp`` ways (mesh.expert_tp). Attention: 4·T·S_kv·h_q/t
+    FLOPs forward (half when causal, FlashAttention skips masked blocks), backward 2.5x forward (it
+    recomputes QKᵀ).
     """
     D, t = model.hidden, float(tp)
     fp8 = precision == "fp8" and accel.fp8_flop_per_s is not None
@@ -158,7 +160,8 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     n_in = 2 if model.gated_mlp else 1
     if moe:
         f = model.expert_ffn_hidden
-        mlp = local_experts * (g(expert_tokens, n_in * f, D) + g(expert_tokens, D, f)) / params.moe_gemm_efficiency
+        fe = f / expert_tp
+        mlp = local_experts * (g(expert_tokens, n_in * fe, D) + g(expert_tokens, D, fe)) / params.moe_gemm_efficiency
         mlp += model.n_shared_experts * (g(tokens, n_in * f / t, D) + g(tokens, D, f / t))
         mlp += g(tokens, model.n_experts, D)  # router
     else:

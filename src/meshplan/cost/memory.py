@@ -78,7 +78,7 @@ def model_state_bytes(*, n_params: float, shard_degree: int, state: StateBytes) 
 
 def layer_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: int, sp: bool,
                                      flash_attention: bool, seq_len: int, moe_tokens_factor: float = 0.0,
-                                     moe_ffn_hidden: int = 0, n_shared: int = 0) -> float:
+                                     moe_ffn_hidden: int = 0, n_shared: int = 0, expert_tp: int = 1) -> float:
     """Activation bytes one layer saves for backward, per token on the rank, no recompute [bytes/token].
 
     .. math:: 8D/t_{sp} + (4h_q + 4h_{kv} + 6F)/t  + 2·N·S/t\\ (no\\ FlashAttention)
@@ -89,7 +89,9 @@ def layer_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: i
     output (2·N·S bytes per token) is stored too.
     For an MoE layer, ``moe_tokens_factor`` = k·capacity·imbalance expert-token copies per token, each
     storing 6F_e (gated) plus its dispatched input and combined output (2D each); shared experts store
-    6F_e per token each.
+    6F_e per token each. With the experts split over TP (``expert_tp`` > 1, mesh.expert_tp) each rank
+    holds every token's copies with 1/t of their FFN: the dispatched inputs and combined outputs are
+    not divided by t.
     """
     D = model.hidden
     t = float(tp)
@@ -100,12 +102,14 @@ def layer_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: i
         attn += 2.0 * (model.q_lora_rank + model.kv_lora_rank)
     act_per_f = 6.0 if model.gated_mlp else 4.0
     mlp = act_per_f * ffn_hidden
+    routed_io = 0.0
     if moe_tokens_factor:
-        mlp = moe_tokens_factor * (act_per_f * moe_ffn_hidden + 4.0 * D) + n_shared * act_per_f * moe_ffn_hidden
-    sharded = attn + mlp
+        mlp = moe_tokens_factor * act_per_f * moe_ffn_hidden + n_shared * act_per_f * moe_ffn_hidden
+        routed_io = moe_tokens_factor * 4.0 * D
+    sharded = attn + mlp + (routed_io if expert_tp == 1 else 0.0)
     if not flash_attention:
         sharded += 2.0 * model.n_heads * seq_len
-    return (replicated / t if sp else replicated) + sharded / t
+    return (replicated / t if sp else replicated) + sharded / t + (routed_io if expert_tp > 1 else 0.0)
 
 
 def sac_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: int, sp: bool) -> float:

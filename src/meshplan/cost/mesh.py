@@ -35,6 +35,15 @@ class Group:
         object.__setattr__(self, "link", INTRA_NODE if k == 1 else INTER_NODE)
 
 
+def expert_tp(tp: int, ep: int) -> int:
+    """Tensor-parallel degree of the routed experts. Without expert parallelism the experts are split
+    t ways like a dense MLP (Megatron-core's expert_tensor_parallel_size defaults to the TP size;
+    torchtitan applies TensorParallel to the experts when there is no EP mesh). With expert parallelism
+    they are whole on each rank (ETP = 1: torchtitan's default under EP, and what Megatron-Bridge's MoE
+    recipes set), and the TP ranks hold different experts or different tokens."""
+    return tp if ep == 1 else 1
+
+
 def group(axis: str, size: int, stride: int, gpus_per_node: int) -> Group:
     """Group of ``size`` ranks spaced ``stride`` apart on nodes of ``gpus_per_node`` GPUs."""
     if size <= 1:

@@ -13,6 +13,7 @@ cover (``edge_s``), is exposed. Hidden traffic slows compute by ``comm_slowdown`
 from __future__ import annotations
 
 import functools
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -29,7 +30,7 @@ from meshplan.cost.compute import (
 )
 from meshplan.cost.estimate import OTHER_MICROBATCH, CommEntry, Estimate, FlopReport, MemoryReport, StageDetail
 from meshplan.cost.flops import model_flop_per_token, recompute_flop_per_token
-from meshplan.cost.mesh import Group, axis_groups
+from meshplan.cost.mesh import Group, axis_groups, expert_tp
 from meshplan.cost.params import ParamCounts, param_counts
 from meshplan.cost.pipeline import (
     bubble_fraction,
@@ -62,11 +63,11 @@ def _accel_key(accel: AcceleratorSpec) -> _AccelKey:
 @functools.lru_cache(maxsize=16384)
 def _layer_times(model: ModelSpec, accel: _AccelKey, compute: ComputeParams, tokens: float, seq_len: int, cp: int,
                  tp: int, precision: str, moe: bool, expert_tokens: float, local: float, cp_chunked: bool,
-                 flash_attention: bool) -> LayerTimes:
+                 flash_attention: bool, etp: int) -> LayerTimes:
     """layer_times, memoised: a search evaluates the same layer shapes under many sharding variants."""
     return layer_times(model, accel, compute, tokens=tokens, seq_len=seq_len, cp=cp, tp=tp,  # type: ignore[arg-type]
                        precision=precision, moe=moe, expert_tokens=expert_tokens, local_experts=local,
-                       cp_chunked=cp_chunked, flash_attention=flash_attention)
+                       cp_chunked=cp_chunked, flash_attention=flash_attention, expert_tp=etp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +129,7 @@ def _units(counts: ParamCounts, t: int, ep: int, pp: int, s: int, n_dense: int, 
     dense = (counts.attention_per_layer + counts.dense_mlp_per_layer) / t + counts.norms_per_layer
     moe = ((counts.attention_per_layer + counts.shared_experts_per_moe_layer) / t + counts.norms_per_layer
            + counts.router_per_moe_layer)
-    experts = counts.routed_experts_per_moe_layer / ep
+    experts = counts.routed_experts_per_moe_layer / ep / expert_tp(t, ep)
     root = 0.0
     if s == 0:
         root += counts.embedding / t
@@ -141,25 +142,75 @@ def _units(counts: ParamCounts, t: int, ep: int, pp: int, s: int, n_dense: int, 
     return tuple(u for u in units if u.count and u.n_params)
 
 
+WINDOW_ORDER = ("attention", "forward", "backward", "first_forward", "last_backward", "pipeline", OTHER_MICROBATCH)
+"""The order in which traffic claims the compute that hides it on a link: the most constrained first.
+Attention traffic (context-parallel exchanges) must hide behind attention, which lies within the
+forwards and backwards; the first forward and the last backward are one micro-batch of those; pipeline
+transfers and traffic beside another micro-batch can use any compute of the step."""
+_PHASE = {"forward": "forward", "first_forward": "forward", "backward": "backward", "last_backward": "backward"}
+_PARENT = {"first_forward": "forward", "last_backward": "backward"}
+_WHOLE = ("pipeline", OTHER_MICROBATCH)
+_RANK = {w: i for i, w in enumerate(WINDOW_ORDER)}
+
+
 def _set_exposure(entries: list[CommEntry], windows: dict[str, float], overlap: float,
                   dp_overlap: float | None = None) -> None:
-    """Set ``exposed_s`` on each entry: per (window, link), traffic beyond the window is exposed.
-    ``dp_overlap`` replaces ``overlap`` for data-parallel traffic (an implementation's own prefetching).
-    Traffic beside another micro-batch (OTHER_MICROBATCH) spans the whole compute, so it gets only what
-    the other windows left of it on its link."""
-    by_key: dict[tuple[str, str, bool], list[CommEntry]] = defaultdict(list)
-    later: list[CommEntry] = []
+    """Set ``exposed_s`` on each entry. The traffic of each window on a link hides behind that window's
+    compute (times ``overlap``, or ``dp_overlap`` for data-parallel traffic: an implementation's own
+    prefetching) less what traffic of an overlapping window on the same link already hid there
+    (WINDOW_ORDER); the rest, and the edges, are exposed. Windows overlap in time: attention lies within
+    the forwards and backwards, the first forward and the last backward are one micro-batch of them, and
+    the pipeline and OTHER_MICROBATCH windows span the whole step, so the same compute never hides more
+    traffic on one link than it lasts."""
+    groups: dict[tuple[str, str, bool], list[CommEntry]] = defaultdict(list)
     for e in entries:
-        if e.window == OTHER_MICROBATCH:
-            later.append(e)
+        groups[(e.window, e.link, dp_overlap is not None and e.axis in ("dp_shard", "edp"))].append(e)
+    hidden: dict[tuple[str, str], float] = defaultdict(float)  # (link, window) -> compute already claimed [s]
+    attention: dict[tuple[str, str], float] = defaultdict(float)  # (link, phase) -> attention traffic hidden [s]
+    for (window, link, dp), group in sorted(groups.items(), key=lambda kv: _RANK.get(kv[0][0], -1)):
+        if window in _WHOLE:
+            used = sum(v for (lk, _), v in hidden.items() if lk == link)
         else:
-            by_key[(e.window, e.link, dp_overlap is not None and e.axis in ("dp_shard", "edp"))].append(e)
-    for (window, _link, dp), group in by_key.items():
-        _expose(group, windows.get(window, 0.0) * (dp_overlap if dp else overlap))
-    for link in {e.link for e in later}:
-        hidden = sum(e.time_s - e.exposed_s for e in entries if e.link == link and e.window != OTHER_MICROBATCH)
-        _expose([e for e in later if e.link == link],
-                max(0.0, windows.get(OTHER_MICROBATCH, 0.0) * overlap - hidden))
+            used = hidden[link, window]
+            phase = _PHASE.get(window)
+            if phase is not None:  # attention traffic of this phase, and the parent's share of one micro-batch
+                parent = _PARENT.get(window)
+                share = windows.get(window, 0.0) / windows[parent] if parent and windows.get(parent) else 1.0
+                used += share * (attention[link, phase] + (hidden[link, parent] if parent else 0.0))
+        _expose(group, max(0.0, windows.get(window, 0.0) * (dp_overlap if dp else overlap) - used))
+        for e in group:
+            hidden[link, window] += e.time_s - e.exposed_s
+            if window == "attention":
+                attention[link, e.phase] += e.time_s - e.exposed_s
+    _overlap_links(groups)
+
+
+def _overlap_links(groups: dict[tuple[str, str, bool], list[CommEntry]]) -> None:
+    """Links run side by side: what exceeds the compute of one phase on two links (an intra-node
+    all-gather and an inter-node reduce-scatter of the same backward) runs at the same time, so the
+    phase is extended by the larger excess, not by their sum. Each link's exposed part (beyond its
+    edges) is scaled by max / sum, per phase: the forward windows and the backward windows (attention,
+    pipeline and other-micro-batch traffic by the phase of its collective). Traffic on the critical path
+    (window 'none') stays summed."""
+    if len({link for (_, link, _) in groups}) < 2:
+        return
+
+    def phase(window: str, e: CommEntry) -> str:
+        return _PHASE.get(window, e.phase)
+
+    excess: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for (window, link, _), group in groups.items():
+        if window != "none":
+            for e in group:
+                excess[phase(window, e)][link] += e.exposed_s - e.edge_s
+    keep = {p: max(links.values()) / sum(links.values()) for p, links in excess.items()
+            if len(links) > 1 and sum(links.values()) > 0}
+    if not keep:
+        return
+    for (window, _, _), group in groups.items():
+        if window != "none":
+            for e in group:
+                e.exposed_s = e.edge_s + (e.exposed_s - e.edge_s) * keep.get(phase(window, e), 1.0)
 
 
 def _expose(group: list[CommEntry], capacity: float) -> None:
@@ -235,15 +286,15 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
     runtime = {"cuda_context": rt.cuda_context_bytes, "nccl_buffers": rt.nccl_bytes_per_group * n_groups}
 
     return _StaticMemory(terms, transient, runtime, *_activation_coefficients(
-        model, job, plan.tp, plan.sequence_parallel, c.n_moe > 0, c.s == 0, c.last))
+        model, job, plan.tp, plan.sequence_parallel, c.n_moe > 0, c.s == 0, c.last, expert_tp(plan.tp, plan.ep)))
 
 
 @cache_by_identity(n_specs=2)
-def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, moe: bool, first: bool, last: bool
-                             ) -> tuple[tuple[float, float], tuple[float, float], float, tuple[float, float], float,
-                                        float]:
+def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, moe: bool, first: bool, last: bool,
+                             etp: int) -> tuple[tuple[float, float], tuple[float, float], float, tuple[float, float],
+                                                float, float]:
     """The per-token fields of ``_StaticMemory`` (a_dense ... embedding), memoised: they depend on the
-    model, the job and the TP split only."""
+    model, the job and the TP split (of the experts: ``etp``) only."""
 
     def act(flash: bool, moe: bool) -> float:
         if not moe:
@@ -252,7 +303,7 @@ def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, 
         return mem.layer_activation_bytes_per_token(
             model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp, flash_attention=flash, seq_len=job.seq_len,
             moe_tokens_factor=model.top_k * job.moe_capacity_factor * job.moe_routing_imbalance,
-            moe_ffn_hidden=model.expert_ffn_hidden, n_shared=model.n_shared_experts)
+            moe_ffn_hidden=model.expert_ffn_hidden, n_shared=model.n_shared_experts, expert_tp=etp)
 
     a_moe = (act(False, True), act(True, True)) if moe else (0.0, 0.0)
     sac_m = (mem.sac_activation_bytes_per_token(model, ffn_hidden=model.expert_ffn_hidden * model.top_k, tp=tp,
@@ -329,15 +380,19 @@ def _stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute
     options, and the search's bounds, share it."""
     accel = _accel_key(accelerator)
 
+    etp = expert_tp(tp, ep)
+
     def lt(moe: bool) -> LayerTimes:
         expert_tokens = local = 0.0
         if moe:
-            t_rank = tokens / (tp if sp else 1)
+            # the tokens routed from each rank of the EP group: its own share of the micro-batch (T/t after
+            # sequence parallelism), or with the experts split over TP every token of the TP group
+            t_rank = tokens if etp > 1 else tokens / (tp if sp else 1)
             expert_tokens = (t_rank * ep * model.top_k * job.moe_capacity_factor * job.moe_routing_imbalance
                              / model.n_experts)
             local = model.n_experts / ep
         return _layer_times(model, accel, compute, tokens, job.seq_len, cp, tp,
-                            job.precision, moe, expert_tokens, local, cp_chunked, job.flash_attention)
+                            job.precision, moe, expert_tokens, local, cp_chunked, job.flash_attention, etp)
 
     kinds = [(n_dense, lt(False))] + ([(n_moe, lt(True))] if n_moe else [])
     t_f = sum(n * x.fwd_s for n, x in kinds)
@@ -799,6 +854,25 @@ class _Choice:
                                                     shared=self.shared, timed=timed)
         return self._timed[rc, b, n]
 
+    def fewest_recomputed(self, b: int) -> int:
+        """A lower bound on the layers per stage that full recomputation must re-run to fit at micro-batch
+        size ``b``: what the plan without recomputation needs beyond the HBM, over the most one recomputed
+        layer can free on any stage (its activations less the layer input it keeps, for every micro-batch
+        in flight; recomputing also needs a working set, so it frees less)."""
+        over = self.probe("none", b).peak_bytes - self.cluster.accelerator.hbm_capacity_bytes
+        if over <= 0:
+            return 1
+        plan = self.plan
+        tokens, m = b * self.job.seq_len / plan.cp, _micro_batches(self.job, plan.dp, b)
+        flash = self.job.flash_attention
+        frees = 0.0
+        for s, st in self.shared.static.items():
+            held = in_flight_microbatches(schedule=plan.schedule, pp=plan.pp, m=m, vpp=plan.vpp, stage=s,
+                                          ep_overlap=plan.ep_overlap)
+            frees = max(frees, held * tokens * (max(st.a_dense[flash], st.a_moe[flash]) - st.full_recompute))
+        frees *= 1.0 + self.job.runtime.allocator_fraction
+        return self.partial_layers if frees <= 0 else max(1, min(self.partial_layers, math.ceil(over / frees)))
+
     def pruned(self, rc: str, b: int, n: int | None = None) -> bool:
         """True when this combination cannot beat the cutoff nor the best one timed so far."""
         limit = self.cutoff_s if self.cutoff_s is not None else float("inf")
@@ -813,7 +887,7 @@ class _Choice:
         key = (rc, b, n)
         if key not in self._bounds:
             if b == 0:
-                self._bounds[key] = min(self.bound(rc, x) for x in self.mbs_list)
+                self._bounds[key] = min(self.bound(rc, x, n) for x in self.mbs_list)
             else:
                 self._bounds[key] = _compute_bound_s(self.model, self.cluster, self.job, self.plan, self.compute,
                                                      b, rc, n)
@@ -848,7 +922,8 @@ class _Choice:
             best = self.best
             if best is not None and self.plan.pp == 1 and best.plan.mbs == mbs[0] and best.plan.recompute == "none":
                 break  # nothing recomputed at the largest micro-batch: recomputing can only be slower
-            if self.pruned(rc, 0):  # every micro-batch size
+            # every micro-batch size, and for full recomputation the fewest layers it may recompute
+            if self.pruned(rc, 0, 1 if rc == "full" and self.partial_layers else None):
                 continue
             first_fit = _bisect(lambda i, rc=rc: self.fits(rc, mbs[i]), 0, hi_bound)
             first_fits[rc] = first_fit
@@ -861,12 +936,14 @@ class _Choice:
             none_fit = first_fits.get("none")
             for i in self.tries(first_fit):
                 self.consider(rc, mbs[i])
-                if (rc != "full" or not self.partial_layers or (none_fit is not None and i >= none_fit)
-                        or self.pruned(rc, mbs[i], 1)):
+                if rc != "full" or not self.partial_layers or (none_fit is not None and i >= none_fit):
                     continue
                 # Partial recomputation at this micro-batch size: time grows and memory shrinks with the
                 # number of recomputed layers, so the fewest that fit is the fastest; bisect for it.
-                n = _bisect(lambda k, b=mbs[i]: self.fits("full", b, k), 1, self.partial_layers)
+                least = self.fewest_recomputed(mbs[i])
+                if self.pruned(rc, mbs[i], least):
+                    continue
+                n = _bisect(lambda k, b=mbs[i]: self.fits("full", b, k), least, self.partial_layers)
                 if n is not None:
                     self.consider(rc, mbs[i], n)
         if self.best is not None or self.cutoff_s is not None:
