@@ -935,17 +935,19 @@ class _Choice:
             hi_bound = first_fit
             none_fit = first_fits.get("none")
             for i in self.tries(first_fit):
-                self.consider(rc, mbs[i])
-                if rc != "full" or not self.partial_layers or (none_fit is not None and i >= none_fit):
-                    continue
-                # Partial recomputation at this micro-batch size: time grows and memory shrinks with the
-                # number of recomputed layers, so the fewest that fit is the fastest; bisect for it.
-                least = self.fewest_recomputed(mbs[i])
-                if self.pruned(rc, mbs[i], least):
-                    continue
-                n = _bisect(lambda k, b=mbs[i]: self.fits("full", b, k), least, self.partial_layers)
-                if n is not None:
-                    self.consider(rc, mbs[i], n)
+                b = mbs[i]
+                if rc == "full" and self.partial_layers and (none_fit is None or i < none_fit):
+                    # Partial recomputation at this micro-batch size: time grows and memory shrinks with
+                    # the number of recomputed layers, so the fewest that fit is the fastest, faster than
+                    # recomputing them all; bisect for it.
+                    least = self.fewest_recomputed(b)
+                    if self.pruned(rc, b, least):
+                        continue
+                    n = _bisect(lambda k, b=b: self.fits("full", b, k), least, self.partial_layers)
+                    if n is not None:
+                        self.consider(rc, b, n)
+                        continue
+                self.consider(rc, b)
         if self.best is not None or self.cutoff_s is not None:
             return self.best
         assert smallest is not None
