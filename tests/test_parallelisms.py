@@ -49,6 +49,16 @@ def test_experts_split_over_tp_without_expert_parallelism():
     assert tp.flops.hardware_flop_per_step == pytest.approx(fsdp.flops.hardware_flop_per_step)
 
 
+def test_recomputed_forward_exchanges_context_parallel_kv_in_the_backward():
+    """Full recomputation re-runs ring attention inside the backward: its KV passes are booked there, so
+    the forward's attention compute is not counted as hiding them."""
+    est = _est("cp=4,dp_shard=16,mbs=1,recompute=full,cp_impl=ring")
+    by = {e.purpose: e for e in est.comm if e.axis == "cp"}
+    fwd, again = by["ring attention KV pass (forward)"], by["ring attention KV pass (recomputed forward)"]
+    assert (fwd.phase, again.phase) == ("forward", "backward")
+    assert fwd.count == again.count  # every layer recomputed
+
+
 def test_tp_collectives_of_moe_layers_follow_the_expert_split():
     """A layer issues a TP collective pair for attention and one for its MLP; under EP the routed experts
     are whole on each rank (ETP = 1) and need none, so an MoE layer without shared experts issues one."""

@@ -199,6 +199,26 @@ def test_combination_bound_never_exceeds_its_step_time(model, cluster, job, data
 
 
 @SETTINGS
+@given(models(), clusters(), jobs(), st.data())
+def test_choice_bound_respects_a_fixed_partial_recomputation(model, cluster, job, data):
+    """A plan that fixes recompute='full' with recompute_layers=k is timed with k layers recomputed; the
+    bound that prunes its micro-batch sizes must charge those k, not every layer."""
+    from meshplan.calibration import compute_params_for
+    from meshplan.cost.step import _Choice, micro_batch_sizes
+    from meshplan.search.space import Space, enumerate_plans
+
+    plans = [p for p in enumerate_plans(model, cluster, job, Space(max_vpp=2)) if not p.ep_overlap]
+    if not plans:
+        return
+    plan = replace(data.draw(st.sampled_from(plans)), recompute="full", recompute_layers=1)
+    b = data.draw(st.sampled_from(micro_batch_sizes(job, plan.dp)))
+    compute = compute_params_for(cluster.accelerator.name, job.software)
+    choice = _Choice(model, cluster, job, plan, compute, None, None)
+    est = evaluate(model, cluster, job, replace(plan, mbs=b), compute=compute)
+    assert choice.bound("full", b) <= est.step_time_s * (1 + 1e-9)
+
+
+@SETTINGS
 @given(models(), clusters(), jobs(), st.sampled_from([6, 12, 24]), st.data())
 def test_evaluate_finds_the_fastest_recomputation_that_fits(model, cluster, job, hbm_gib, data):
     """With the micro-batch size fixed, evaluate chooses the recompute mode and the number of partially

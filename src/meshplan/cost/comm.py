@@ -194,9 +194,10 @@ def _tensor_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffi
     per_layer = st.m * (2 * (st.n_layers - st.n_moe_layers) + moe_pairs * st.n_moe_layers)
     recomputed = st.m * (2 * r_dense + moe_pairs * r_moe)
     # PyTorch's non-reentrant checkpoint stops recomputing once the last saved tensor is rebuilt
-    # (torch/utils/checkpoint.py, set_checkpoint_early_stop), so a dense block's final reduction after the
-    # MLP is not re-run; Megatron's recomputation re-runs the whole forward.
-    recomputed_rs = recomputed if plan.sharding == "megatron" else recomputed - st.m * r_dense
+    # (torch/utils/checkpoint.py, set_checkpoint_early_stop), so a block's final reduction after its MLP (a
+    # dense one, or TP-split experts) is not re-run; Megatron's recomputation re-runs the whole forward.
+    ends_on_reduction = r_dense + (r_moe if expert_tp(plan.tp, plan.ep) > 1 else 0)
+    recomputed_rs = recomputed if plan.sharding == "megatron" else recomputed - st.m * ends_on_reduction
     window_f = "forward" if plan.async_tp else "none"
     window_b = "backward" if plan.async_tp else "none"
     if plan.sequence_parallel:
@@ -247,14 +248,18 @@ def _context_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraff
     if model.is_mla:
         kv_local = st.tokens * model.n_heads * (model.qk_head_dim + model.value_head_dim) * ACT_BYTES / plan.tp
     calls = st.m * st.n_layers
-    fwd_calls = calls + st.m * sum(st.recomputed)
+    recomputed = st.m * sum(st.recomputed)  # the recomputed forwards run within the backward
+    fwd_calls = calls + recomputed
     if plan.context_impl == "ring":
-        led.add(SEND_RECV, "cp", "ring attention KV pass (forward)", "forward", fwd_calls * (cp - 1),
+        led.add(SEND_RECV, "cp", "ring attention KV pass (forward)", "forward", calls * (cp - 1),
                 kv_local, "attention")
+        led.add(SEND_RECV, "cp", "ring attention KV pass (recomputed forward)", "backward",
+                recomputed * (cp - 1), kv_local, "attention")
         led.add(SEND_RECV, "cp", "ring attention KV and dKV passes (backward)", "backward",
                 calls * (cp - 1), 2 * kv_local, "attention")
     elif plan.context_impl == "allgather":
-        led.add(ALL_GATHER, "cp", "KV all-gather (forward)", "forward", fwd_calls, kv_local * cp,
+        led.add(ALL_GATHER, "cp", "KV all-gather (forward)", "forward", calls, kv_local * cp, "attention")
+        led.add(ALL_GATHER, "cp", "KV all-gather (recomputed forward)", "backward", recomputed, kv_local * cp,
                 "attention")
         led.add(ALL_GATHER, "cp", "KV all-gather (backward)", "backward", calls, kv_local * cp, "attention")
         led.add(REDUCE_SCATTER, "cp", "dKV reduce-scatter (backward)", "backward", calls, kv_local * cp,

@@ -102,14 +102,18 @@ def layer_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: i
         attn += 2.0 * (model.q_lora_rank + model.kv_lora_rank)
     act_per_f = 6.0 if model.gated_mlp else 4.0
     mlp = act_per_f * ffn_hidden
-    routed_io = 0.0
+    routed = 0.0  # per token of the micro-batch, on this rank
     if moe_tokens_factor:
-        mlp = moe_tokens_factor * act_per_f * moe_ffn_hidden + n_shared * act_per_f * moe_ffn_hidden
-        routed_io = moe_tokens_factor * 4.0 * D
-    sharded = attn + mlp + (routed_io if expert_tp == 1 else 0.0)
+        mlp = n_shared * act_per_f * moe_ffn_hidden
+        act, io = moe_tokens_factor * act_per_f * moe_ffn_hidden, moe_tokens_factor * 4.0 * D
+        if expert_tp > 1:  # every token's copies, 1/t of their FFN
+            routed = act / t + io
+        else:  # whole experts on the rank's own tokens: 1/t of them with sequence parallelism, all without
+            routed = (act + io) / t if sp else act + io
+    sharded = attn + mlp
     if not flash_attention:
         sharded += 2.0 * model.n_heads * seq_len
-    return (replicated / t if sp else replicated) + sharded / t + (routed_io if expert_tp > 1 else 0.0)
+    return (replicated / t if sp else replicated) + sharded / t + routed
 
 
 def sac_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: int, sp: bool) -> float:

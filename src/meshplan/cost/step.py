@@ -883,7 +883,9 @@ class _Choice:
         return self.bound(rc, b, n) >= limit
 
     def bound(self, rc: str, b: int, n: int | None = None) -> float:
-        """``_compute_bound_s`` of a combination; b = 0: the least over every micro-batch size."""
+        """``_compute_bound_s`` of a combination; b = 0: the least over every micro-batch size. ``n`` None:
+        the plan's own recompute_layers (as ``variant`` does)."""
+        n = n or self.plan.recompute_layers
         key = (rc, b, n)
         if key not in self._bounds:
             if b == 0:
