@@ -6,8 +6,10 @@ The step time is a closed form over the ledger and a per-operation compute model
           + bubble + t_{opt} \\big] + overhead
 
 Each collective is hidden behind the compute window it can overlap (``CommEntry.window``) up to that
-window's length times ``overlap_efficiency``, per link; what does not fit, plus the parts no compute can
-cover (``edge_s``), is exposed. Hidden traffic slows compute by ``comm_slowdown`` of its time.
+window's length times ``overlap_efficiency``, per link, less what traffic of an overlapping window on the
+same link already hid there (``_set_exposure``); what does not fit, plus the parts no compute can cover
+(``edge_s``), is exposed, and excess on different links in the same phase overlaps (``_overlap_links``).
+Hidden traffic slows compute by ``comm_slowdown`` of its time.
 """
 
 from __future__ import annotations
