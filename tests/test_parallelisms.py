@@ -106,6 +106,18 @@ def test_deepep_sends_each_token_once_per_remote_node():
     assert deepep.step_time_s < alltoall.step_time_s
 
 
+def test_deepep_buffers_are_counted_in_memory():
+    """DeepEP allocates NVLink and RDMA buffers (DeepSeek-V3 on 32 ranks: 378 MB + 168 MB per GPU,
+    from csrc/config.hpp's size hints with deep_ep/buffer.py's default configs)."""
+    from meshplan.cost.memory import deepep_buffer_bytes
+
+    assert deepep_buffer_bytes(hidden=7168, ep=8) == pytest.approx(335.7e6, rel=1e-3)
+    assert deepep_buffer_bytes(hidden=7168, ep=32) == pytest.approx(377.7e6 + 168.0e6, rel=1e-3)
+    alltoall, deepep = _ep(), _ep(",ep_dispatch=deepep")
+    assert "deepep_buffers" not in alltoall.memory.terms
+    assert deepep.memory.terms["deepep_buffers"] == pytest.approx(deepep_buffer_bytes(hidden=4096, ep=8))
+
+
 def test_ep_overlap_leaves_warm_up_exposed_and_shares_its_link():
     """Under an interleaved pipeline the warm-up forwards and cool-down backwards have no partner
     (Megatron's warm-up of (p-s-1)·2 + (v-1)·p + 1 chunks); and the overlap hides only what the link's

@@ -140,3 +140,34 @@ def logits_bytes_per_token(*, vocab: int, tp: int) -> float:
     """Loss working set per token on the last stage [bytes/token]: bf16 logits (2V), their fp32 upcast
     for cross-entropy (4V) and its gradient (4V), vocab-parallel over t. Assumes no fused or chunked loss."""
     return 10.0 * vocab / tp
+
+
+DEEPEP_SMS = 20
+"""SMs DeepEP's normal (training) kernels use: deep_ep/buffer.py ``Buffer.num_sms`` and Megatron-core's
+``moe_deepep_num_sms`` default; each pair of SMs is one channel."""
+DEEPEP_MAX_NVL_PEERS = 8
+"""``NUM_MAX_NVL_PEERS`` in DeepEP's csrc/kernels/configs.cuh: NVLink peers of one RDMA rank."""
+DEEPEP_META_BYTES = 8 + 128 * 8 + 128 * 4 + 128 * 4
+"""Per buffered token beside its hidden bytes: source metadata, top-k indices (int64), weights, scales."""
+
+
+def deepep_buffer_bytes(*, hidden: int, ep: int, act_bytes: float = 2.0) -> float:
+    """NVLink and RDMA communication buffers DeepEP allocates per GPU in normal mode [bytes], as
+    Megatron-core sizes them (megatron/core/transformer/moe/fused_a2a.py ``get_buffer``: the larger of
+    the dispatch and combine configs' hints). DeepEP's csrc/config.hpp ``get_nvl_buffer_size_hint`` and
+    ``get_rdma_buffer_size_hint`` with the deep_ep/buffer.py default configs: 256 (8 ranks) or 288
+    buffered tokens per channel and peer over NVLink, 128 per channel and RDMA rank (each twice) over the
+    network. DeepSeek-V3 (hidden 7168, BF16): 336 MB on 8 ranks, 378 + 92 MB on 16, 378 + 168 MB on 32
+    (340-380 MB of NVLink buffer in every DeepEP release read; the RDMA part within 10 %). HybridEP on
+    NVL72 racks preallocates more (about 4 GB per rank at EP=64, DeepEP docs/Hybrid-EP_Implementation.md
+    §4.2); it is not modelled."""
+    channels = DEEPEP_SMS / 2
+    nvl_peers = min(ep, DEEPEP_MAX_NVL_PEERS)
+    rdma_ranks = max(1, ep // DEEPEP_MAX_NVL_PEERS)
+    token = hidden * max(act_bytes, 2.0)
+    nvl_recv = 256 if ep <= DEEPEP_MAX_NVL_PEERS else 288
+    nvl = channels * nvl_peers * ((2 * rdma_ranks + 3) * 4 + nvl_recv * (token + DEEPEP_META_BYTES))
+    rdma = 0.0
+    if ep > DEEPEP_MAX_NVL_PEERS:
+        rdma = channels * rdma_ranks * (36 * 4 + 128 * 2 * (token + DEEPEP_META_BYTES + 16))
+    return nvl + rdma

@@ -232,7 +232,7 @@ class _StaticMemory(NamedTuple):
     transient_terms: dict[str, float]
     """Gathered FSDP units, kept parameters, unsharded gradients, DDP buckets [bytes]."""
     runtime_terms: dict[str, float]
-    """CUDA context and NCCL buffers [bytes] (fragmentation scales with the rest)."""
+    """CUDA context, NCCL buffers and DeepEP buffers [bytes] (fragmentation scales with the rest)."""
     a_dense: tuple[float, float]
     """Activation bytes per token of a dense layer without recomputation: (unfused, flash) attention."""
     a_moe: tuple[float, float]
@@ -286,6 +286,8 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
     rt = job.runtime
     n_groups = 1 + sum(1 for a in ("tp", "cp", "dp_shard", "dp_replicate", "pp", "ep") if c.groups[a].size > 1)
     runtime = {"cuda_context": rt.cuda_context_bytes, "nccl_buffers": rt.nccl_bytes_per_group * n_groups}
+    if plan.ep_dispatch == "deepep" and c.n_moe:
+        runtime["deepep_buffers"] = mem.deepep_buffer_bytes(hidden=model.hidden, ep=plan.ep)
 
     return _StaticMemory(terms, transient, runtime, *_activation_coefficients(
         model, job, plan.tp, plan.sequence_parallel, c.n_moe > 0, c.s == 0, c.last, expert_tp(plan.tp, plan.ep)))
