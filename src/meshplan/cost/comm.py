@@ -189,14 +189,15 @@ def _tensor_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffi
     # one collective pair per layer for attention and one for the MLP; an MoE layer's routed experts need
     # none under expert parallelism (ETP = 1: the dispatcher moves the sequence-parallel tokens), only
     # its shared experts, which are split over TP like a dense MLP
-    moe_pairs = 2 if (expert_tp(plan.tp, plan.ep) > 1 or model.n_shared_experts) else 1
+    experts_split = expert_tp(plan.tp, plan.ep) > 1
+    moe_pairs = 2 if (experts_split or model.n_shared_experts) else 1
     r_dense, r_moe = st.recomputed
     per_layer = st.m * (2 * (st.n_layers - st.n_moe_layers) + moe_pairs * st.n_moe_layers)
     recomputed = st.m * (2 * r_dense + moe_pairs * r_moe)
     # PyTorch's non-reentrant checkpoint stops recomputing once the last saved tensor is rebuilt
     # (torch/utils/checkpoint.py, set_checkpoint_early_stop), so a block's final reduction after its MLP (a
     # dense one, or TP-split experts) is not re-run; Megatron's recomputation re-runs the whole forward.
-    ends_on_reduction = r_dense + (r_moe if expert_tp(plan.tp, plan.ep) > 1 else 0)
+    ends_on_reduction = r_dense + (r_moe if experts_split else 0)
     recomputed_rs = recomputed if plan.sharding == "megatron" else recomputed - st.m * ends_on_reduction
     window_f = "forward" if plan.async_tp else "none"
     window_b = "backward" if plan.async_tp else "none"
