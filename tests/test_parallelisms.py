@@ -71,6 +71,41 @@ def test_tp_collectives_of_moe_layers_follow_the_expert_split():
     assert gathers("tp=8,ep=8,dp_shard=4,mbs=1,recompute=none") == 32 * m
 
 
+def test_expert_tp_under_expert_parallelism_splits_states_and_gathers_dispatched_tokens():
+    """Megatron's --expert-tensor-parallel-size = tp with EP: each rank holds 1/(ep·tp) of the routed
+    experts, the EP ranks sit tp apart, and after each dispatch the received tokens are all-gathered over
+    the tp ranks (reduce-scattered before the combine): etp times the dispatched bytes per call."""
+    base = "tp=4,ep=8,dp_shard=8,mbs=1,recompute=none,sharding=megatron"
+    whole = _est(base, model="mixtral-8x7b", nodes=4, batch=1_048_576)
+    split = _est(base + ",etp=4", model="mixtral-8x7b", nodes=4, batch=1_048_576)
+    assert split.memory.terms["expert_params"] == pytest.approx(whole.memory.terms["expert_params"] / 4)
+    assert not [e for e in whole.comm if e.purpose.startswith("expert-TP")]
+    etp = {e.purpose: e for e in split.comm if e.purpose.startswith("expert-TP")}
+    dispatch = next(e for e in split.comm if e.purpose == "MoE token dispatch and combine (forward)")
+    gather = etp["expert-TP dispatched tokens all-gather (forward)"]
+    assert len(etp) == 4 and all(e.axis == "tp" for e in etp.values())
+    assert gather.message_bytes == pytest.approx(4 * dispatch.message_bytes)
+    assert 2 * gather.count == dispatch.count
+    assert (dispatch.group_size, dispatch.link) == (8, "inter_node")  # 8 ranks 4 apart: 32 GPUs, 4 nodes
+    assert next(e for e in whole.comm if e.axis == "ep").link == "intra_node"
+    # the experts are split, so an MoE layer's only TP pair is still the attention's
+    sp = [e for e in split.comm if e.purpose == "SP all-gather before QKV and MLP (forward)"]
+    assert sp[0].count == next(e for e in whole.comm if e.purpose == sp[0].purpose).count
+    assert split.flops.hardware_flop_per_step == pytest.approx(whole.flops.hardware_flop_per_step)
+
+
+@pytest.mark.parametrize("plan, field", [
+    ("tp=4,ep=8,dp_shard=8,etp=2,sharding=megatron", "plan.etp"),  # 1 or tp
+    ("tp=4,ep=8,dp_shard=8,etp=4", "plan.etp"),  # a chosen expert-TP is Megatron's
+    ("tp=4,ep=8,cp=2,dp_shard=2,dp_replicate=2,etp=4,sharding=megatron", "plan.etp"),  # ep·etp ∤ tp·cp·dp_shard
+])
+def test_expert_tp_rejections_name_the_field(plan, field):
+    with pytest.raises(SpecError) as err:
+        m, c = load_model("mixtral-8x7b"), load_cluster("h100-sxm", nodes=4)
+        evaluate(m, c, JobSpec(global_batch_tokens=1_048_576, seq_len=4096), parse_plan(plan, c.n_gpus))
+    assert err.value.field == field
+
+
 def _ep(extra: str = "", nodes: int = 4):
     """Mixtral 8x7B with its 8 experts over two 4-GPU nodes (the expert-parallel group spans a node)."""
     from meshplan.cost.step import evaluate as evaluate_plan
@@ -265,3 +300,14 @@ def test_fp8_param_gather_halves_parameter_all_gather_bytes():
     assert ag(fp8) == pytest.approx(0.5 * ag(base))
     with pytest.raises(SpecError):
         JobSpec(global_batch_tokens=4096, seq_len=4096, fp8_param_gather=True)
+
+
+def test_validation_rows_take_a_stated_expert_tp():
+    """A published row's 'expert TP (ETP)=N' note sets the plan's etp; without it the plan keeps the default."""
+    from meshplan.validation.rows import _plan
+
+    row = {"tp": "4", "pp": "1", "cp": "1", "ep": "8", "dp": "8", "source_group": "NVIDIA dgxc-benchmarking",
+           "micro_batch_size": "1", "notes": "step time = last step; expert TP (ETP)=4; MoE 8 experts top-2"}
+    model = load_model("mixtral-8x7b")
+    assert _plan(row, model, 32).etp == 4
+    assert _plan({**row, "notes": "MoE 8 experts top-2"}, model, 32).etp is None

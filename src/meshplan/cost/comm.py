@@ -47,7 +47,7 @@ from meshplan.cost.collectives import (
     remote_nodes_per_token,
 )
 from meshplan.cost.estimate import OTHER_MICROBATCH, CommEntry
-from meshplan.cost.mesh import Group, expert_tp
+from meshplan.cost.mesh import Group
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 
 PARAM_DTYPE_BYTES = 2.0  # bf16 all-gather (FSDP2 MixedPrecisionPolicy.param_dtype)
@@ -187,9 +187,10 @@ def _tensor_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffi
         return
     msg = st.tokens * model.hidden * ACT_BYTES
     # one collective pair per layer for attention and one for the MLP; an MoE layer's routed experts need
-    # none under expert parallelism (ETP = 1: the dispatcher moves the sequence-parallel tokens), only
-    # its shared experts, which are split over TP like a dense MLP
-    experts_split = expert_tp(plan.tp, plan.ep) > 1
+    # none under expert parallelism (the dispatcher moves the sequence-parallel tokens, and with ETP > 1
+    # gathers them over the expert-TP ranks: _expert_parallel), only its shared experts, which are split
+    # over TP like a dense MLP
+    experts_split = plan.ep == 1 and plan.expert_tp > 1
     moe_pairs = 2 if (experts_split or model.n_shared_experts) else 1
     r_dense, r_moe = st.recomputed
     per_layer = st.m * (2 * (st.n_layers - st.n_moe_layers) + moe_pairs * st.n_moe_layers)
@@ -295,6 +296,17 @@ def _expert_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, s
             time_scale=scale, remote_share=share, edge_calls=edge)
     led.add(ALL_TO_ALL, "ep", "MoE dispatch and combine gradients (backward)", "backward", 2 * calls, msg,
             window, time_scale=scale, remote_share=share, edge_calls=edge)
+    if plan.expert_tp > 1:
+        # Megatron-core's dispatcher with expert-TP: after the dispatch it all-gathers the received tokens
+        # over the expert-TP ranks (the tp group), which each run 1/etp of the experts' FFN, and
+        # reduce-scatters the expert outputs before the combine; the backward runs the transposes.
+        gathered = msg * plan.expert_tp
+        for name, phase, n in (("dispatched tokens all-gather (forward)", "forward", fwd // 2),
+                               ("expert outputs reduce-scatter (forward)", "forward", fwd // 2),
+                               ("dispatched-token grads reduce-scatter (backward)", "backward", calls),
+                               ("expert-output grads all-gather (backward)", "backward", calls)):
+            led.add(ALL_GATHER if "all-gather" in name else REDUCE_SCATTER, "tp", f"expert-TP {name}", phase, n,
+                    gathered, window, time_scale=scale, edge_calls=edge // 2)
 
 
 def _pipeline(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffic) -> None:

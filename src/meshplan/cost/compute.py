@@ -135,7 +135,7 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     GEMM shapes after tensor-parallel splitting (Megatron column/row split): QKV [T, D]x[D, (h_q+2h_kv)/t],
     output [T, h_q/t]x[h_q/t, D], MLP up (and gate) [T, D]x[D, F/t], down [T, F/t]x[F/t, D]; the backward
     runs the same shapes twice (input and weight gradient). MoE layers: each local expert processes
-    ``expert_tokens`` tokens, its FFN split ``expert_tp`` ways (mesh.expert_tp). Attention: 4·T·S_kv·h_q/t
+    ``expert_tokens`` tokens, its FFN split ``expert_tp`` ways (Plan.expert_tp). Attention: 4·T·S_kv·h_q/t
     FLOPs forward (half when causal, FlashAttention skips masked blocks), backward 2.5x forward (it
     recomputes QKᵀ).
     """

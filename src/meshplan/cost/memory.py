@@ -89,9 +89,10 @@ def layer_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: i
     output (2·N·S bytes per token) is stored too.
     For an MoE layer, ``moe_tokens_factor`` = k·capacity·imbalance expert-token copies per token, each
     storing 6F_e (gated) plus its dispatched input and combined output (2D each); shared experts store
-    6F_e per token each. With the experts split over TP (``expert_tp`` > 1, mesh.expert_tp) each rank
-    holds every token's copies with 1/t of their FFN: the dispatched inputs and combined outputs are
-    not divided by t. With whole experts a rank routes its own tokens: 1/t of them under sequence
+    6F_e per token each. With the experts split over TP (``expert_tp`` > 1, Plan.expert_tp) each rank
+    holds every token's copies with 1/t of their FFN (under expert parallelism too: the expert-TP
+    all-gather brings it as many copies as its TP group routed): the dispatched inputs and combined
+    outputs are not divided by t. With whole experts a rank routes its own tokens: 1/t of them under sequence
     parallelism, all of them without.
     """
     D = model.hidden

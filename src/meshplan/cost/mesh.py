@@ -35,15 +35,6 @@ class Group:
         object.__setattr__(self, "link", INTRA_NODE if k == 1 else INTER_NODE)
 
 
-def expert_tp(tp: int, ep: int) -> int:
-    """Tensor-parallel degree of the routed experts. Without expert parallelism the experts are split
-    t ways like a dense MLP (Megatron-core's expert_tensor_parallel_size defaults to the TP size;
-    torchtitan applies TensorParallel to the experts when there is no EP mesh). With expert parallelism
-    they are whole on each rank (ETP = 1: torchtitan's default under EP, and what Megatron-Bridge's MoE
-    recipes set), and the TP ranks hold different experts or different tokens."""
-    return tp if ep == 1 else 1
-
-
 def group(axis: str, size: int, stride: int, gpus_per_node: int) -> Group:
     """Group of ``size`` ranks spaced ``stride`` apart on nodes of ``gpus_per_node`` GPUs."""
     if size <= 1:
@@ -56,16 +47,18 @@ def group(axis: str, size: int, stride: int, gpus_per_node: int) -> Group:
 
 def axis_groups(plan: Plan, cluster: ClusterSpec) -> dict[str, Group]:
     """See _axis_groups (memoised on the degrees: a search asks for the same mesh many times)."""
-    return _axis_groups(plan.tp, plan.cp, plan.dp_shard, plan.dp_replicate, plan.pp, plan.ep, cluster.gpus_per_node)
+    return _axis_groups(plan.tp, plan.cp, plan.dp_shard, plan.dp_replicate, plan.pp, plan.ep, plan.expert_tp,
+                        cluster.gpus_per_node)
 
 
 @functools.lru_cache(maxsize=4096)
-def _axis_groups(tp: int, cp: int, ds: int, dr: int, pp: int, ep: int, g: int) -> dict[str, Group]:
+def _axis_groups(tp: int, cp: int, ds: int, dr: int, pp: int, ep: int, etp: int, g: int) -> dict[str, Group]:
     """Groups of every axis, plus the combined ones the implementations use:
 
     - 'dp_shard' is the FSDP / ZeRO / distributed-optimizer group: dp_shard·cp ranks (torchtitan's
       dp_shard_cp mesh; Megatron shards the optimizer over DP·CP);
-    - 'ep' is ep consecutive ranks; 'edp' is expert data parallel, the rest of tp·cp·dp.
+    - 'ep' is ep ranks spaced etp apart (Megatron's expert mesh puts expert-TP innermost; its expert-TP
+      group is then the tp group); 'edp' is expert data parallel, the rest of tp·cp·dp_shard.
     """
     out = {
         "tp": group("tp", tp, 1, g),
@@ -73,11 +66,11 @@ def _axis_groups(tp: int, cp: int, ds: int, dr: int, pp: int, ep: int, g: int) -
         "dp_shard": group("dp_shard", ds * cp, tp, g),
         "dp_replicate": group("dp_replicate", dr, tp * cp * ds, g),
         "pp": group("pp", pp, tp * cp * ds * dr, g),
-        "ep": group("ep", ep, 1, g),
+        "ep": group("ep", ep, etp, g),
     }
     expert_world = tp * cp * ds
-    if ep > 1 and expert_world % ep == 0:
-        out["edp"] = group("edp", expert_world // ep, ep, g)
-    else:
+    if (ep > 1 or etp < tp) and expert_world % (ep * etp) == 0:
+        out["edp"] = group("edp", expert_world // (ep * etp), ep * etp, g)
+    else:  # experts split like the dense layers: their data-parallel group is the dense one
         out["edp"] = out["dp_shard"]
     return out

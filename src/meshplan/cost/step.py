@@ -32,7 +32,7 @@ from meshplan.cost.compute import (
 )
 from meshplan.cost.estimate import OTHER_MICROBATCH, CommEntry, Estimate, FlopReport, MemoryReport, StageDetail
 from meshplan.cost.flops import model_flop_per_token, recompute_flop_per_token
-from meshplan.cost.mesh import Group, axis_groups, expert_tp
+from meshplan.cost.mesh import Group, axis_groups
 from meshplan.cost.params import ParamCounts, param_counts
 from meshplan.cost.pipeline import (
     bubble_fraction,
@@ -122,16 +122,16 @@ def recomputed_layers(recompute: str | None, recompute_layers: int | None, n_den
 def _local_params(counts: ParamCounts, plan: Plan, s: int, n_dense: int, n_moe: int, tied_copy: bool
                   ) -> tuple[Unit, ...]:
     """FSDP units of stage ``s`` with their parameters on one rank (matrices split by TP, experts by EP)."""
-    return _units(counts, plan.tp, plan.ep, plan.pp, s, n_dense, n_moe, tied_copy)
+    return _units(counts, plan.tp, plan.ep, plan.expert_tp, plan.pp, s, n_dense, n_moe, tied_copy)
 
 
 @functools.lru_cache(maxsize=8192)
-def _units(counts: ParamCounts, t: int, ep: int, pp: int, s: int, n_dense: int, n_moe: int, tied_copy: bool
-           ) -> tuple[Unit, ...]:
+def _units(counts: ParamCounts, t: int, ep: int, etp: int, pp: int, s: int, n_dense: int, n_moe: int,
+           tied_copy: bool) -> tuple[Unit, ...]:
     dense = (counts.attention_per_layer + counts.dense_mlp_per_layer) / t + counts.norms_per_layer
     moe = ((counts.attention_per_layer + counts.shared_experts_per_moe_layer) / t + counts.norms_per_layer
            + counts.router_per_moe_layer)
-    experts = counts.routed_experts_per_moe_layer / ep / expert_tp(t, ep)
+    experts = counts.routed_experts_per_moe_layer / ep / etp
     root = 0.0
     if s == 0:
         root += counts.embedding / t
@@ -290,7 +290,7 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
         runtime["deepep_buffers"] = mem.deepep_buffer_bytes(hidden=model.hidden, ep=plan.ep)
 
     return _StaticMemory(terms, transient, runtime, *_activation_coefficients(
-        model, job, plan.tp, plan.sequence_parallel, c.n_moe > 0, c.s == 0, c.last, expert_tp(plan.tp, plan.ep)))
+        model, job, plan.tp, plan.sequence_parallel, c.n_moe > 0, c.s == 0, c.last, plan.expert_tp))
 
 
 @cache_by_identity(n_specs=2)
@@ -371,20 +371,18 @@ def _stage_compute(c: _StageCtx, compute: ComputeParams) -> tuple[float, ...]:
     """Per micro-batch on stage ``c.s`` [s]: (t_F, t_B, t_W, t_R recompute, attention forward) of the layers,
     and the LM head's forward and backward (0 except on the last stage)."""
     plan = c.plan
-    return _stage_compute_times(c.model, c.cluster.accelerator, compute, c.job, c.tokens, plan.tp, plan.cp, plan.ep,
-                                plan.sequence_parallel, plan.context_impl != "a2a", c.n_dense, c.n_moe, c.last,
-                                c.recompute, c.recomputed)
+    return _stage_compute_times(c.model, c.cluster.accelerator, compute, c.job, c.tokens, plan.tp, plan.cp,
+                                plan.ep, plan.expert_tp, plan.sequence_parallel, plan.context_impl != "a2a",
+                                c.n_dense, c.n_moe, c.last, c.recompute, c.recomputed)
 
 
 @cache_by_identity(n_specs=4)
 def _stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute: ComputeParams, job: JobSpec,
-                         tokens: float, tp: int, cp: int, ep: int, sp: bool, cp_chunked: bool, n_dense: int,
+                         tokens: float, tp: int, cp: int, ep: int, etp: int, sp: bool, cp_chunked: bool, n_dense: int,
                          n_moe: int, last: bool, recompute: str, recomputed: tuple[int, int]) -> tuple[float, ...]:
     """``_stage_compute`` on the values it reads, memoised: plans that differ only in their communication
     options, and the search's bounds, share it."""
     accel = _accel_key(accelerator)
-
-    etp = expert_tp(tp, ep)
 
     def lt(moe: bool) -> LayerTimes:
         expert_tokens = local = 0.0
@@ -648,8 +646,8 @@ def _compute_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan:
     (``_critical_comm_s``) [s]: every term of the step time except the hideable communication, contention
     and the optimizer step, all of which are non-negative."""
     m = _micro_batches(job, plan.dp, mbs)
-    return (_shape_bound_s(model, cluster.accelerator, compute, job, plan.tp, plan.cp, plan.ep, plan.pp,
-                           plan.schedule, plan.vpp, plan.sequence_parallel, plan.context_impl != "a2a", mbs,
+    return (_shape_bound_s(model, cluster.accelerator, compute, job, plan.tp, plan.cp, plan.ep, plan.expert_tp,
+                           plan.pp, plan.schedule, plan.vpp, plan.sequence_parallel, plan.context_impl != "a2a", mbs,
                            recompute, m, recompute_layers)
             + _critical_comm_s(model, cluster, job, plan, mbs, m, recompute, recompute_layers))
 
@@ -663,13 +661,14 @@ def _critical_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan:
             or (plan.ep > 1 and model.n_moe_layers and not plan.ep_overlap)):
         return 0.0
     return _critical_comm_cached(model, cluster, job, plan.tp, plan.sequence_parallel, plan.async_tp,
-                                 plan.sharding == "megatron", plan.cp, plan.context_impl, plan.ep, plan.ep_dispatch,
+                                 plan.sharding == "megatron", plan.cp, plan.context_impl, plan.ep, plan.expert_tp,
+                                 plan.ep_dispatch,
                                  plan.ep_overlap, plan.pp, mbs, m, recompute, recompute_layers, plan)
 
 
 @cache_by_identity(n_specs=3, n_unkeyed=1)
 def _critical_comm_cached(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, tp: int, sp: bool, async_tp: bool,
-                          megatron: bool, cp: int, context_impl: str, ep: int, ep_dispatch: str | None,
+                          megatron: bool, cp: int, context_impl: str, ep: int, etp: int, ep_dispatch: str | None,
                           ep_overlap: bool, pp: int, mbs: int, m: int, recompute: str, recompute_layers: int | None,
                           plan: Plan) -> float:
     """``_critical_comm_s``, memoised on the plan fields the TP, CP and EP ledgers read (their groups do not
@@ -694,7 +693,7 @@ def _micro_batches(job: JobSpec, dp: int, mbs: int) -> int:
 
 @cache_by_identity(n_specs=4)
 def _shape_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: ComputeParams, job: JobSpec, tp: int,
-                   cp: int, ep: int, pp: int, schedule: str, vpp: int, sp: bool, cp_chunked: bool, mbs: int,
+                   cp: int, ep: int, etp: int, pp: int, schedule: str, vpp: int, sp: bool, cp_chunked: bool, mbs: int,
                    recompute: str, m: int, recompute_layers: int | None) -> float:
     """``_compute_bound_s`` on the plan fields it reads (memoised: plans that differ in sharding or in
     their communication options share it)."""
@@ -704,7 +703,7 @@ def _shape_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: Comp
     for s in (0,) if pp == 1 else (0, pp - 1):
         n_dense, n_moe = layout[s]
         t_f, t_b, t_w, t_r, _, hf, hb = _stage_compute_times(
-            model, accelerator, compute, job, tokens, tp, cp, ep, sp, cp_chunked, n_dense, n_moe, s == pp - 1,
+            model, accelerator, compute, job, tokens, tp, cp, ep, etp, sp, cp_chunked, n_dense, n_moe, s == pp - 1,
             recompute, recomputed_layers(recompute, recompute_layers, n_dense, n_moe))
         bubble = bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, t_f_s=t_f + hf, t_b_s=t_b + hb + t_r, t_w_s=t_w)
         worst = max(worst, m * (t_f + hf + t_b + hb + t_w + t_r) + bubble)
@@ -724,19 +723,19 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec
     """
     b = plan.mbs or micro_batch_sizes(job, plan.dp)[0]
     return (_shape_lower_bound_s(model, cluster.accelerator, compute, job, plan.dp, plan.tp, plan.cp, plan.ep,
-                                 plan.pp, plan.schedule, plan.vpp, plan.sequence_parallel,
+                                 plan.expert_tp, plan.pp, plan.schedule, plan.vpp, plan.sequence_parallel,
                                  plan.context_impl != "a2a", plan.mbs)
             + _critical_comm_s(model, cluster, job, plan, b, _micro_batches(job, plan.dp, b), "none", None))
 
 
 @cache_by_identity(n_specs=4)
 def _shape_lower_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: ComputeParams, job: JobSpec,
-                         dp: int, tp: int, cp: int, ep: int, pp: int, schedule: str, vpp: int, sp: bool,
+                         dp: int, tp: int, cp: int, ep: int, etp: int, pp: int, schedule: str, vpp: int, sp: bool,
                          cp_chunked: bool, mbs: int | None) -> float:
     """``step_time_lower_bound_s`` on the plan fields it reads (memoised: option variants that change
     only communication or memory share it)."""
     sizes = [mbs] if mbs else micro_batch_sizes(job, dp)
-    return min(_shape_bound_s(model, accelerator, compute, job, tp, cp, ep, pp, schedule, vpp, sp, cp_chunked, b,
+    return min(_shape_bound_s(model, accelerator, compute, job, tp, cp, ep, etp, pp, schedule, vpp, sp, cp_chunked, b,
                               "none", _micro_batches(job, dp, b), None) for b in sizes)
 
 
@@ -832,7 +831,8 @@ class _Choice:
         self._plans: dict[_Key, Plan] = {}
         self._probes: dict[_Key, _Probe] = {}
         self._timed: dict[_Key, Estimate] = {}
-        self._bounds = _shared_bounds(model, cluster, job, compute, plan.tp, plan.cp, plan.ep, plan.pp, plan.dp,
+        self._bounds = _shared_bounds(model, cluster, job, compute, plan.tp, plan.cp, plan.ep, plan.expert_tp,
+                                      plan.pp, plan.dp,
                                       plan.schedule, plan.vpp, plan.sequence_parallel, plan.context_impl,
                                       plan.async_tp, plan.sharding == "megatron", plan.ep_dispatch, plan.ep_overlap,
                                       plan.mbs)

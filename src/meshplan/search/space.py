@@ -61,8 +61,9 @@ def needs_more_memory(variant: Plan) -> bool:
     micro-batch (or model chunk) of activations and rules out full recomputation, and async TP, the CP
     exchange, the MoE dispatch and DDP's sync frequency change no memory term. The exception is FSDP2
     under a pipeline resharding per micro-batch, which frees what the default keeps (tested in
-    test_properties)."""
-    return not (variant.sharding == "fsdp" and variant.pp > 1 and variant.shard_degree > 1)
+    test_properties), and expert-TP, which divides the experts' states by tp but gathers their tokens."""
+    return not ((variant.sharding == "fsdp" and variant.pp > 1 and variant.shard_degree > 1)
+                or variant.etp is not None)
 
 
 def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan) -> Iterator[Plan]:
@@ -75,8 +76,9 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
       each with gradient sync after every micro-batch or only the last;
     - FSDP2 under a pipeline: reshard and reduce per micro-batch instead of keeping the stage gathered;
     - DDP: all-reduce after every micro-batch instead of ``no_sync``;
-    - Megatron MoE: DeepEP dispatch where the expert-parallel group spans nodes, and the all-to-all
-      overlap with another micro-batch (without a pipeline, or with the interleaved schedule).
+    - Megatron MoE: DeepEP dispatch where the expert-parallel group spans nodes, the all-to-all
+      overlap with another micro-batch (without a pipeline, or with the interleaved schedule), and
+      with TP the routed experts split over the tp ranks too (expert-TP = tp).
 
     Options that change nothing for the plan (grad sync with one micro-batch, a partial reshard that
     is the whole group) are not generated, so no configuration is counted twice.
@@ -103,19 +105,24 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
         dp_opts.append((True, "every"))
     elif plan.sharding == "fsdp" and plan.dp_replicate > 1 and per_replica > 1:
         dp_opts.append((None, "every"))
-    ep_opts: list[tuple[str | None, bool]] = [(None, False)]
+    ep_opts: list[tuple[str | None, bool, int | None]] = [(None, False, None)]
     if plan.ep > 1 and model.n_experts and "deepep" in FRAMEWORK_EP_DISPATCH[plan.sharding]:
-        dispatches = [None, "deepep"] if plan.ep > gpn else [None]  # ep consecutive ranks: across nodes
         pairs = per_replica > 1 and (plan.pp == 1 or plan.schedule == "interleaved")  # a micro-batch to pair
         overlaps = [False, True] if pairs else [False]
-        ep_opts = list(itertools.product(dispatches, overlaps))
-    for (sp, async_tp), cp_impl, (raf, sync), (dispatch, ep_overlap) in itertools.product(
+        etps: list[int | None] = [None]
+        if plan.tp > 1 and (plan.tp * plan.cp * plan.dp_shard) % (plan.ep * plan.tp) == 0:
+            etps.append(plan.tp)
+        # the ep ranks sit etp apart: DeepEP where they span nodes
+        ep_opts = [(dispatch, overlap, etp) for etp in etps
+                   for dispatch in ([None, "deepep"] if plan.ep * (etp or 1) > gpn else [None])
+                   for overlap in overlaps]
+    for (sp, async_tp), cp_impl, (raf, sync), (dispatch, ep_overlap, etp) in itertools.product(
             tp_opts, cp_opts, dp_opts, ep_opts):
         if (sp is None and not async_tp and cp_impl is None and raf is None and sync is None and dispatch is None
-                and not ep_overlap):
+                and not ep_overlap and etp is None):
             continue  # the default plan itself
         yield replace(plan, sp=sp, async_tp=async_tp, cp_impl=cp_impl, reshard_after_forward=raf, grad_sync=sync,
-                      ep_dispatch=dispatch, ep_overlap=ep_overlap)
+                      ep_dispatch=dispatch, ep_overlap=ep_overlap, etp=etp)
 
 
 def family(plan: Plan) -> str:

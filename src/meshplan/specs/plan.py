@@ -3,9 +3,9 @@
 Mesh axes, outermost to innermost (torchtitan's order, `ParallelDims`): pp, dp_replicate, dp_shard,
 cp, tp. Inner axes get consecutive ranks, so an inner axis stays inside a node when it fits.
 The world size is dp_replicate·dp_shard·cp·tp·pp. Expert parallelism folds onto the same ranks:
-expert layers use ep consecutive ranks of the tp·cp·dp ranks of a pipeline stage (Megatron's
-parallel folding with expert-TP = 1); expert weights are data-parallel over the remaining
-tp·cp·dp/ep ranks.
+expert layers use ep ranks of the tp·cp·dp ranks of a pipeline stage, spaced etp apart (Megatron's
+parallel folding: expert-TP innermost, then EP); expert weights are data-parallel over the remaining
+tp·cp·dp/(ep·etp) ranks.
 """
 
 from __future__ import annotations
@@ -58,6 +58,10 @@ class Plan:
     """Pipeline stages."""
     ep: int = 1
     """Expert parallel: ranks that split the experts of an MoE layer."""
+    etp: int | None = None
+    """Expert tensor parallel (Megatron --expert-tensor-parallel-size): ranks of the tp group that split
+    each routed expert's FFN, 1 or tp. None: tp without expert parallelism, 1 with it (what
+    Megatron-Bridge's MoE recipes set and torchtitan does; Megatron-LM's own command line defaults to tp)."""
     mbs: int | None = None
     """Micro-batch size in sequences; None: the largest that fits in memory."""
     recompute: str | None = None
@@ -106,6 +110,15 @@ class Plan:
         for d in DEGREES:
             positive_int(f"plan.{d}", getattr(self, d))
         positive_int("plan.vpp", self.vpp)
+        if self.etp is not None:
+            positive_int("plan.etp", self.etp)
+            if self.etp not in (1, self.tp):
+                raise SpecError("plan.etp", f"splits each routed expert over the tp ranks; allowed: 1 or "
+                                            f"tp={self.tp}, got {self.etp}")
+            if self.etp != (self.tp if self.ep == 1 else 1) and self.sharding != "megatron":
+                raise SpecError("plan.etp", f"a choice of expert-TP is Megatron-core's; with sharding="
+                                            f"{self.sharding} the experts are split over tp without ep and whole "
+                                            f"with it")
         if self.mbs is not None:
             positive_int("plan.mbs", self.mbs)
         if self.recompute is not None:
@@ -172,6 +185,13 @@ class Plan:
         return self.tp > 1 and (self.sp is None or self.sp)
 
     @property
+    def expert_tp(self) -> int:
+        """Tensor-parallel degree of the routed experts in effect (``etp``, or its default)."""
+        if self.etp is not None:
+            return self.etp
+        return self.tp if self.ep == 1 else 1
+
+    @property
     def context_impl(self) -> str:
         """The context-parallel exchange in effect."""
         return self.cp_impl or FRAMEWORK_CP[self.sharding][0]
@@ -226,7 +246,7 @@ class Plan:
 
     def explicit_options(self) -> list[str]:
         """The options set here rather than left to the framework's default (None or False)."""
-        out = [name for name in ("sp", "cp_impl", "reshard_after_forward", "grad_sync", "ep_dispatch")
+        out = [name for name in ("sp", "cp_impl", "reshard_after_forward", "grad_sync", "ep_dispatch", "etp")
                if getattr(self, name) is not None]
         return out + [name for name in ("async_tp", "ep_overlap") if getattr(self, name)]
 
@@ -247,6 +267,8 @@ class Plan:
             out.append(f"sync:{self.grad_sync}")
         if self.ep > 1 and self.ep_dispatch is not None:
             out.append(f"ep:{self.ep_dispatch}")
+        if self.etp is not None:
+            out.append(f"etp:{self.etp}")
         if self.ep_overlap:
             out.append("ep-overlap")
         return out

@@ -203,9 +203,12 @@ def _plan(row: dict[str, str], model: ModelSpec, n_gpus: int) -> Plan:
     mbs = _i(row, "micro_batch_size")
     # NeMo / Megatron performance recipes overlap TP communication with GEMMs (--tp-comm-overlap, userbuffers)
     async_tp = tp > 1 and group in ("NVIDIA dgxc-benchmarking", "NeMo / Megatron-Bridge", "Megatron-LM")
+    m = re.search(r"expert TP \(ETP\)\s*=\s*(\d+)", row.get("notes", ""))
+    etp = int(m.group(1)) if m and ep > 1 else None  # stated; else Plan's default (1 under EP, the recipes')
     try:
-        return Plan(dp_replicate=dp_rep, dp_shard=dp_shard, tp=tp, pp=pp, cp=cp, ep=ep, mbs=mbs, recompute=recompute,
-                    sharding=sharding, reshard_after_forward=raf, sp=sp, schedule=schedule, vpp=v, async_tp=async_tp)
+        return Plan(dp_replicate=dp_rep, dp_shard=dp_shard, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, mbs=mbs,
+                    recompute=recompute, sharding=sharding, reshard_after_forward=raf, sp=sp, schedule=schedule,
+                    vpp=v, async_tp=async_tp)
     except SpecError as exc:
         raise Skip(f"plan: {exc}") from None
 
