@@ -311,3 +311,14 @@ def test_validation_rows_take_a_stated_expert_tp():
     model = load_model("mixtral-8x7b")
     assert _plan(row, model, 32).etp == 4
     assert _plan({**row, "notes": "MoE 8 experts top-2"}, model, 32).etp is None
+
+
+def test_validation_imputes_virtual_stages_only_from_agreeing_siblings():
+    """'VP=NA' rows take the VP their source's other rows of the same model, TP and PP all state."""
+    from meshplan.validation.rows import impute_virtual_stages
+
+    base = {"source_group": "dgxc", "model": "M", "tp": "8", "pp": "8", "virtual_pp": "", "notes": ""}
+    na = {**base, "notes": "config table lists VP=NA for this release"}
+    rows = [{**base, "virtual_pp": "12"}, {**base, "virtual_pp": "12"}, na, base, {**na, "pp": "4"}]
+    assert {i: r["virtual_pp"] for i, r in impute_virtual_stages(rows).items()} == {2: "12"}
+    assert impute_virtual_stages([*rows, {**base, "virtual_pp": "6"}]) == {}  # siblings disagree

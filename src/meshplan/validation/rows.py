@@ -234,6 +234,28 @@ def _measured_tokens(row: dict[str, str], model: ModelSpec) -> tuple[float, str]
     return tflops * 1e12 / f, how
 
 
+def impute_virtual_stages(rows: list[dict[str, str]]) -> dict[int, dict[str, str]]:
+    """Rows whose configuration table lists the virtual pipeline stages as not available ('VP=NA' in the
+    notes), with the VP that every other row of the same source group, model, TP and PP states, where
+    they all state the same one (dgxc Nemotron-4 340B v25.04 on PP=8: VP=12 in its other releases). The
+    returned rows carry it in ``virtual_pp``; rows with no such siblings, or disagreeing ones, are left
+    as they are."""
+    def key(r: dict[str, str]) -> tuple[str, ...]:
+        return r.get("source_group", ""), r.get("model", ""), r.get("tp", ""), r.get("pp", "")
+
+    stated: dict[tuple[str, ...], set[str]] = {}
+    for r in rows:
+        v = (r.get("virtual_pp") or "").strip()
+        if v.isdigit():
+            stated.setdefault(key(r), set()).add(v)
+    out = {}
+    for i, r in enumerate(rows):
+        vs = stated.get(key(r), set())
+        if re.search(r"\bVP=NA\b", r.get("notes", "")) and not (r.get("virtual_pp") or "").strip() and len(vs) == 1:
+            out[i] = {**r, "virtual_pp": next(iter(vs))}
+    return out
+
+
 def scenario_from_row(idx: int, row: dict[str, str]) -> Scenario:
     """The specs of one row; raises Skip with a reason when the row cannot be modelled."""
     model = _model(row, idx)

@@ -13,7 +13,7 @@ from meshplan.cost.compute import ComputeParams
 from meshplan.cost.estimate import Estimate
 from meshplan.cost.step import evaluate
 from meshplan.errors import SpecError
-from meshplan.validation.rows import Scenario, Skip, scenario_from_row
+from meshplan.validation.rows import Scenario, Skip, impute_virtual_stages, scenario_from_row
 
 REQUIRED_COLUMNS = ("model", "n_layers", "hidden", "n_heads", "vocab", "seq_len", "gpu_type", "n_gpus", "tp", "pp",
                     "source_group")
@@ -72,11 +72,12 @@ def read_rows(path: str | Path) -> list[dict[str, str]]:
 
 def load_scenarios(rows: list[dict[str, str]]) -> list[RowResult]:
     out = []
+    imputed = impute_virtual_stages(rows)
     for i, row in enumerate(rows):
         r = RowResult(row=i, source_group=row.get("source_group", ""), gpu=row.get("gpu_type", ""),
                       model=row.get("model", ""), plan="")
         try:
-            sc = scenario_from_row(i, row)
+            sc = scenario_from_row(i, imputed.get(i, row))
         except Skip as exc:
             r.skipped = str(exc)
         else:
