@@ -47,3 +47,19 @@ def test_kernel_scale_slows_kernels_of_a_stack_on_its_gpu_family_only():
                        precision="bf16")
     assert slow.gemm_fwd_s == pytest.approx(base.gemm_fwd_s / 0.8)
     assert slow.attention_fwd_s == pytest.approx(base.attention_fwd_s / 0.8)
+
+
+def test_fp8_gemms_need_larger_shapes_for_their_peak():
+    """fp8_half_dim_ratio scales the shape constant of FP8 GEMMs only: with a ratio above 1 a small FP8
+    layer loses more of its FP8 speed-up than a large one, and BF16 layers do not change."""
+    from dataclasses import replace
+
+    m, a = load_model("llama-3-8b"), load_cluster("h100-sxm").accelerator
+    base, wide = ComputeParams(), replace(ComputeParams(), fp8_half_dim_ratio=3.0)
+
+    def gemm(params, tokens, precision):
+        return layer_times(m, a, params, tokens=tokens, seq_len=4096, cp=1, tp=1, precision=precision).gemm_fwd_s
+
+    assert gemm(wide, 4096, "bf16") == gemm(base, 4096, "bf16")
+    small, large = gemm(wide, 512, "fp8") / gemm(base, 512, "fp8"), gemm(wide, 16384, "fp8") / gemm(base, 16384, "fp8")
+    assert small > large > 1.0

@@ -37,6 +37,10 @@ class ComputeParams:
     of the same silicon."""
     gemm_half_dim: float = 128.0
     """d_{1/2} of the GEMM shape factor [elements]."""
+    fp8_half_dim_ratio: float = 1.0
+    """d_{1/2} of FP8 GEMMs over ``gemm_half_dim``: at twice the BF16 rate on the same memory, an FP8
+    GEMM needs larger shapes to reach its peak (its ridge point doubles), and its per-tensor scaling and
+    casts grow with the operands, not the FLOPs."""
     fp8_gemm_efficiency: float = 0.72
     """Best FP8 matmul throughput over FP8 peak (ml-engineering MAMF: H100 70.9 %, B200 76.3 %)."""
     attention_efficiency: float = 0.40
@@ -143,7 +147,7 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     fp8 = precision == "fp8" and accel.fp8_flop_per_s is not None
     peak = accel.fp8_flop_per_s if fp8 else accel.bf16_flop_per_s
     e_max = (params.fp8_gemm_efficiency if fp8 else accel.gemm_efficiency) * params.gemm_scale * params.kernel_scale
-    hd = params.gemm_half_dim
+    hd = params.gemm_half_dim * (params.fp8_half_dim_ratio if fp8 else 1.0)
 
     def g(m: float, n: float, k: float) -> float:
         return gemm_time_s(m, n, k, peak_flop_per_s=peak, e_max=e_max, half_dim=hd)

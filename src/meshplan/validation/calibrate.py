@@ -2,7 +2,7 @@
 
 Procedure (docs/calibration.md):
 1. Parameters: a few global ones (attention efficiency and its block-length constant, the GEMM shape
-   constant, overlap efficiency, compute slowdown under communication, expert-GEMM efficiency), one
+   constant and the FP8 one relative to it, overlap efficiency, compute slowdown under communication, expert-GEMM efficiency), one
    per accelerator family (``gemm_scale``: training-kernel over best-case matmul efficiency), two
    per software stack (``layer_overhead_s``, ``step_overhead_s``), and one per stack and family where
    the reference stack (Megatron-core) also has rows (``kernel_scale``). None is per row.
@@ -47,6 +47,7 @@ class Param:
 GLOBAL_PARAMS = [
     Param("attention_half_len", "global", 16.0, 8192.0, log=True),
     Param("gemm_half_dim", "global", 8.0, 2048.0, log=True),
+    Param("fp8_half_dim_ratio", "global", 0.5, 8.0, log=True),
     Param("overlap_efficiency", "global", 0.2, 1.0),
     Param("comm_slowdown", "global", 0.0, 0.6),
     Param("moe_gemm_efficiency", "global", 0.1, 1.0),
