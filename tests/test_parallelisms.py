@@ -91,13 +91,22 @@ def test_expert_tp_under_expert_parallelism_splits_states_and_gathers_dispatched
     # the experts are split, so an MoE layer's only TP pair is still the attention's
     sp = [e for e in split.comm if e.purpose == "SP all-gather before QKV and MLP (forward)"]
     assert sp[0].count == next(e for e in whole.comm if e.purpose == sp[0].purpose).count
-    assert split.flops.hardware_flop_per_step == pytest.approx(whole.flops.hardware_flop_per_step)
+    # expert data parallelism over tp·cp·dp_shard / (ep·etp) ranks: 4 with whole experts, none split
+    grads = [e for e in whole.comm if e.purpose == "experts grads reduce-scatter"]
+    assert [e.group_size for e in grads] == [4] and not [e for e in split.comm if e.axis == "edp"]
+    # recomputed forwards dispatch, and gather, again
+    full = _est(base.replace("recompute=none", "recompute=full") + ",etp=4", model="mixtral-8x7b", nodes=4,
+                batch=1_048_576)
+    ag = {e.phase: e.count for e in full.comm if e.purpose.startswith("expert-TP") and "all-gather" in e.purpose}
+    assert ag["forward"] == 2 * ag["backward"] == 2 * gather.count
 
 
 @pytest.mark.parametrize("plan, field", [
     ("tp=4,ep=8,dp_shard=8,etp=2,sharding=megatron", "plan.etp"),  # 1 or tp
     ("tp=4,ep=8,dp_shard=8,etp=4", "plan.etp"),  # a chosen expert-TP is Megatron's
     ("tp=4,ep=8,cp=2,dp_shard=2,dp_replicate=2,etp=4,sharding=megatron", "plan.etp"),  # ep·etp ∤ tp·cp·dp_shard
+    ("tp=4,ep=8,dp_shard=8,etp=4,sp=false,sharding=megatron", "plan.sp"),  # expert-TP needs SP tokens
+    ("tp=4,ep=8,dp_shard=8,etp=4,ep_dispatch=deepep,sharding=megatron", "plan.ep_dispatch"),  # not modelled
 ])
 def test_expert_tp_rejections_name_the_field(plan, field):
     with pytest.raises(SpecError) as err:
@@ -300,6 +309,12 @@ def test_fp8_param_gather_halves_parameter_all_gather_bytes():
     assert ag(fp8) == pytest.approx(0.5 * ag(base))
     with pytest.raises(SpecError):
         JobSpec(global_batch_tokens=4096, seq_len=4096, fp8_param_gather=True)
+
+
+def test_expert_tp_on_a_dense_model_is_rejected():
+    with pytest.raises(SpecError) as err:
+        _est("tp=8,dp_shard=8,etp=1,sharding=megatron")
+    assert err.value.field == "plan.etp"
 
 
 def test_validation_rows_take_a_stated_expert_tp():

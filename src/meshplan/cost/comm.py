@@ -306,7 +306,7 @@ def _expert_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, s
                                ("dispatched-token grads reduce-scatter (backward)", "backward", calls),
                                ("expert-output grads all-gather (backward)", "backward", calls)):
             led.add(ALL_GATHER if "all-gather" in name else REDUCE_SCATTER, "tp", f"expert-TP {name}", phase, n,
-                    gathered, window, time_scale=scale, edge_calls=edge // 2)
+                    gathered, window, time_scale=scale, edge_calls=edge / 2)
 
 
 def _pipeline(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffic) -> None:

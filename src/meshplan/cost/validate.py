@@ -58,8 +58,11 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
         if folded % (plan.ep * plan.expert_tp):
             raise SpecError("plan.etp", f"ep x etp = {plan.ep} x {plan.expert_tp} must divide tp x cp x dp_shard "
                                         f"= {folded} (the expert mesh folds onto those ranks); use etp=1")
-    if plan.etp is not None and plan.etp > 1 and not model.is_moe:
-        raise SpecError("plan.etp", f"{model.name} is dense; expert-TP needs an MoE model")
+    if model.is_moe and plan.sharding == "megatron" and plan.tp > 1 and not plan.sequence_parallel:
+        raise SpecError("plan.sp", "Megatron-core trains MoE layers with TP only under sequence parallelism "
+                                   "(MoELayer raises otherwise): leave sp out or set sp=true")
+    if plan.etp is not None and not model.is_moe:
+        raise SpecError("plan.etp", f"{model.name} is dense; expert-TP applies to MoE models: leave etp out")
     if plan.pp > 1 and plan.sharding in ("zero2", "zero3"):
         raise SpecError("plan.sharding", "DeepSpeed's pipeline engine supports ZeRO-1 only; with pp > 1 use "
                                          "zero1, megatron or fsdp")

@@ -35,7 +35,6 @@ def plan_dict(est: Estimate) -> dict[str, Any]:
     d["n_microbatches"] = est.n_microbatches
     d["sequence_parallel"] = p.sequence_parallel
     d["grad_sync"] = p.effective_grad_sync
-    d["etp"] = p.expert_tp
     d["label"] = p.label()
     d["string"] = p.to_string()
     return d

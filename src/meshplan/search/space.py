@@ -69,7 +69,8 @@ def needs_more_memory(variant: Plan) -> bool:
 def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan) -> Iterator[Plan]:
     """The non-default options each framework offers for ``plan`` (a plan with default options):
 
-    - TP: sequence parallelism off (all-reduce instead of reduce-scatter/all-gather); async TP
+    - TP: sequence parallelism off (all-reduce instead of reduce-scatter/all-gather; not for Megatron MoE
+      plans, whose MoE layers refuse TP without it); async TP
       (torchtitan's micro-pipelined TP, Megatron's TP communication overlap), which needs SP;
     - CP: every exchange the framework implements (torchtitan ring or all-gather; Megatron also a2a);
     - FSDP2 without a pipeline: ``reshard_after_forward`` False, or the node size (a partial reshard),
@@ -86,7 +87,7 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
     per_replica = max(1, job.global_batch_seqs // plan.dp)
     sharded, gpn = plan.sharding == "fsdp" and plan.shard_degree > 1, cluster.gpus_per_node
     tp_opts: list[tuple[bool | None, bool]] = [(None, False)]
-    if plan.tp > 1:
+    if plan.tp > 1 and not (model.is_moe and plan.sharding == "megatron"):  # Megatron's MoE needs SP with TP
         tp_opts.append((False, False))
         if plan.sharding in ("fsdp", "megatron"):
             tp_opts.append((None, True))
@@ -112,9 +113,9 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
         etps: list[int | None] = [None]
         if plan.tp > 1 and (plan.tp * plan.cp * plan.dp_shard) % (plan.ep * plan.tp) == 0:
             etps.append(plan.tp)
-        # the ep ranks sit etp apart: DeepEP where they span nodes
+        # DeepEP where the ep ranks span nodes (modelled with whole experts only)
         ep_opts = [(dispatch, overlap, etp) for etp in etps
-                   for dispatch in ([None, "deepep"] if plan.ep * (etp or 1) > gpn else [None])
+                   for dispatch in ([None, "deepep"] if plan.ep > gpn and etp is None else [None])
                    for overlap in overlaps]
     for (sp, async_tp), cp_impl, (raf, sync), (dispatch, ep_overlap, etp) in itertools.product(
             tp_opts, cp_opts, dp_opts, ep_opts):

@@ -118,7 +118,7 @@ class Plan:
             if self.etp != (self.tp if self.ep == 1 else 1) and self.sharding != "megatron":
                 raise SpecError("plan.etp", f"a choice of expert-TP is Megatron-core's; with sharding="
                                             f"{self.sharding} the experts are split over tp without ep and whole "
-                                            f"with it")
+                                            f"with it: leave etp out, or use sharding=megatron")
         if self.mbs is not None:
             positive_int("plan.mbs", self.mbs)
         if self.recompute is not None:
@@ -147,6 +147,9 @@ class Plan:
             if self.ep < 2:
                 raise SpecError("plan.ep_dispatch", f"dispatches to expert-parallel ranks; needs ep >= 2, "
                                                     f"got {self.ep}")
+            if self.ep_dispatch == "deepep" and self.expert_tp > 1:
+                raise SpecError("plan.ep_dispatch", "DeepEP with expert-TP (one fused dispatch over the ep x etp "
+                                                    "ranks) is not modelled; use etp=1 or ep_dispatch=alltoall")
             if self.ep_dispatch not in FRAMEWORK_EP_DISPATCH[self.sharding]:
                 raise SpecError("plan.ep_dispatch", f"sharding={self.sharding} dispatches MoE tokens with "
                                                     f"{' or '.join(FRAMEWORK_EP_DISPATCH[self.sharding])}; "
