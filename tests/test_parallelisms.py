@@ -128,6 +128,27 @@ def _a2a(est):
     return [e for e in est.comm if e.axis == "ep"]
 
 
+@pytest.mark.parametrize("n_nodes", [2, 4, 8, 16])
+def test_group_limited_routing_reaches_fewer_nodes_as_sampled(n_nodes):
+    """DeepSeek-V3-style routing (experts in G groups, a token's from tg of them) against sampling it:
+    choose tg groups, then k experts among theirs, and count the other nodes hit."""
+    import random
+
+    from meshplan.cost.collectives import remote_nodes_per_token
+
+    E, k, G, tg, trials = 64, 4, 8, 4, 40_000
+    rng, per_node, per_group, hits = random.Random(7), E // n_nodes, E // G, 0
+    for _ in range(trials):
+        groups = rng.sample(range(G), tg)
+        experts = rng.sample([g * per_group + i for g in groups for i in range(per_group)], k)
+        nodes = {e // per_node for e in experts}
+        hits += len(nodes) - (0 in nodes)  # the token sits on node 0; every node is alike
+    sampled = hits / trials
+    exact = remote_nodes_per_token(E, k, n_nodes, G, tg)
+    assert exact == pytest.approx(sampled, rel=0.03, abs=0.01)
+    assert exact <= remote_nodes_per_token(E, k, n_nodes) + 1e-12
+
+
 def test_remote_nodes_per_token_matches_counting():
     """A token's top_k experts lie on (N-1)(1 - C(E-E/N, top_k)/C(E, top_k)) of the other N-1 nodes; with top-1 routing
     that is the (k-1)/k every routed copy of an all-to-all sends off the node."""
@@ -337,3 +358,14 @@ def test_validation_imputes_virtual_stages_only_from_agreeing_siblings():
     rows = [{**base, "virtual_pp": "12"}, {**base, "virtual_pp": "12"}, na, base, {**na, "pp": "4"}]
     assert {i: r["virtual_pp"] for i, r in impute_virtual_stages(rows).items()} == {2: "12"}
     assert impute_virtual_stages([*rows, {**base, "virtual_pp": "6"}]) == {}  # siblings disagree
+
+
+@pytest.mark.parametrize("kw, field", [({"n_expert_groups": 7, "topk_groups": 4}, "model.n_expert_groups"),
+                                       ({"n_expert_groups": 8, "topk_groups": 9}, "model.topk_groups"),
+                                       ({"topk_groups": 4}, "model.topk_groups")])
+def test_group_limited_routing_spec_errors_name_the_field(kw, field):
+    from dataclasses import replace
+
+    with pytest.raises(SpecError) as err:
+        replace(load_model("deepseek-v3"), **{"n_expert_groups": 0, **kw})
+    assert err.value.field == field

@@ -26,6 +26,7 @@ References: nccl_tests_perf, thakur2005, ml_engineering (see meshplan.references
 from __future__ import annotations
 
 import math
+from math import comb
 from typing import NamedTuple
 
 from meshplan.cost.mesh import Group
@@ -107,18 +108,39 @@ def _nic_bytes_per_s(cluster: ClusterSpec | _Links) -> float:
     return cluster.inter.nic_bytes_per_s * cluster.inter.efficiency
 
 
-def remote_nodes_per_token(n_experts: int, top_k: int, n_nodes: int) -> float:
+def _miss(pool: float, removed: float, k: int) -> float:
+    """Probability that ``k`` distinct experts drawn uniformly from ``pool`` avoid ``removed`` of them."""
+    out = 1.0
+    for i in range(k):
+        out *= max(0.0, (pool - removed - i) / (pool - i))
+    return out
+
+
+def remote_nodes_per_token(n_experts: int, top_k: int, n_nodes: int, n_groups: int = 0,
+                           topk_groups: int = 0) -> float:
     """Expected number of other nodes a token's experts lie on [nodes]: ``n_experts`` spread evenly over
-    ``n_nodes``, ``top_k`` distinct experts chosen uniformly (balanced routing). A node is missed with
-    probability C(E - E/n_nodes, top_k) / C(E, top_k). Node-limited routing (DeepSeek-V3: at most 4
-    nodes per token) is not modelled, so this is an upper bound for such models."""
+    ``n_nodes`` in consecutive blocks, ``top_k`` distinct experts chosen uniformly (balanced routing). A
+    node is missed with probability C(E - E/n_nodes, top_k) / C(E, top_k).
+
+    With group-limited routing (DeepSeek-V3: ``n_groups`` = 8 groups of consecutive experts, a token's
+    experts from ``topk_groups`` = 4 of them, arXiv:2412.19437 §2.1.2) the experts come from a pool of
+    P = topk_groups·E/G: a node inside one group (n_nodes a multiple of G) is reached only when its group
+    is chosen, then missed with C(P - E/n, k)/C(P, k); a node holding g = G/n whole groups is reached
+    through the j of them chosen (hypergeometric), missed with C(P - j·E/G, k)/C(P, k). Group layouts
+    that do not nest with the nodes are taken as unlimited (an upper bound)."""
     if n_nodes <= 1:
         return 0.0
-    per_node = n_experts / n_nodes
-    miss = 1.0
-    for i in range(top_k):
-        miss *= max(0.0, (n_experts - per_node - i) / (n_experts - i))
-    return (n_nodes - 1) * (1.0 - miss)
+    E, k, n, G, tg = n_experts, top_k, n_nodes, n_groups, topk_groups
+    if not G or (n % G and G % n):
+        return (n - 1) * (1.0 - _miss(E, E / n, k))
+    pool = tg * E / G
+    if n % G == 0:
+        reached = tg / G * (1.0 - _miss(pool, E / n, k))
+    else:
+        g = G // n
+        reached = sum(comb(g, j) * comb(G - g, tg - j) / comb(G, tg) * (1.0 - _miss(pool, j * E / G, k))
+                      for j in range(min(g, tg) + 1))
+    return (n - 1) * reached
 
 
 def collective_time_s(op: str, message_bytes: float, grp: Group, cluster: ClusterSpec, *,

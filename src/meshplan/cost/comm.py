@@ -290,7 +290,8 @@ def _expert_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, s
     grp = led.groups["ep"]
     share = None
     if plan.ep_dispatch == "deepep":
-        share = remote_nodes_per_token(model.n_experts, model.top_k, grp.n_nodes) / model.top_k
+        share = remote_nodes_per_token(model.n_experts, model.top_k, grp.n_nodes, model.n_expert_groups,
+                                       model.topk_groups) / model.top_k
     window, edge = (OTHER_MICROBATCH, 2 * st.n_moe_layers * st.unpaired) if plan.ep_overlap else ("none", 0)
     led.add(ALL_TO_ALL, "ep", "MoE token dispatch and combine (forward)", "forward", fwd, msg, window,
             time_scale=scale, remote_share=share, edge_calls=edge)

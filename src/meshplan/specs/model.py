@@ -51,6 +51,11 @@ class ModelSpec:
     """Experts every token passes through (DeepSeek style), each of size expert_ffn_hidden."""
     n_dense_layers: int = 0
     """Leading layers with a dense MLP in an MoE model (DeepSeek-V3: 3)."""
+    n_expert_groups: int = 0
+    """Group-limited routing: the routed experts form this many equal groups of consecutive experts
+    (DeepSeek-V3 ``n_group`` = 8, one per node of its 64-way EP); 0: no groups."""
+    topk_groups: int = 0
+    """Groups a token's experts may come from (DeepSeek-V3 ``topk_group`` = 4: at most 4 nodes)."""
     q_lora_rank: int = 0
     """Multi-head latent attention (MLA): rank of the query down-projection (0: no query compression)."""
     kv_lora_rank: int = 0
@@ -68,7 +73,8 @@ class ModelSpec:
         for f in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab"):
             positive_int(f"model.{f}", getattr(self, f))
         for f in ("learned_pos_emb", "n_experts", "top_k", "expert_ffn_hidden", "n_shared_experts",
-                  "n_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+                  "n_dense_layers", "n_expert_groups", "topk_groups", "q_lora_rank", "kv_lora_rank",
+                  "qk_rope_head_dim", "v_head_dim"):
             non_negative_int(f"model.{f}", getattr(self, f))
         one_of("model.norm", self.norm, ("rmsnorm", "layernorm"))
         if self.head_dim is not None:
@@ -76,6 +82,16 @@ class ModelSpec:
         elif self.hidden % self.n_heads:
             raise SpecError("model.n_heads", f"must divide hidden={self.hidden} (or give head_dim); "
                                              f"got {self.n_heads}")
+        if self.n_expert_groups:
+            if not self.n_experts or self.n_experts % self.n_expert_groups:
+                raise SpecError("model.n_expert_groups", f"must divide n_experts={self.n_experts}; got "
+                                                         f"{self.n_expert_groups}")
+            if not 1 <= self.topk_groups <= self.n_expert_groups or \
+                    self.topk_groups * self.n_experts // self.n_expert_groups < self.top_k:
+                raise SpecError("model.topk_groups", f"must be 1..n_expert_groups={self.n_expert_groups} and "
+                                                     f"hold top_k={self.top_k} experts; got {self.topk_groups}")
+        elif self.topk_groups:
+            raise SpecError("model.topk_groups", "needs n_expert_groups")
         if self.n_heads % self.n_kv_heads:
             raise SpecError("model.n_kv_heads", f"must divide n_heads={self.n_heads}; got {self.n_kv_heads}")
         if self.n_experts:

@@ -103,7 +103,7 @@ def _model(row: dict[str, str], idx: int) -> ModelSpec:
     if "kimi" in low:
         base = load_model("deepseek-v3")
         return replace(base, name=name, n_heads=heads, n_kv_heads=heads, n_experts=384, vocab=vocab,
-                       n_dense_layers=1, nominal_params=None)
+                       n_dense_layers=1, n_expert_groups=0, topk_groups=0, nominal_params=None)  # no group limit
     if moe:
         n_exp, top = int(moe.group(1)), int(moe.group(2))
         shared = 1 if re.search(r"\+\s*1 shared", notes) else 0
