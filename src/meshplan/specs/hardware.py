@@ -84,6 +84,9 @@ class InterNodeLink:
     hop_latency_s: float = 14e-6
     """Latency of one ring step over the network (NCCL tuning.cc hwLat NET, Ring, Simple: 14 us)."""
     half_size_bytes: float = 64 * 2**20
+    """Message size at which a collective across nodes reaches half of its bus bandwidth (heuristic:
+    between 8-GPU NVLink rings, at half their 1 GiB busbw near 16 MiB, and ml-engineering's 4-node B200
+    all-reduce, at half only near 512 MiB; formulas.md §1.6)."""
 
     def __post_init__(self) -> None:
         positive_number("cluster.inter.nic_bytes_per_s", self.nic_bytes_per_s)
