@@ -26,7 +26,6 @@ References: nccl_tests_perf, thakur2005, ml_engineering (see meshplan.references
 from __future__ import annotations
 
 import math
-from math import comb
 from typing import NamedTuple
 
 from meshplan.cost.mesh import Group
@@ -138,8 +137,8 @@ def remote_nodes_per_token(n_experts: int, top_k: int, n_nodes: int, n_groups: i
         reached = tg / G * (1.0 - _miss(pool, E / n, k))
     else:
         g = G // n
-        reached = sum(comb(g, j) * comb(G - g, tg - j) / comb(G, tg) * (1.0 - _miss(pool, j * E / G, k))
-                      for j in range(min(g, tg) + 1))
+        chosen_here = [math.comb(g, j) * math.comb(G - g, tg - j) / math.comb(G, tg) for j in range(min(g, tg) + 1)]
+        reached = sum(p * (1.0 - _miss(pool, j * E / G, k)) for j, p in enumerate(chosen_here))
     return (n - 1) * reached
 
 

@@ -285,7 +285,7 @@ def _expert_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, s
     tokens = st.tokens / (plan.tp if plan.sequence_parallel else 1)
     msg = tokens * model.top_k * job.moe_capacity_factor * model.hidden * ACT_BYTES
     calls = st.m * st.n_moe_layers
-    fwd = 2 * (calls + st.m * st.recomputed[1])
+    fwd_calls = calls + st.m * st.recomputed[1]  # the recomputed forwards dispatch again
     scale = job.moe_routing_imbalance
     grp = led.groups["ep"]
     share = None
@@ -293,7 +293,7 @@ def _expert_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, s
         share = remote_nodes_per_token(model.n_experts, model.top_k, grp.n_nodes, model.n_expert_groups,
                                        model.topk_groups) / model.top_k
     window, edge = (OTHER_MICROBATCH, 2 * st.n_moe_layers * st.unpaired) if plan.ep_overlap else ("none", 0)
-    led.add(ALL_TO_ALL, "ep", "MoE token dispatch and combine (forward)", "forward", fwd, msg, window,
+    led.add(ALL_TO_ALL, "ep", "MoE token dispatch and combine (forward)", "forward", 2 * fwd_calls, msg, window,
             time_scale=scale, remote_share=share, edge_calls=edge)
     led.add(ALL_TO_ALL, "ep", "MoE dispatch and combine gradients (backward)", "backward", 2 * calls, msg,
             window, time_scale=scale, remote_share=share, edge_calls=edge)
@@ -302,12 +302,12 @@ def _expert_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, s
         # over the expert-TP ranks (the tp group), which each run 1/etp of the experts' FFN, and
         # reduce-scatters the expert outputs before the combine; the backward runs the transposes.
         gathered = msg * plan.expert_tp
-        for name, phase, n in (("dispatched tokens all-gather (forward)", "forward", fwd // 2),
-                               ("expert outputs reduce-scatter (forward)", "forward", fwd // 2),
-                               ("dispatched-token grads reduce-scatter (backward)", "backward", calls),
-                               ("expert-output grads all-gather (backward)", "backward", calls)):
-            led.add(ALL_GATHER if "all-gather" in name else REDUCE_SCATTER, "tp", f"expert-TP {name}", phase, n,
-                    gathered, window, time_scale=scale, edge_calls=edge / 2)
+        for op, name, phase, n in ((ALL_GATHER, "dispatched tokens all-gather (forward)", "forward", fwd_calls),
+                                   (REDUCE_SCATTER, "expert outputs reduce-scatter (forward)", "forward", fwd_calls),
+                                   (REDUCE_SCATTER, "dispatched-token grads reduce-scatter (backward)", "backward",
+                                    calls),
+                                   (ALL_GATHER, "expert-output grads all-gather (backward)", "backward", calls)):
+            led.add(op, "tp", f"expert-TP {name}", phase, n, gathered, window, time_scale=scale, edge_calls=edge / 2)
 
 
 def _pipeline(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffic) -> None:

@@ -115,7 +115,7 @@ class Plan:
             if self.etp not in (1, self.tp):
                 raise SpecError("plan.etp", f"splits each routed expert over the tp ranks; allowed: 1 or "
                                             f"tp={self.tp}, got {self.etp}")
-            if self.etp != (self.tp if self.ep == 1 else 1) and self.sharding != "megatron":
+            if self.etp != self._framework_expert_tp() and self.sharding != "megatron":
                 raise SpecError("plan.etp", f"a choice of expert-TP is Megatron-core's; with sharding="
                                             f"{self.sharding} the experts are split over tp without ep and whole "
                                             f"with it: leave etp out, or use sharding=megatron")
@@ -190,8 +190,10 @@ class Plan:
     @property
     def expert_tp(self) -> int:
         """Tensor-parallel degree of the routed experts in effect (``etp``, or its default)."""
-        if self.etp is not None:
-            return self.etp
+        return self.etp if self.etp is not None else self._framework_expert_tp()
+
+    def _framework_expert_tp(self) -> int:
+        """The expert-TP every framework runs by default: tp without expert parallelism, 1 with it."""
         return self.tp if self.ep == 1 else 1
 
     @property

@@ -4,9 +4,9 @@ Procedure (docs/calibration.md):
 1. Parameters: a few global ones (attention efficiency and its block-length constant, the GEMM shape
    constant and the FP8 one relative to it, overlap efficiency, compute slowdown under communication,
    expert-GEMM efficiency), one per accelerator family (``gemm_scale``: training-kernel over best-case
-   matmul efficiency), two
-   per software stack (``layer_overhead_s``, ``step_overhead_s``), and one per stack and family where
-   the reference stack (Megatron-core) also has rows (``kernel_scale``). None is per row.
+   matmul efficiency), two per software stack (``layer_overhead_s``, ``step_overhead_s``), and one per
+   stack and family where the reference stack (Megatron-core) also has rows (``kernel_scale``). None is
+   per row.
 2. Loss: mean |log(predicted / measured)| of tokens/s per GPU over the training rows (robust to the
    few rows whose published configuration is incomplete).
 3. Optimiser: cyclic coordinate descent, a golden-section search per parameter within physical bounds,
