@@ -11,6 +11,9 @@ Schema ``meshplan.profile/1`` (JSON; all base units):
     world_size, nproc_per_node
     gemm              list of {m, n, k, dtype, median_s, p10_s, p90_s, flop_per_s}
     gemm_best_flop_per_s   the best measured throughput for dtype bf16 (or null)
+    attention         optional: list of {b, s, heads, head_dim, causal, dtype, fwd_median_s, fwd_bwd_median_s,
+                           fwd_flop_per_s, fwd_bwd_flop_per_s}   (causal SDPA of the plan's shape; not
+                           applied to the planner, compared by `meshplan measure compare`)
     collectives       list of {op, link, group_size, message_bytes, median_s, algbw_bytes_per_s,
                            busbw_bytes_per_s}      (op: all_gather | reduce_scatter | all_reduce |
                            all_to_all | send_recv; link: intra_node | inter_node)

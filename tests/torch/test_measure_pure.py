@@ -1,13 +1,21 @@
-"""The torch-free parts of `meshplan measure`: the alpha-beta fit, nccl-tests bandwidths, GEMM shapes,
-exposed communication from a trace, and the profile file (merge, schema)."""
+"""The torch-free parts of `meshplan measure`: the alpha-beta fit, nccl-tests bandwidths, GEMM and
+attention shapes, exposed communication and kernel time from a trace, the profile file (merge, schema),
+and the comparison of measured kernels and steps with the model (on the profiles measured on an H200)."""
+
+import json
+from pathlib import Path
 
 import pytest
 
 from meshplan import load_model, parse_plan
+from meshplan.calibration import compute_params_for
+from meshplan.catalog import load_accelerator
+from meshplan.cost.compute import gemm_curve, gemm_time_s, layer_times
+from meshplan.harness.measure.compare import accelerator_for_device, kernel_rows
 from meshplan.harness.measure.fit import busbw_bytes_per_s, fit_alpha_beta
 from meshplan.harness.measure.profile_io import check_profile, merge_profiles, new_profile
-from meshplan.harness.measure.shapes import plan_gemm_shapes
-from meshplan.harness.measure.trace import exposed_comm_s, union
+from meshplan.harness.measure.shapes import plan_attention_shape, plan_gemm_shapes
+from meshplan.harness.measure.trace import exposed_comm_s, kernel_time_s, union
 
 
 def test_fit_alpha_beta_recovers_exact_model():
@@ -107,3 +115,95 @@ def test_check_profile_names_every_problem():
     errors = check_profile(bad)
     assert any("backend" in e for e in errors)
     assert any("all_reduce@nvlink" in e for e in errors)
+
+
+def test_kernel_time_by_kind_and_busy_union():
+    """GEMM [0, 10] and attention [5, 15] overlap (streams); optimizer [20, 24], NCCL [30, 31], a copy
+    [40, 42]: sums per kind, busy = the union 15 + 4 + 1 + 2 = 22 us; a CPU trace has no kernels."""
+    trace = {"traceEvents": [
+        _x("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 0, 10, cat="kernel"),
+        _x("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16", 5, 10, tid=2, cat="kernel"),
+        _x("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", 20, 4, cat="kernel"),
+        _x("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 30, 1, cat="kernel"),
+        _x("void at::native::vectorized_elementwise_kernel<8, bfloat16_copy_kernel_cuda>", 40, 2, cat="kernel"),
+        _x("aten::mm", 0, 50)]}
+    got = kernel_time_s(trace)
+    assert got == pytest.approx({"gemm": 10e-6, "attention": 10e-6, "optimizer": 4e-6, "communication": 1e-6,
+                                 "other": 2e-6, "busy": 22e-6})
+    assert kernel_time_s({"traceEvents": [_x("aten::mm", 0, 50)]}) is None
+
+
+def test_plan_attention_shape():
+    """Llama-3-8B under tp=2, mbs=2: 32/2 query heads of 128, whole sequences; cp and MLA refused."""
+    shape = plan_attention_shape(load_model("llama-3-8b"), parse_plan("tp=2,mbs=2"), seq_len=4096)
+    assert (shape.b, shape.s, shape.heads, shape.head_dim) == (2, 4096, 16, 128)
+    assert shape.flop_fwd == 4 * 2 * 4096**2 * 16 * 128 / 2
+    with pytest.raises(ValueError, match="cp"):
+        plan_attention_shape(load_model("llama-3-8b"), parse_plan("cp=2"), seq_len=4096)
+    with pytest.raises(ValueError, match="MLA"):
+        plan_attention_shape(load_model("deepseek-v3"), parse_plan("tp=8"), seq_len=4096)
+
+
+def test_kernel_rows_agree_with_the_layer_model():
+    """The kernel comparison's predictions are the compute model's: a QKV GEMM entry gets gemm_time_s on
+    the calibrated curve, and an attention entry of Llama-3-8B's shape gets layer_times' attention
+    forward for the same tokens (and 3.5x that with the backward)."""
+    model, accel = load_model("llama-3-8b"), load_accelerator("h200")
+    params = compute_params_for("h200")
+    g = {"m": 4096, "n": 6144, "k": 4096, "dtype": "bf16", "median_s": 1e-4}
+    a = {"b": 2, "s": 4096, "heads": 32, "head_dim": 128, "causal": True, "fwd_median_s": 1e-3,
+         "fwd_bwd_median_s": 3e-3}
+    rows = kernel_rows(_profile(gemm=[g], attention=[a]), accel)
+    lt = layer_times(model, accel, params, tokens=2 * 4096, seq_len=4096, cp=1, tp=1, precision="bf16")
+    peak, e_max, hd = gemm_curve(accel, params, "bf16")
+    assert [r.kernel.split()[0] for r in rows] == ["gemm", "attention", "attention"]
+    assert rows[0].predicted_s == pytest.approx(gemm_time_s(4096, 6144, 4096, peak_flop_per_s=peak, e_max=e_max,
+                                                            half_dim=hd))
+    assert rows[1].predicted_s == pytest.approx(lt.attention_fwd_s, rel=1e-12)
+    assert rows[2].predicted_s == pytest.approx(3.5 * lt.attention_fwd_s, rel=1e-12)
+    assert rows[2].ratio == pytest.approx(3e-3 / rows[2].predicted_s)
+
+
+@pytest.mark.parametrize(("device", "accel"), [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+                                               ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+                                               ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA GB200", "gb200"),
+                                               ("NVIDIA B200", "b200"), ("cpu", None)])
+def test_accelerator_for_device(device, accel):
+    assert accelerator_for_device(device) == accel
+
+
+def test_merge_and_check_attention_entries():
+    a = {"b": 1, "s": 4096, "heads": 32, "head_dim": 128, "causal": True, "fwd_median_s": 1.0,
+         "fwd_bwd_median_s": 3.0}
+    merged = merge_profiles(_profile(attention=[a, {**a, "s": 1024}]), _profile(attention=[{**a, "fwd_median_s": 2.0}]))
+    assert sorted((e["s"], e["fwd_median_s"]) for e in merged["attention"]) == [(1024, 1.0), (4096, 2.0)]
+    assert check_profile(merged) == []
+    errors = check_profile(_profile(attention=[{"b": 1}]))
+    assert any(e.startswith("attention[0] lacks") and "fwd_bwd_median_s" in e for e in errors)
+
+
+H200_RESULTS = Path(__file__).parents[2] / "benchmarks" / "results" / "h200-2026-11-29"
+
+
+@pytest.mark.parametrize("name", ["kernels", "step_3b_mbs2", "step_3b_acc4", "step_3b_mbs4_full", "step_8b_full"])
+def test_measured_h200_profiles_conform_and_compare(name, capsys):
+    """The profiles measured on an H200 (benchmarks/gpu_check.sh; docs/measure.md) are valid profiles, and
+    `measure compare` reads them: kernels against the compute model (the device names the accelerator),
+    steps against evaluate."""
+    from meshplan.cli import main
+
+    path = H200_RESULTS / f"{name}.json"
+    assert check_profile(json.loads(path.read_text())) == []
+    assert main(["measure", "compare", "--profile", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert ("kernels measured against meshplan's compute model (h200" in out) == (name == "kernels")
+    assert ("peak reserved (max rank)" in out) == name.startswith("step")
+
+
+def test_compare_refuses_a_profile_with_nothing_to_compare(tmp_path, capsys):
+    from meshplan.cli import main
+
+    path = tmp_path / "empty.json"
+    path.write_text(json.dumps(_profile()))
+    assert main(["measure", "compare", "--profile", str(path)]) == 2
+    assert "no step, GEMM or attention measurement" in capsys.readouterr().err

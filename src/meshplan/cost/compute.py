@@ -88,6 +88,15 @@ def gemm_time_s(m: float, n: float, k: float, *, peak_flop_per_s: float, e_max: 
     return 2.0 * m * n * k / (peak_flop_per_s * eff)
 
 
+def gemm_curve(accel: AcceleratorSpec, params: ComputeParams, precision: str) -> tuple[float, float, float]:
+    """(peak FLOP/s, e_max, d_½) of the GEMM efficiency curve for ``precision`` ('bf16' or 'fp8'; FP8 on an
+    accelerator without FP8 runs in BF16)."""
+    fp8 = precision == "fp8" and accel.fp8_flop_per_s is not None
+    peak = accel.fp8_flop_per_s if fp8 else accel.bf16_flop_per_s
+    e_max = (params.fp8_gemm_efficiency if fp8 else accel.gemm_efficiency) * params.gemm_scale * params.kernel_scale
+    return peak, e_max, params.gemm_half_dim * (params.fp8_half_dim_ratio if fp8 else 1.0)
+
+
 FLASH_TILE = 128
 """Query tile of FlashAttention's kernels [tokens], the granularity at which a causal mask is skipped
 (FlashAttention-2 forward: kBlockM = 128, and kBlockN = 128 for head dimension 64,
@@ -117,6 +126,17 @@ def attention_length_efficiency(block_len: float, half_len: float) -> float:
     return (block_len / (block_len + half_len)) ** 2
 
 
+def flash_attention_time_s(flop: float, *, seq_len: float, block_len: float, causal: bool,
+                           accel: AcceleratorSpec, params: ComputeParams) -> float:
+    """Forward time of a FlashAttention kernel doing ``flop`` FLOPs if no mask were applied [s]: a causal
+    kernel skips the masked tiles (causal_time_fraction on the sequence), and blocks of ``block_len``
+    queries and keys run at attention_length_efficiency of the long-sequence rate."""
+    if causal:  # only the sequence's diagonal tiles are partial, however CP splits it
+        flop *= causal_time_fraction(seq_len, params.causal_attention_fraction)
+    return flop / (accel.bf16_flop_per_s * params.attention_efficiency * params.kernel_scale
+                   * attention_length_efficiency(block_len, params.attention_half_len))
+
+
 @dataclass(frozen=True, slots=True)
 class LayerTimes:
     """One layer, one micro-batch, on one rank [s]: forward, input-gradient, weight-gradient parts, and
@@ -144,10 +164,7 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     recomputes QKᵀ).
     """
     D, t = model.hidden, float(tp)
-    fp8 = precision == "fp8" and accel.fp8_flop_per_s is not None
-    peak = accel.fp8_flop_per_s if fp8 else accel.bf16_flop_per_s
-    e_max = (params.fp8_gemm_efficiency if fp8 else accel.gemm_efficiency) * params.gemm_scale * params.kernel_scale
-    hd = params.gemm_half_dim * (params.fp8_half_dim_ratio if fp8 else 1.0)
+    peak, e_max, hd = gemm_curve(accel, params, precision)
 
     def g(m: float, n: float, k: float) -> float:
         return gemm_time_s(m, n, k, peak_flop_per_s=peak, e_max=e_max, half_dim=hd)
@@ -177,10 +194,8 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     if flash_attention:
         # blocks of S/cp queries against S/cp keys with ring or all-gather CP; whole sequences otherwise
         block = seq_len / cp if cp_chunked else seq_len
-        if causal_kernel:  # only the sequence's diagonal tiles are partial, however CP splits it
-            attn_flop *= causal_time_fraction(seq_len, params.causal_attention_fraction)
-        attn_fwd = attn_flop / (accel.bf16_flop_per_s * params.attention_efficiency * params.kernel_scale
-                                * attention_length_efficiency(block, params.attention_half_len))
+        attn_fwd = flash_attention_time_s(attn_flop, seq_len=seq_len, block_len=block, causal=causal_kernel,
+                                          accel=accel, params=params)
     else:
         # Unfused attention (Megatron before FlashAttention): QKᵀ and A·V as batched GEMMs over every score,
         # masked or not, and the score matrix through memory: the fused scale-mask-softmax reads and writes
@@ -214,11 +229,9 @@ def lm_head_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParam
     head runs in BF16 even in FP8 training: Megatron-core's output layer is a plain ColumnParallelLinear,
     outside Transformer Engine's FP8 modules, and torchtitan's float8 recipes leave ``output`` out
     (``filter_fqns=["output"]``, torchtitan components/quantization/float8.md)."""
-    peak = accel.bf16_flop_per_s
-    e_max = accel.gemm_efficiency * params.gemm_scale * params.kernel_scale
+    peak, e_max, hd = gemm_curve(accel, params, "bf16")
     v_local = model.vocab / tp
-    gemm = gemm_time_s(tokens, v_local, model.hidden, peak_flop_per_s=peak, e_max=e_max,
-                       half_dim=params.gemm_half_dim)
+    gemm = gemm_time_s(tokens, v_local, model.hidden, peak_flop_per_s=peak, e_max=e_max, half_dim=hd)
     loss_bytes = tokens * v_local * (2 + 4 + 4 + 4)  # read bf16 logits, fp32 upcast, softmax, gradient
     loss = loss_bytes / (accel.hbm_bytes_per_s * params.memory_efficiency)
     return gemm + loss / 2, 2 * gemm + loss / 2

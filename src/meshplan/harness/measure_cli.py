@@ -108,18 +108,46 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def _compare(args: argparse.Namespace) -> int:
     import json
 
-    from meshplan.harness.measure.compare import comparison, predicted_dict
+    from meshplan.harness.measure.compare import comparison, kernel_text, predicted_dict
     from meshplan.profile import load_profile
 
     profile = load_profile(args.profile)
-    try:
-        rows, text = comparison(profile, args.cluster)
-    except ValueError as exc:
-        print(f"meshplan: error: {exc}", file=sys.stderr)
+    kernels = kernel_comparison(profile, args.cluster)
+    if not profile.get("step") and kernels is None:
+        print("meshplan: error: the profile holds no step, GEMM or attention measurement; run `meshplan measure "
+              "step|gemm ... --out FILE` first", file=sys.stderr)
         return 2
-    print(json.dumps(predicted_dict(rows, args.cluster or profile["step"].get("cluster", "")), indent=2)
-          if args.json else text)
+    out: dict[str, Any] = {}
+    texts = []
+    if kernels is not None:
+        accel, krows = kernels
+        out["kernels"] = {"accelerator": accel.name, "rows": [
+            {"kernel": r.kernel, "predicted_s": r.predicted_s, "measured_s": r.measured_s} for r in krows]}
+        texts.append(kernel_text(krows, accel, "generic"))
+    if profile.get("step"):
+        try:
+            rows, text = comparison(profile, args.cluster)
+        except ValueError as exc:
+            print(f"meshplan: error: {exc}", file=sys.stderr)
+            return 2
+        out["step"] = predicted_dict(rows, args.cluster or profile["step"].get("cluster", ""))
+        texts.append(text)
+    print(json.dumps(out, indent=2) if args.json else "\n\n".join(texts))
     return 0
+
+
+def kernel_comparison(profile: dict[str, Any], cluster: str | None):
+    """(accelerator, kernel rows) for the profile's GEMM and attention timings, or None without any. The
+    accelerator is ``cluster``'s, else the measured device's (CPU runs: the step's cluster or h100-sxm)."""
+    from meshplan.catalog import load_cluster
+    from meshplan.harness.measure.compare import accelerator_for_device, kernel_rows
+
+    if not profile.get("gemm") and not profile.get("attention"):
+        return None
+    name = (cluster or accelerator_for_device(str(profile.get("device", "")))
+            or (profile.get("step") or {}).get("cluster") or "h100-sxm")
+    accel = load_cluster(name).accelerator
+    return accel, kernel_rows(profile, accel)
 
 
 def check_inputs(args: argparse.Namespace, world_size: int | None) -> None:

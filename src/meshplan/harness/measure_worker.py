@@ -151,9 +151,10 @@ def _seq_len(args: argparse.Namespace, spec: Any) -> int:
 def _gemm(args: argparse.Namespace, ctx: Any, profile: dict, say) -> str:
     import torch.distributed as dist
 
+    from meshplan.harness.measure.attention import time_attention
     from meshplan.harness.measure.gemm import fp8_supported, time_gemm
     from meshplan.harness.measure.profile_io import best_bf16_flop_per_s
-    from meshplan.harness.measure.shapes import default_gemm_shapes, plan_gemm_shapes
+    from meshplan.harness.measure.shapes import default_gemm_shapes, plan_attention_shape, plan_gemm_shapes
     from meshplan.specs import parse_plan
 
     gpu = ctx.device.type == "cuda"
@@ -172,6 +173,12 @@ def _gemm(args: argparse.Namespace, ctx: Any, profile: dict, say) -> str:
         dtypes.append("fp8")
     else:
         profile["notes"].append(why)
+    attention = None
+    if args.plan:
+        try:
+            attention = plan_attention_shape(spec, plan, seq_len=seq)
+        except ValueError as exc:
+            profile["notes"].append(f"attention not timed: {exc}")
     results = []
     todo = [(s, d) for s in shapes for d in dtypes]
     for i, (shape, dtype) in enumerate(todo):
@@ -180,6 +187,13 @@ def _gemm(args: argparse.Namespace, ctx: Any, profile: dict, say) -> str:
         results.append(r)
         say(f"{i + 1}/{len(todo)} {shape.name} [{shape.m}x{shape.k}]x[{shape.k}x{shape.n}] {dtype}: "
             f"{r.timing.median_s * 1e3:.3f} ms, {r.flop_per_s / 1e12:.3g} TFLOP/s")
+    attn = []
+    if attention is not None:
+        dist.barrier()
+        a = time_attention(attention, ctx.device, budget_s=0.3 if gpu else 0.5)
+        attn.append(a.as_profile_entry())
+        say(f"attention b={attention.b} s={attention.s} heads={attention.heads} d={attention.head_dim}: forward "
+            f"{a.fwd.median_s * 1e3:.3f} ms, forward+backward {a.fwd_bwd.median_s * 1e3:.3f} ms")
     medians = [r.timing.median_s for r in results]
     everyone: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(everyone, medians)
@@ -187,6 +201,7 @@ def _gemm(args: argparse.Namespace, ctx: Any, profile: dict, say) -> str:
                  for i in range(len(medians))) if medians else 0.0
     profile["gemm"] = [r.as_profile_entry() for r in results]
     profile["gemm_best_flop_per_s"] = best_bf16_flop_per_s(profile["gemm"])
+    profile["attention"] = attn
     profile["notes"].append(f"gemm: rank 0's timings, all {ctx.world_size} ranks measuring at once; the ranks' "
                             f"medians differ by at most {spread:.0%}")
     lines = [f"GEMM throughput on {ctx.device_name} (rank 0 of {ctx.world_size}; median, p10-p90):",
@@ -196,6 +211,16 @@ def _gemm(args: argparse.Namespace, ctx: Any, profile: dict, say) -> str:
         lines.append(f"  {r.shape.name:<14}{r.shape.m:>7}{r.shape.n:>8}{r.shape.k:>7} {r.dtype:<5}"
                      f"{t.median_s * 1e3:>9.3f}ms{t.p10_s * 1e3:>9.3f}-{t.p90_s * 1e3:.3f}ms"
                      f"{r.flop_per_s / 1e12:>10.3g}")
+    for a in attn:
+        lines.append(f"  attention b={a['b']} s={a['s']} heads={a['heads']} d={a['head_dim']} (causal, bf16): forward "
+                     f"{a['fwd_median_s'] * 1e3:.3f} ms ({a['fwd_flop_per_s'] / 1e12:.3g} TFLOP/s), forward+backward "
+                     f"{a['fwd_bwd_median_s'] * 1e3:.3f} ms ({a['fwd_bwd_flop_per_s'] / 1e12:.3g} TFLOP/s)")
+    if gpu:
+        from meshplan.harness.measure.compare import kernel_text
+        from meshplan.harness.measure_cli import kernel_comparison
+
+        accel, rows = kernel_comparison(profile, None)
+        lines += ["", kernel_text(rows, accel, "generic")]
     return "\n".join(lines)
 
 
@@ -310,6 +335,10 @@ def _after_step(args: argparse.Namespace, profile: dict, _summary: str) -> str:
              f"({step['peak_memory_source'].split(':')[0]})",
              "  exposed comm   " + (", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in
                                             step["exposed_comm_s_by_collective"].items()) or "none")]
+    if step.get("kernel_time_s_by_kind"):
+        k = step["kernel_time_s_by_kind"]
+        kinds = ", ".join(f"{kind} {v * 1e3:.1f} ms" for kind, v in k.items() if kind != "busy")
+        lines.append(f"  GPU kernels    {kinds}; busy {k['busy'] * 1e3:.1f} ms (rank 0, profiled step)")
     if step.get("trace"):
         lines.append(f"  trace          {step['trace']} (rank 0, chrome://tracing or ui.perfetto.dev)")
     if args.compare:

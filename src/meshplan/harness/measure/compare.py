@@ -15,11 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from meshplan.calibration import compute_params_for
 from meshplan.catalog import load_cluster
+from meshplan.cost.compute import flash_attention_time_s, gemm_curve, gemm_time_s
 from meshplan.cost.estimate import Estimate
 from meshplan.cost.step import evaluate
+from meshplan.harness.measure.shapes import BACKWARD_OVER_FORWARD
 from meshplan.profile import apply_profile
-from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, parse_plan
+from meshplan.specs import AcceleratorSpec, ClusterSpec, JobSpec, ModelSpec, parse_plan
 from meshplan.units import GiB, format_seconds
 
 
@@ -78,8 +81,14 @@ def compare_rows(est: Estimate, step: dict[str, Any]) -> list[Row]:
     measured_exposed = step.get("exposed_comm_s_by_collective") or {}
     for op in sorted(set(predicted_exposed) | set(measured_exposed)):
         rows.append(Row(f"exposed {op}", "s", predicted_exposed.get(op), measured_exposed.get(op)))
+    kernels = step.get("kernel_time_s_by_kind") or {}
+    if "optimizer" in kernels and "optimizer step" in est.time_breakdown:  # GPU runs: the profiled step's kernels
+        rows.append(Row("optimizer step (kernels)", "s", est.time_breakdown["optimizer step"], kernels["optimizer"]))
     peaks = step.get("peak_memory_bytes_per_rank") or []
     rows.append(Row("peak memory (max rank)", "bytes", est.memory.peak_bytes, max(peaks) if peaks else None))
+    reserved = step.get("peak_reserved_bytes_per_rank") or []
+    if reserved:  # the caching allocator's high-water mark: tensors plus its cached, fragmented blocks
+        rows.append(Row("peak reserved (max rank)", "bytes", est.memory.peak_bytes, max(reserved)))
     return rows
 
 
@@ -130,6 +139,62 @@ def comparison(profile: dict[str, Any], cluster_name: str | None = None) -> tupl
     if step.get("trace"):
         extra.append(f"measured trace (rank 0): {step['trace']}")
     return rows, compare_text(rows, title=title, notes=extra)
+
+
+_DEVICE_ACCELERATORS = (("GB300", "gb300"), ("B300", "b300"), ("GB200", "gb200"), ("B200", "b200"),
+                        ("H200", "h200"), ("H100", "h100-sxm"), ("A100-SXM4-40GB", "a100-40gb"),
+                        ("A100", "a100-80gb"), ("MI300X", "mi300x"))
+"""Substrings of ``torch.cuda.get_device_name`` and the catalog accelerator they name, most specific first."""
+
+
+def accelerator_for_device(device: str) -> str | None:
+    """The catalog accelerator a measured device is, e.g. 'NVIDIA H200' -> 'h200'; None if unknown (a CPU)."""
+    name = device.upper()
+    return next((acc for key, acc in _DEVICE_ACCELERATORS if key in name), None)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelRow:
+    """One measured kernel against the compute model's time for it on the catalog accelerator."""
+
+    kernel: str
+    """e.g. 'gemm bf16 8192x8192x8192' or 'attention fwd+bwd b=2 s=4096 h=32 d=128'."""
+    predicted_s: float
+    measured_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.measured_s / self.predicted_s
+
+
+def kernel_rows(profile: dict[str, Any], accel: AcceleratorSpec, software: str = "generic") -> list[KernelRow]:
+    """The profile's GEMM and attention timings against ``meshplan.cost.compute``'s times for them on
+    ``accel`` with the calibrated parameters of (``accel``, ``software``): the GEMM efficiency curve
+    (gemm_curve, gemm_time_s) and the FlashAttention model (flash_attention_time_s, backward 2.5x)."""
+    params = compute_params_for(accel.name, software)
+    rows = []
+    for g in profile.get("gemm") or []:
+        peak, e_max, hd = gemm_curve(accel, params, g["dtype"])
+        pred = gemm_time_s(g["m"], g["n"], g["k"], peak_flop_per_s=peak, e_max=e_max, half_dim=hd)
+        rows.append(KernelRow(f"gemm {g['dtype']} {g['m']}x{g['n']}x{g['k']}", pred, float(g["median_s"])))
+    for a in profile.get("attention") or []:
+        full_flop = 4.0 * a["b"] * a["s"] ** 2 * a["heads"] * a["head_dim"]
+        fwd = flash_attention_time_s(full_flop, seq_len=a["s"], block_len=a["s"], causal=bool(a["causal"]),
+                                     accel=accel, params=params)
+        name = f"b={a['b']} s={a['s']} h={a['heads']} d={a['head_dim']}"
+        rows.append(KernelRow(f"attention fwd {name}", fwd, float(a["fwd_median_s"])))
+        rows.append(KernelRow(f"attention fwd+bwd {name}", fwd * (1 + BACKWARD_OVER_FORWARD),
+                              float(a["fwd_bwd_median_s"])))
+    return rows
+
+
+def kernel_text(rows: list[KernelRow], accel: AcceleratorSpec, software: str) -> str:
+    lines = [f"kernels measured against meshplan's compute model ({accel.name}, software {software}, "
+             "calibrated parameters):",
+             f"  {'kernel':<44}{'predicted':>12}{'measured':>12}{'measured/predicted':>20}"]
+    lines += [f"  {r.kernel:<44}{format_seconds(r.predicted_s):>12}{format_seconds(r.measured_s):>12}{r.ratio:>20.3g}"
+              for r in rows]
+    return "\n".join(lines)
 
 
 def predicted_dict(rows: list[Row], cluster_name: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from meshplan.profile import SCHEMA
 OPS = COLLECTIVES  # the ledger's collective names (meshplan.cost.collectives)
 LINKS = ("intra_node", "inter_node")
 GEMM_KEYS = ("m", "n", "k", "dtype", "median_s", "p10_s", "p90_s", "flop_per_s")
+ATTENTION_KEYS = ("b", "s", "heads", "head_dim", "causal", "fwd_median_s", "fwd_bwd_median_s")
 COLLECTIVE_KEYS = ("op", "link", "group_size", "message_bytes", "median_s", "algbw_bytes_per_s",
                    "busbw_bytes_per_s")
 FIT_KEYS = ("alpha_s", "busbw_bytes_per_s", "group_size", "n_points")
@@ -29,7 +30,8 @@ def new_profile(*, device: str, backend: str, world_size: int, nproc_per_node: i
     """An empty profile of this run."""
     return {"schema": SCHEMA, "created": datetime.now(UTC).isoformat(timespec="seconds"), "device": device,
             "backend": backend, "world_size": world_size, "nproc_per_node": nproc_per_node, "gemm": [],
-            "gemm_best_flop_per_s": None, "collectives": [], "collective_fits": {}, "step": None, "notes": []}
+            "gemm_best_flop_per_s": None, "attention": [], "collectives": [], "collective_fits": {}, "step": None,
+            "notes": []}
 
 
 def best_bf16_flop_per_s(gemm: list[dict[str, Any]]) -> float | None:
@@ -41,9 +43,9 @@ def best_bf16_flop_per_s(gemm: list[dict[str, Any]]) -> float | None:
 def merge_profiles(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """``new`` laid over ``old``: entries measured again replace the old ones, the rest are kept.
 
-    GEMM entries are keyed by (m, n, k, dtype), collective points by (op, link, group_size,
-    message_bytes), fits by "op@link"; a new step section replaces the old one. A note records a
-    change of device, backend or world size between the two.
+    GEMM entries are keyed by (m, n, k, dtype), attention entries by their shape, collective points by
+    (op, link, group_size, message_bytes), fits by "op@link"; a new step section replaces the old one. A
+    note records a change of device, backend or world size between the two.
     """
     out = dict(old)
     for key in ("created", "device", "backend", "world_size", "nproc_per_node"):
@@ -59,7 +61,10 @@ def merge_profiles(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     gemm = keyed(old.get("gemm") or [], ("m", "n", "k", "dtype")) | keyed(new["gemm"], ("m", "n", "k", "dtype"))
     coll_fields = ("op", "link", "group_size", "message_bytes")
     coll = keyed(old.get("collectives") or [], coll_fields) | keyed(new["collectives"], coll_fields)
+    attn_fields = ("b", "s", "heads", "head_dim", "causal")
+    attn = keyed(old.get("attention") or [], attn_fields) | keyed(new.get("attention") or [], attn_fields)
     out["gemm"] = list(gemm.values())
+    out["attention"] = list(attn.values())
     out["gemm_best_flop_per_s"] = best_bf16_flop_per_s(out["gemm"])
     out["collectives"] = list(coll.values())
     out["collective_fits"] = {**(old.get("collective_fits") or {}), **new["collective_fits"]}
@@ -89,6 +94,13 @@ def check_profile(data: dict[str, Any]) -> list[str]:
             errors.append(f"gemm[{i}] lacks {', '.join(missing)}")
     if not isinstance(data.get("gemm"), list):
         errors.append("gemm must be a list")
+    attention = data.get("attention", [])
+    if not isinstance(attention, list):
+        errors.append("attention must be a list")
+    for i, a in enumerate(attention if isinstance(attention, list) else []):
+        missing = [k for k in ATTENTION_KEYS if k not in a]
+        if missing:
+            errors.append(f"attention[{i}] lacks {', '.join(missing)}")
     best = data.get("gemm_best_flop_per_s")
     if best is not None and not (isinstance(best, int | float) and best > 0):
         errors.append("gemm_best_flop_per_s must be a positive number or null")

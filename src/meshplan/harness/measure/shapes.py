@@ -32,6 +32,32 @@ class GemmShape:
         return 2.0 * self.m * self.n * self.k
 
 
+BACKWARD_OVER_FORWARD = 2.5
+"""Attention backward FLOPs over forward FLOPs (FlashAttention-2 §3.1.2; meshplan.cost.compute.layer_times)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttentionShape:
+    """Causal self-attention of ``b`` sequences of ``s`` tokens over ``heads`` query heads (one rank)."""
+
+    b: int
+    """Sequences per call (the micro-batch)."""
+    s: int
+    """Tokens per sequence, queries and keys alike. [tokens]"""
+    heads: int
+    """Query heads on this rank (after tensor-parallel splitting)."""
+    head_dim: int
+
+    @property
+    def flop_fwd(self) -> float:
+        """Causal forward FLOPs, masked half skipped: 4·b·s²·heads·head_dim / 2 [FLOP]."""
+        return 4.0 * self.b * self.s * self.s * self.heads * self.head_dim / 2.0
+
+    @property
+    def flop_fwd_bwd(self) -> float:
+        return self.flop_fwd * (1.0 + BACKWARD_OVER_FORWARD)
+
+
 def _split(width: int, parts: int, what: str) -> int:
     if width % parts:
         raise ValueError(f"{what}={width} is not divisible by tp={parts}")
@@ -104,3 +130,17 @@ def default_gemm_shapes(*, gpu: bool) -> list[GemmShape]:
         out.append(GemmShape(name="skinny", m=m, n=wide, k=wide))
     out.append(GemmShape(name="tall", m=wide * 4 if gpu else wide, n=wide // 4, k=wide))
     return out
+
+
+def plan_attention_shape(model: ModelSpec, plan: Plan, *, seq_len: int) -> AttentionShape:
+    """The attention core of one layer on one rank under ``plan``: mbs sequences of S tokens over N/t heads.
+
+    Context parallelism is not split here: ring attention runs cp blocks of S/cp queries against
+    S/cp keys, a different kernel mix; ``ValueError`` for cp > 1 and for MLA (query-key and value head
+    dimensions differ)."""
+    if plan.cp > 1:
+        raise ValueError("attention timing runs whole sequences; the plan has cp > 1")
+    if model.is_mla:
+        raise ValueError("attention timing runs ordinary attention; the model uses MLA")
+    return AttentionShape(b=plan.mbs or 1, s=seq_len, heads=_split(model.n_heads, plan.tp, "n_heads"),
+                          head_dim=model.d_head)

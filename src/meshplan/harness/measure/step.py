@@ -6,7 +6,8 @@ parallelism on the norms), then optional full activation checkpointing per block
 (``fully_shard`` on every block and at the root) over the dp_shard axis, or HSDP over
 (dp_replicate, dp_shard). Mixed precision: ``MixedPrecisionPolicy(param_dtype=bfloat16,
 reduce_dtype=float32)`` on GPUs and CPUs alike (PyTorch's CPU BF16 GEMMs and gloo's BF16 collectives
-work in torch 2.13). Optimizer: AdamW (fp32 states).
+work in torch 2.13). FSDP2 shards over dp_shard even when it is 1: over one rank it sends nothing and
+keeps the same mixed precision. Optimizer: AdamW (fp32 states), fused on GPUs (torchtitan's default).
 
 One step = ``n_microbatches`` forward/backward passes of ``mbs`` sequences of ``seq_len`` tokens on
 every data-parallel rank, then the optimizer step; FSDP2 reduce-scatters gradients after every
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 
 from meshplan.harness.measure.dist import RunContext
 from meshplan.harness.measure.timing import percentile, sync
-from meshplan.harness.measure.trace import STEP_ANNOTATION, exposed_comm_s
+from meshplan.harness.measure.trace import STEP_ANNOTATION, exposed_comm_s, kernel_time_s
 from meshplan.specs import ModelSpec, Plan
 
 SUPPORTED_AXES = ("dp_replicate", "dp_shard", "tp")
@@ -123,13 +124,14 @@ def build_parallel_model(cfg: StepConfig, ctx: RunContext) -> tuple[torch.nn.Mod
         from meshplan.harness.crosscheck import apply_ac
 
         apply_ac(model, plan.recompute_layers)
-    if plan.dp > 1:
-        dp_mesh = mesh["dp_shard"] if plan.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        raf = plan.effective_reshard_after_forward
-        for block in model.layers:
-            fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=raf)
-        fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=raf)
+    # FSDP2 even over one data-parallel rank: its mixed precision (BF16 compute on FP32 parameters,
+    # gradients and AdamW states) is what meshplan's memory and time model assume for every plan
+    dp_mesh = mesh["dp_shard"] if plan.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    raf = plan.effective_reshard_after_forward
+    for block in model.layers:
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=raf)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=raf)
     model.to_empty(device=ctx.device)
     torch.manual_seed(0)
     with torch.no_grad():  # on the local shards: timing does not need DTensor's cross-rank RNG
@@ -139,8 +141,6 @@ def build_parallel_model(cfg: StepConfig, ctx: RunContext) -> tuple[torch.nn.Mod
                 local.fill_(0.0 if name.endswith("bias") or name.split(".")[-1].startswith("b") else 1.0)
             else:
                 local.normal_(0.0, 0.02)
-    if plan.dp == 1:  # no FSDP: compute in BF16 directly
-        model.to(torch.bfloat16)
     return model, mesh
 
 
@@ -160,7 +160,9 @@ def run_step(cfg: StepConfig, ctx: RunContext, *, progress=None) -> dict[str, An
     check_plan(cfg.spec, cfg.plan, ctx.world_size)
     baseline_rss = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * (1 if sys.platform == "darwin" else 1024)
     model, _mesh = build_parallel_model(cfg, ctx)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    # torchtitan's default AdamW implementation, "fused" (one kernel over each parameter's states; CUDA
+    # only): the foreach one makes several passes and holds parameter-sized temporaries
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=ctx.device.type == "cuda")
     gen = torch.Generator(device="cpu").manual_seed(1234)
     tokens = torch.randint(0, cfg.spec.vocab, (cfg.n_microbatches, cfg.mbs, cfg.seq_len + 1), generator=gen)
     tokens = tokens.to(ctx.device)
@@ -201,7 +203,10 @@ def run_step(cfg: StepConfig, ctx: RunContext, *, progress=None) -> dict[str, An
         if ctx.is_main and cfg.trace_path is not None:
             cfg.trace_path.write_text(path.read_text())
     exposed, comm_total = exposed_comm_s(trace)
-    mine = {"times": times, "exposed": exposed, "comm": comm_total, "peak": peak_bytes, "baseline": baseline_rss}
+    kernels = kernel_time_s(trace)
+    reserved = int(torch.cuda.max_memory_reserved(ctx.device)) if ctx.device.type == "cuda" else None
+    mine = {"times": times, "exposed": exposed, "comm": comm_total, "peak": peak_bytes, "baseline": baseline_rss,
+            "reserved": reserved, "kernels": kernels}
     everyone: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(everyone, mine)
     if not ctx.is_main:
@@ -231,9 +236,14 @@ def run_step(cfg: StepConfig, ctx: RunContext, *, progress=None) -> dict[str, An
         "mfu": None,
         "peak_memory_bytes_per_rank": [r["peak"] for r in everyone],
         "peak_memory_source": peak_source,
+        "peak_reserved_bytes_per_rank": ([r["reserved"] for r in everyone] if ctx.device.type == "cuda" else None),
         "baseline_memory_bytes_per_rank": ([r["baseline"] for r in everyone] if ctx.device.type == "cpu" else None),
         "exposed_comm_s_by_collective": {k: max(r["exposed"].get(k, 0.0) for r in everyone) for k in kinds},
         "comm_s_by_collective": {k: max(r["comm"].get(k, 0.0) for r in everyone) for k in kinds},
+        "kernel_time_s_by_kind": everyone[0]["kernels"],
+        "kernel_time_source": ("GPU kernel time of rank 0's profiled step by kind (gemm, attention, optimizer, "
+                               "communication, other; busy = their union), meshplan.harness.measure.trace"
+                               if everyone[0]["kernels"] else None),
         "exposed_comm_source": "torch.profiler trace of one step, max over ranks (meshplan.harness.measure.trace)",
         "rank_step_time_spread": {"median_s_by_rank": medians, "min_s": min(medians), "max_s": max(medians),
                                   "spread_frac": (max(medians) - min(medians)) / step_time},

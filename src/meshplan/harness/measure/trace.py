@@ -135,3 +135,38 @@ def exposed_comm_s(trace: dict[str, Any]) -> tuple[dict[str, float], dict[str, f
         total[op] = busy / 1e6
         exposed[op] = (busy - overlap(u, k)) / 1e6
     return exposed, total
+
+
+KERNEL_KINDS = ("gemm", "attention", "optimizer", "communication", "other")
+"""What ``kernel_kind`` sorts GPU kernels into."""
+
+
+def kernel_kind(name: str) -> str:
+    """The kind of GPU work a kernel name stands for, by the name patterns of cuBLAS/CUTLASS GEMMs
+    (``gemm``, ``nvjet``, ``cutlass``, ``sm90_xmma``), fused attention (``flash``, ``fmha``, cuDNN's
+    ``attention``), optimizers (``adam``, ``multi_tensor``, ``foreach``) and NCCL; everything else
+    (elementwise, norms, copies, softmax, reductions) is 'other'."""
+    n = name.lower()
+    if "nccl" in n:
+        return "communication"
+    if any(k in n for k in ("flash", "fmha", "attention", "sdpa")):
+        return "attention"
+    if any(k in n for k in ("gemm", "nvjet", "cutlass", "xmma")):
+        return "gemm"
+    if any(k in n for k in ("adam", "multi_tensor", "foreach")):
+        return "optimizer"
+    return "other"
+
+
+def kernel_time_s(trace: dict[str, Any]) -> dict[str, float] | None:
+    """Summed GPU kernel time by kind [s], and 'busy' (the union of all kernel intervals); None for a
+    trace without GPU kernels (a CPU run)."""
+    kernels = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") == "kernel"
+               and "dur" in e and "ts" in e]
+    if not kernels:
+        return None
+    out = dict.fromkeys(KERNEL_KINDS, 0.0)
+    for e in kernels:
+        out[kernel_kind(e["name"])] += float(e["dur"]) / 1e6
+    out["busy"] = length((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in kernels) / 1e6
+    return out
