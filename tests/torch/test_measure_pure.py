@@ -118,18 +118,24 @@ def test_check_profile_names_every_problem():
 
 
 def test_kernel_time_by_kind_and_busy_union():
-    """GEMM [0, 10] and attention [5, 15] overlap (streams); optimizer [20, 24], NCCL [30, 31], a copy
-    [40, 42]: sums per kind, busy = the union 15 + 4 + 1 + 2 = 22 us; a CPU trace has no kernels."""
+    """GEMM [0, 10] and attention [5, 15] overlap (streams); optimizer [20, 24], NCCL [30, 31], copies
+    [40, 43], cuDNN's backward helper [43, 44], a split-K reduction [44, 45]: sums per kind, busy = the
+    union 15 + 4 + 1 + 5 = 25 us; a CPU trace has no kernels."""
     trace = {"traceEvents": [
         _x("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 0, 10, cat="kernel"),
         _x("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16", 5, 10, tid=2, cat="kernel"),
-        _x("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", 20, 4, cat="kernel"),
+        _x("void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata<4>, "
+           "FusedAdamMathFunctor<float, 4>>", 20, 4, cat="kernel"),
         _x("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 30, 1, cat="kernel"),
         _x("void at::native::vectorized_elementwise_kernel<8, bfloat16_copy_kernel_cuda>", 40, 2, cat="kernel"),
+        _x("void at::native::multi_tensor_apply_kernel<TensorListMetadata<2>, CopyFunctor<float, 2>>", 42, 1,
+           cat="kernel"),  # FSDP2's foreach copy-in: a copy, not the optimizer
+        _x("cudnn::fusion::compute_dot_do_o_specialized", 43, 1, cat="kernel"),
+        _x("void cublasLt::splitKreduce_kernel<32, 16, int, float>", 44, 1, cat="kernel"),
         _x("aten::mm", 0, 50)]}
     got = kernel_time_s(trace)
-    assert got == pytest.approx({"gemm": 10e-6, "attention": 10e-6, "optimizer": 4e-6, "communication": 1e-6,
-                                 "other": 2e-6, "busy": 22e-6})
+    assert got == pytest.approx({"gemm": 11e-6, "attention": 11e-6, "optimizer": 4e-6, "communication": 1e-6,
+                                 "other": 3e-6, "busy": 25e-6})
     assert kernel_time_s({"traceEvents": [_x("aten::mm", 0, 50)]}) is None
 
 
@@ -207,3 +213,32 @@ def test_compare_refuses_a_profile_with_nothing_to_compare(tmp_path, capsys):
     path.write_text(json.dumps(_profile()))
     assert main(["measure", "compare", "--profile", str(path)]) == 2
     assert "no step, GEMM or attention measurement" in capsys.readouterr().err
+
+
+def test_compare_json_has_kernels_and_step_sections(capsys):
+    """`measure compare --json`: a "kernels" section (accelerator, rows) for GEMM/attention timings and a
+    "step" section (cluster, figures) for a step, each only where the profile has it."""
+    from meshplan.cli import main
+
+    assert main(["measure", "compare", "--json", "--profile", str(H200_RESULTS / "kernels.json")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"kernels"} and out["kernels"]["accelerator"] == "h200" and out["kernels"]["note"] is None
+    assert len(out["kernels"]["rows"]) == 86 + 2 * 7  # every GEMM, and each attention shape fwd and fwd+bwd
+    assert main(["measure", "compare", "--json", "--profile", str(H200_RESULTS / "step_8b_full.json")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"step"} and out["step"]["cluster"] == "h200"
+    assert {f["figure"] for f in out["step"]["figures"]} >= {"step time", "optimizer step (kernels)",
+                                                             "peak reserved (max rank)"}
+
+
+def test_compare_kernels_of_an_unknown_device_say_so(tmp_path, capsys):
+    from meshplan.cli import main
+
+    g = {"m": 4096, "n": 4096, "k": 4096, "dtype": "bf16", "median_s": 2e-4, "p10_s": 2e-4, "p90_s": 2e-4,
+         "flop_per_s": 6.9e14}
+    path = tmp_path / "gh200.json"
+    path.write_text(json.dumps(_profile(device="NVIDIA GH200 480GB", gemm=[g])))
+    assert main(["measure", "compare", "--profile", str(path)]) == 0
+    assert "is not a catalog accelerator" in capsys.readouterr().out
+    assert main(["measure", "compare", "--profile", str(path), "--cluster", "h200"]) == 0
+    assert "not a catalog accelerator" not in capsys.readouterr().out

@@ -65,7 +65,7 @@ def register(subparsers: Any, add_scenario: Any) -> None:
 
     g = msub.add_parser("gemm", help="throughput of the GEMM shapes a plan runs (default: a square/skinny sweep)")
     add_scenario(g)
-    g.set_defaults(model=None)
+    g.set_defaults(model=None, cluster=None)  # compared with the measured device's model unless --cluster
     g.add_argument("--plan", default=None, help="split the model's GEMMs as this plan does (tp, cp, mbs)")
     g.add_argument("--scale-down", action="store_true", help="use the CPU-sized copy of the model")
     _launch_flags(g)
@@ -95,7 +95,8 @@ def register(subparsers: Any, add_scenario: Any) -> None:
 
     k = msub.add_parser("compare", help="predicted against measured for the step in a profile (no torch needed)")
     k.add_argument("--profile", required=True, metavar="FILE", help="a profile written by `measure step --out`")
-    k.add_argument("--cluster", default=None, help="predict for this cluster (default: the one the step recorded)")
+    k.add_argument("--cluster", default=None, help="predict for this cluster (default: the measured device for "
+                                                   "kernels, the cluster the step recorded for a step)")
     k.add_argument("--json", action="store_true")
     k.set_defaults(func=_compare)
 
@@ -120,10 +121,10 @@ def _compare(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {}
     texts = []
     if kernels is not None:
-        accel, krows = kernels
-        out["kernels"] = {"accelerator": accel.name, "rows": [
+        accel, krows, note = kernels
+        out["kernels"] = {"accelerator": accel.name, "note": note, "rows": [
             {"kernel": r.kernel, "predicted_s": r.predicted_s, "measured_s": r.measured_s} for r in krows]}
-        texts.append(kernel_text(krows, accel, "generic"))
+        texts.append(kernel_text(krows, accel, "generic") + (f"\nnote: {note}" if note else ""))
     if profile.get("step"):
         try:
             rows, text = comparison(profile, args.cluster)
@@ -137,17 +138,23 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def kernel_comparison(profile: dict[str, Any], cluster: str | None):
-    """(accelerator, kernel rows) for the profile's GEMM and attention timings, or None without any. The
-    accelerator is ``cluster``'s, else the measured device's (CPU runs: the step's cluster or h100-sxm)."""
+    """(accelerator, kernel rows, note) for the profile's GEMM and attention timings, or None without any.
+    The accelerator is ``cluster``'s, else the measured device's; the note (or None) says when neither
+    names one and the comparison falls back to the step's cluster or h100-sxm."""
     from meshplan.catalog import load_cluster
     from meshplan.harness.measure.compare import accelerator_for_device, kernel_rows
 
     if not profile.get("gemm") and not profile.get("attention"):
         return None
-    name = (cluster or accelerator_for_device(str(profile.get("device", "")))
-            or (profile.get("step") or {}).get("cluster") or "h100-sxm")
+    device = str(profile.get("device", ""))
+    name = cluster or accelerator_for_device(device)
+    note = None
+    if name is None:
+        name = (profile.get("step") or {}).get("cluster") or "h100-sxm"
+        note = (f"device {device!r} is not a catalog accelerator: its kernels are compared with {name}'s model, "
+                "so the ratios measure the device against that accelerator (pass --cluster to choose)")
     accel = load_cluster(name).accelerator
-    return accel, kernel_rows(profile, accel)
+    return accel, kernel_rows(profile, accel), note
 
 
 def check_inputs(args: argparse.Namespace, world_size: int | None) -> None:

@@ -111,7 +111,7 @@ def _dispatch(args: argparse.Namespace, ctx: Any) -> int:
         summary = _after_step(args, profile, summary)
     if getattr(args, "json", False):
         print(json.dumps({k: profile[k] for k in ("device", "backend", "world_size", "nproc_per_node", "gemm",
-                                                  "gemm_best_flop_per_s", "collectives", "collective_fits",
+                                                  "gemm_best_flop_per_s", "attention", "collectives", "collective_fits",
                                                   "step", "notes")}, indent=2))
     else:
         print(summary)
@@ -219,8 +219,8 @@ def _gemm(args: argparse.Namespace, ctx: Any, profile: dict, say) -> str:
         from meshplan.harness.measure.compare import kernel_text
         from meshplan.harness.measure_cli import kernel_comparison
 
-        accel, rows = kernel_comparison(profile, None)
-        lines += ["", kernel_text(rows, accel, "generic")]
+        accel, rows, note = kernel_comparison(profile, args.cluster)
+        lines += ["", kernel_text(rows, accel, "generic")] + ([f"note: {note}"] if note else [])
     return "\n".join(lines)
 
 

@@ -8,8 +8,11 @@ gradients of q, k and v).
 FLOPs follow meshplan's convention (``meshplan.cost.flops``): the forward multiplies every query with
 every key twice (QKᵀ and A·V), 4·b·s²·heads·head_dim, half of it under a causal mask; the backward is
 2.5 times the forward (it recomputes QKᵀ: FlashAttention-2, Dao 2023, arXiv:2307.08691, §3.1.2).
-Throughput is those FLOPs over the median time, so it is the figure meshplan's
-``attention_efficiency`` multiplies the BF16 peak by, before the causal and length terms.
+Throughput is those FLOPs over the median time. It is not meshplan's ``attention_efficiency``
+itself, whose causal term is a calibrated fraction (``causal_time_fraction``), not one half;
+``meshplan measure compare`` sets the measured times against the model's times for the same calls.
+Which kernel SDPA ran (FlashAttention, cuDNN, memory-efficient) depends on the torch build and GPU;
+the profile's kernel trace of a step names it.
 """
 
 from __future__ import annotations

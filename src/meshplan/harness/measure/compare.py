@@ -142,9 +142,11 @@ def comparison(profile: dict[str, Any], cluster_name: str | None = None) -> tupl
 
 
 _DEVICE_ACCELERATORS = (("GB300", "gb300"), ("B300", "b300"), ("GB200", "gb200"), ("B200", "b200"),
-                        ("H200", "h200"), ("H100", "h100-sxm"), ("A100-SXM4-40GB", "a100-40gb"),
-                        ("A100", "a100-80gb"), ("MI300X", "mi300x"))
-"""Substrings of ``torch.cuda.get_device_name`` and the catalog accelerator they name, most specific first."""
+                        ("GH200", None), ("H200", "h200"), ("H100 PCIE", None), ("H100 NVL", None),
+                        ("H100", "h100-sxm"), ("A100-SXM4-40GB", "a100-40gb"), ("A100-SXM4-80GB", "a100-80gb"),
+                        ("MI300X", "mi300x"))
+"""Substrings of ``torch.cuda.get_device_name`` and the catalog accelerator they name, most specific first;
+None for parts the catalog lacks (GH200, H100 PCIe and NVL: other memory, clocks or power)."""
 
 
 def accelerator_for_device(device: str) -> str | None:

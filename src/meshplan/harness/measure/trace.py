@@ -143,17 +143,20 @@ KERNEL_KINDS = ("gemm", "attention", "optimizer", "communication", "other")
 
 def kernel_kind(name: str) -> str:
     """The kind of GPU work a kernel name stands for, by the name patterns of cuBLAS/CUTLASS GEMMs
-    (``gemm``, ``nvjet``, ``cutlass``, ``sm90_xmma``), fused attention (``flash``, ``fmha``, cuDNN's
-    ``attention``), optimizers (``adam``, ``multi_tensor``, ``foreach``) and NCCL; everything else
-    (elementwise, norms, copies, softmax, reductions) is 'other'."""
+    (``gemm``, ``nvjet``, ``cutlass``, ``xmma``, and cuBLASLt's split-K reduction and ``gemv``), fused
+    attention (``flash``, ``fmha``, cuDNN's ``sdpa`` kernels and the ``cudnn::fusion`` helpers of its
+    backward), optimizers (``adam``, ``sgd``, PyTorch's ``FusedOptimizer``/``FusedAdam`` functors) and
+    NCCL; everything else (elementwise, norms, copies, softmax, reductions) is 'other'. PyTorch's plain
+    foreach kernels (``multi_tensor_apply_kernel`` with a ``CopyFunctor``: FSDP2's all-gather copy-in)
+    are copies, not optimizer work."""
     n = name.lower()
     if "nccl" in n:
         return "communication"
-    if any(k in n for k in ("flash", "fmha", "attention", "sdpa")):
+    if any(k in n for k in ("flash", "fmha", "attention", "sdpa", "cudnn::fusion")):
         return "attention"
-    if any(k in n for k in ("gemm", "nvjet", "cutlass", "xmma")):
+    if any(k in n for k in ("gemm", "nvjet", "cutlass", "xmma", "splitkreduce")):
         return "gemm"
-    if any(k in n for k in ("adam", "multi_tensor", "foreach")):
+    if any(k in n for k in ("adam", "sgd", "fusedoptimizer")):
         return "optimizer"
     return "other"
 
