@@ -177,6 +177,19 @@ def test_bad_plan_rejected_before_start(capsys):
     assert "needs 4 ranks" in capsys.readouterr().err
 
 
+def test_out_folder_created_or_refused_before_start(tmp_path, capsys):
+    """--out's folder is made before measuring (a run used to fail only when writing its results); one
+    that cannot be made is a bad input, exit 2, before any process starts."""
+    assert main(["measure", "gemm", "--nproc", "1", "--backend", "gloo", "--out", "/proc/no/such/p.json"]) == 2
+    assert "cannot create the folder" in capsys.readouterr().err
+    from meshplan.harness.measure_cli import check_inputs
+
+    out = tmp_path / "a" / "b" / "p.json"
+    args = type("A", (), {"plan": None, "model": None, "out": str(out), "measure_command": "gemm"})()
+    check_inputs(args, 1)
+    assert out.parent.is_dir()
+
+
 def test_without_torchrun_says_how_to_launch(monkeypatch, capsys):
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)

@@ -172,6 +172,12 @@ def check_inputs(args: argparse.Namespace, world_size: int | None) -> None:
         from meshplan.catalog import load_model
 
         load_model(args.model)
+    out = getattr(args, "out", None)
+    if out:  # before measuring, not when writing the results (the profile and the step's trace beside it)
+        try:
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SpecError("out", f"cannot create the folder of {out!r}: {exc.strerror}") from None
 
 
 def _run(args: argparse.Namespace) -> int:
