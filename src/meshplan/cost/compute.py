@@ -62,6 +62,11 @@ class ComputeParams:
     layer_overhead_s: float = 0.0
     """Fixed time per layer per micro-batch, forward and backward together (kernel launches and
     synchronisation the roofline does not see; depends on the software stack)."""
+    elementwise_passes: float = 1.0
+    """A software stack's elementwise memory traffic (norms, residual adds, rotary, activation function)
+    over the fused minimum that ``layer_times`` counts: eager PyTorch's unfused kernels (rotary by slicing
+    and concatenation, separate casts and norms) move about 3x that (measured on an H200,
+    docs/measure.md)."""
     moe_gemm_efficiency: float = 0.7
     """Expert (grouped) GEMMs over dense GEMMs of the same shape."""
     moe_permute_passes: float = 4.0
@@ -209,7 +214,8 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     # Memory-bound elementwise work per token [bytes], bf16: two norms (read+write 2D each, twice),
     # residual adds (3 x 2D, twice), rotary on q and k, the activation function (read 2F or F, write F).
     f_local = (model.expert_ffn_hidden * model.top_k if moe else model.ffn_hidden) / t
-    ew_bytes = BF16_BYTES * tokens * (8 * D + 6 * D + 2 * (model.q_dim + model.kv_dim) / t + 3 * f_local)
+    ew_bytes = (BF16_BYTES * tokens * (8 * D + 6 * D + 2 * (model.q_dim + model.kv_dim) / t + 3 * f_local)
+                * params.elementwise_passes)
     if moe:  # token permutation to experts and back: each copy written and read, dispatch and combine
         ew_bytes += BF16_BYTES * params.moe_permute_passes * expert_tokens * local_experts * D
     ew_fwd = ew_bytes / (accel.hbm_bytes_per_s * params.memory_efficiency)

@@ -369,11 +369,51 @@ def _stage_memory(c: _StageCtx, static: _StaticMemory | None = None) -> MemoryRe
 
 def _stage_compute(c: _StageCtx, compute: ComputeParams) -> tuple[float, ...]:
     """Per micro-batch on stage ``c.s`` [s]: (t_F, t_B, t_W, t_R recompute, attention forward) of the layers,
-    and the LM head's forward and backward (0 except on the last stage)."""
+    and the LM head's forward and backward (0 except on the last stage); the forward and backward include
+    FSDP2's copies around its collectives (``_fsdp_copies_s``)."""
     plan = c.plan
-    return _stage_compute_times(c.model, c.cluster.accelerator, compute, c.job, c.tokens, plan.tp, plan.cp,
-                                plan.ep, plan.expert_tp, plan.sequence_parallel, plan.context_impl != "a2a",
-                                c.n_dense, c.n_moe, c.last, c.recompute, c.recomputed)
+    t_f, t_b, *rest = _stage_compute_times(c.model, c.cluster.accelerator, compute, c.job, c.tokens, plan.tp,
+                                           plan.cp, plan.ep, plan.expert_tp, plan.sequence_parallel,
+                                           plan.context_impl != "a2a", c.n_dense, c.n_moe, c.last, c.recompute,
+                                           c.recomputed)
+    copy_f, copy_b = _fsdp_copies_s(c, compute)
+    return (t_f + copy_f, t_b + copy_b, *rest)
+
+
+FSDP1_STACKS = ("llm-foundry",)
+"""Software stacks that shard with FSDP1, whose flat parameter is the all-gather's output and the
+reduce-scatter's input (no copies; ``_fsdp_copies_s``)."""
+
+
+def _fsdp_copies_s(c: _StageCtx, compute: ComputeParams) -> tuple[float, float]:
+    """FSDP2's memory-bound copies on the compute stream per micro-batch on stage ``c.s``, (forward,
+    backward) [s].
+
+    After each parameter all-gather, the gathered buffer is copied out into the unsharded parameters
+    (read and write, 4 bytes per parameter); before each gradient reduce-scatter, the unsharded BF16
+    gradients are copied into the reduce buffer (2 + reduce-dtype bytes). Both run on the default
+    stream, between the layers' kernels. The cast of the FP32 shard into the all-gather input (6/N bytes)
+    runs on the all-gather copy-in stream, beside compute, and is left out. PyTorch
+    ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`` (``foreach_all_gather_copy_out`` through
+    ``split_with_sizes_copy``; ``foreach_reduce``: ``foreach_reduce_scatter_copy_in`` through
+    ``chunk_cat``, before ``reduce_scatter_stream.wait_stream``); measured on an H200, docs/measure.md:
+    20 ms per micro-batch for 3.2B parameters.
+    The forward gathers once per micro-batch (once per step when a pipelined stage keeps its parameters
+    gathered), the backward again when parameters are resharded after the forward, and gradients are
+    reduce-scattered every micro-batch or once per step (``grad_sync``). Not for other sharding, nor for
+    FSDP1 stacks (FSDP1_STACKS), nor without sharding (DDP)."""
+    plan = c.plan
+    if plan.sharding != "fsdp" or plan.shard_degree == 1 or c.job.software in FSDP1_STACKS:
+        return 0.0, 0.0
+    groups = ((c.params("dp_shard"), plan.shard_degree), (c.params("edp"), c.groups["edp"].size))
+    gather_bytes = sum(p * 4.0 for p, n in groups if n > 1)
+    scatter_bytes = sum(p * (2.0 + c.job.reduce_dtype_bytes) for p, n in groups if n > 1)
+    per_mb = 1.0 / c.m  # once per step, spread over its micro-batches
+    fwd_gathers = per_mb if plan.fsdp_pipelined else 1.0
+    bwd_gathers = 1.0 if plan.effective_reshard_after_forward else 0.0
+    scatters = 1.0 if plan.effective_grad_sync == "every" else per_mb
+    bw = c.cluster.accelerator.hbm_bytes_per_s * compute.memory_efficiency
+    return fwd_gathers * gather_bytes / bw, (bwd_gathers * gather_bytes + scatters * scatter_bytes) / bw
 
 
 @cache_by_identity(n_specs=4)

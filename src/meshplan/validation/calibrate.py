@@ -4,7 +4,8 @@ Procedure (docs/calibration.md):
 1. Parameters: a few global ones (attention efficiency and its block-length constant, the GEMM shape
    constant and the FP8 one relative to it, overlap efficiency, compute slowdown under communication,
    expert-GEMM efficiency), one per accelerator family (``gemm_scale``: training-kernel over best-case
-   matmul efficiency), two per software stack (``layer_overhead_s``, ``step_overhead_s``), and one per
+   matmul efficiency), three per software stack (``layer_overhead_s``, ``step_overhead_s``,
+   ``elementwise_passes``: its elementwise memory traffic over the fused minimum), and one per
    stack and family where the reference stack (Megatron-core) also has rows (``kernel_scale``). None is
    per row.
 2. Loss: mean |log(predicted / measured)| of tokens/s per GPU over the training rows (robust to the
@@ -68,7 +69,8 @@ def parameter_space(rows: list[RowResult]) -> list[Param]:
                 Param("fp8_gemm_efficiency", f"accelerator:{f}", 0.3, 0.95)]
     for s in stacks:
         out += [Param("layer_overhead_s", f"software:{s}", 0.0, 0.01),
-                Param("step_overhead_s", f"software:{s}", 0.0, 3.0)]
+                Param("step_overhead_s", f"software:{s}", 0.0, 3.0),
+                Param("elementwise_passes", f"software:{s}", 0.25, 8.0, log=True)]
     # each other stack's kernels against the reference stack's on the same GPU generation, where both
     # have rows (otherwise the family's gemm_scale already is that stack's)
     combos = {(r.scenario.job.software, family(r.scenario.cluster.accelerator.name)) for r in rows if r.scenario}
