@@ -65,11 +65,9 @@ def test_fp8_gemms_need_larger_shapes_for_their_peak():
     assert small > large > 1.0
 
 
-def test_fsdp2_copies_per_micro_batch():
-    """FSDP2 over 8 ranks, Llama-3-8B on one H100 node, 4 micro-batches: each micro-batch gathers twice
-    (forward, and backward after resharding), copying 4 bytes per local parameter out, and reduce-scatters
-    once, copying 2 + 4 in, all at the calibrated HBM rate. The step grows by exactly that over FSDP1 (llm-foundry,
-    whose flat parameters need no copies) with the same parameters; DDP and Megatron sharding copy nothing."""
+def _fsdp2_minus_fsdp1_s(plan: str, *, m: int = 4, mfu: float | None = None) -> tuple[float, float, float]:
+    """(step time of FSDP2 minus FSDP1 with the same parameters, all parameters, non-root parameters)
+    for Llama-3-8B on one H100 node with ``m`` micro-batches of one sequence per data-parallel rank."""
     import dataclasses
 
     from meshplan import JobSpec, evaluate, parse_plan
@@ -77,17 +75,36 @@ def test_fsdp2_copies_per_micro_batch():
 
     model, cluster = load_model("llama-3-8b"), load_cluster("h100-sxm", nodes=1)
     params = ComputeParams(comm_slowdown=0.0)
-    job = JobSpec(global_batch_tokens=8 * 4 * 4096, seq_len=4096)
-    plan = parse_plan("dp_shard=8,mbs=1,recompute=full")
+    p = parse_plan(plan)
+    job = JobSpec(global_batch_tokens=p.dp * m * 4096, seq_len=4096)
 
-    def step(job: JobSpec, plan) -> float:
-        return evaluate(model, cluster, job, plan, compute=params).step_time_s
+    def step(job: JobSpec) -> float:
+        return evaluate(model, cluster, job, p, compute=params, mfu=mfu).step_time_s
 
-    fsdp2 = step(job, plan)
-    fsdp1 = step(dataclasses.replace(job, software="llm-foundry"), plan)
-    n = param_counts(model).total
-    expected = 4 * n * (2 * 4 + (2 + 4)) / (cluster.accelerator.hbm_bytes_per_s * params.memory_efficiency)
-    assert fsdp2 - fsdp1 == pytest.approx(expected, rel=1e-6)
+    counts = param_counts(model)
+    root = counts.embedding + counts.lm_head + counts.final_norm
+    bw = cluster.accelerator.hbm_bytes_per_s * params.memory_efficiency
+    return (step(job) - step(dataclasses.replace(job, software="llm-foundry"))) * bw, counts.total, counts.total - root
+
+
+def test_fsdp2_copies_per_micro_batch():
+    """FSDP2 over 8 ranks, 4 micro-batches: each copies the forward gather out (4 bytes per parameter),
+    the backward re-gather of every unit but the root, which stays gathered (4), and the gradients into
+    the FP32 reduce buffer (2 + 4). FSDP1 (llm-foundry) with the same parameters copies nothing; neither
+    do DDP and ZeRO-1. The copies survive an assumed MFU (which scales the kernels only)."""
+    diff, n, n_blocks = _fsdp2_minus_fsdp1_s("dp_shard=8,mbs=1,recompute=full")
+    assert diff == pytest.approx(4 * (4 * n + 4 * n_blocks + 6 * n), rel=1e-6)
+    diff_mfu, _, _ = _fsdp2_minus_fsdp1_s("dp_shard=8,mbs=1,recompute=full", mfu=0.4)
+    assert diff_mfu == pytest.approx(diff, rel=1e-6)
     for other in ("dp_replicate=8,mbs=1,recompute=full", "dp_shard=8,mbs=1,recompute=full,sharding=zero1"):
-        p = parse_plan(other)
-        assert step(job, p) == pytest.approx(step(dataclasses.replace(job, software="llm-foundry"), p), rel=1e-12)
+        assert _fsdp2_minus_fsdp1_s(other)[0] == pytest.approx(0.0, abs=1e-3)
+
+
+def test_fsdp2_copies_without_per_micro_batch_reduction():
+    """grad_sync=last: FSDP2 accumulates unsharded gradients in FP32 (cast 6 bytes per parameter, then 10
+    per later micro-batch, then 8 into the reduce buffer), and reshard_after_forward=False gathers once
+    per micro-batch: 4 m n + (6 + 10 (m - 1) + 8) n."""
+    m = 4
+    diff, n, _ = _fsdp2_minus_fsdp1_s("dp_shard=8,mbs=1,recompute=full,grad_sync=last,reshard_after_forward=false",
+                                      m=m)
+    assert diff == pytest.approx(4 * m * n + (6 + 10 * (m - 1) + 8) * n, rel=1e-6)

@@ -158,7 +158,7 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
                 seq_len: int, cp: int, tp: int, precision: str, causal_kernel: bool = True, cp_chunked: bool = True,
                 flash_attention: bool = True,
                 moe: bool = False, expert_tokens: float = 0.0, local_experts: float = 0.0,
-                expert_tp: int = 1) -> LayerTimes:
+                expert_tp: int = 1, sequence_parallel: bool = False) -> LayerTimes:
     """Forward and backward time of one transformer layer for ``tokens`` tokens on a rank (T = b·S/cp).
 
     GEMM shapes after tensor-parallel splitting (Megatron column/row split): QKV [T, D]x[D, (h_q+2h_kv)/t],
@@ -211,11 +211,16 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
                               e_max=accel.gemm_efficiency * params.gemm_scale * params.kernel_scale, half_dim=hd)
         attn_fwd = attn_flop / (accel.bf16_flop_per_s * eff)
         attn_fwd += 9.0 * scores / (accel.hbm_bytes_per_s * params.memory_efficiency)
-    # Memory-bound elementwise work per token [bytes], bf16: two norms (read+write 2D each, twice),
-    # residual adds (3 x 2D, twice), rotary on q and k, the activation function (read 2F or F, write F).
+    # Memory-bound elementwise work per token, fused minimum [bf16 elements]: two norms (read D, write D
+    # each) and two residual adds (read 2D, write D each), on T/t tokens under sequence parallelism and
+    # on all T otherwise; rotary embeddings on q and k (read and write each) where the model has them;
+    # the activation (SwiGLU: read 2F, write F; GELU: read F, write F) on the rank's share of the MLP.
     f_local = (model.expert_ffn_hidden * model.top_k if moe else model.ffn_hidden) / t
-    ew_bytes = (BF16_BYTES * tokens * (8 * D + 6 * D + 2 * (model.q_dim + model.kv_dim) / t + 3 * f_local)
-                * params.elementwise_passes)
+    per_token = (4 * D + 6 * D) / (t if sequence_parallel else 1.0)
+    if model.learned_pos_emb == 0:
+        per_token += 2 * (model.q_dim + model.kv_dim) / t
+    per_token += (3 if model.gated_mlp else 2) * f_local
+    ew_bytes = BF16_BYTES * tokens * per_token * params.elementwise_passes
     if moe:  # token permutation to experts and back: each copy written and read, dispatch and combine
         ew_bytes += BF16_BYTES * params.moe_permute_passes * expert_tokens * local_experts * D
     ew_fwd = ew_bytes / (accel.hbm_bytes_per_s * params.memory_efficiency)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 from meshplan.cost import memory as mem
-from meshplan.cost.comm import StageTraffic, Unit, comm_ledger
+from meshplan.cost.comm import PARAM_DTYPE_BYTES, StageTraffic, Unit, comm_ledger
 from meshplan.cost.compute import (
     ComputeParams,
     LayerTimes,
@@ -65,11 +65,12 @@ def _accel_key(accel: AcceleratorSpec) -> _AccelKey:
 @functools.lru_cache(maxsize=16384)
 def _layer_times(model: ModelSpec, accel: _AccelKey, compute: ComputeParams, tokens: float, seq_len: int, cp: int,
                  tp: int, precision: str, moe: bool, expert_tokens: float, local: float, cp_chunked: bool,
-                 flash_attention: bool, etp: int) -> LayerTimes:
+                 flash_attention: bool, etp: int, sp: bool) -> LayerTimes:
     """layer_times, memoised: a search evaluates the same layer shapes under many sharding variants."""
     return layer_times(model, accel, compute, tokens=tokens, seq_len=seq_len, cp=cp, tp=tp,  # type: ignore[arg-type]
                        precision=precision, moe=moe, expert_tokens=expert_tokens, local_experts=local,
-                       cp_chunked=cp_chunked, flash_attention=flash_attention, expert_tp=etp)
+                       cp_chunked=cp_chunked, flash_attention=flash_attention, expert_tp=etp,
+                       sequence_parallel=sp and tp > 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,51 +370,66 @@ def _stage_memory(c: _StageCtx, static: _StaticMemory | None = None) -> MemoryRe
 
 def _stage_compute(c: _StageCtx, compute: ComputeParams) -> tuple[float, ...]:
     """Per micro-batch on stage ``c.s`` [s]: (t_F, t_B, t_W, t_R recompute, attention forward) of the layers,
-    and the LM head's forward and backward (0 except on the last stage); the forward and backward include
-    FSDP2's copies around its collectives (``_fsdp_copies_s``)."""
+    and the LM head's forward and backward (0 except on the last stage)."""
     plan = c.plan
-    t_f, t_b, *rest = _stage_compute_times(c.model, c.cluster.accelerator, compute, c.job, c.tokens, plan.tp,
-                                           plan.cp, plan.ep, plan.expert_tp, plan.sequence_parallel,
-                                           plan.context_impl != "a2a", c.n_dense, c.n_moe, c.last, c.recompute,
-                                           c.recomputed)
-    copy_f, copy_b = _fsdp_copies_s(c, compute)
-    return (t_f + copy_f, t_b + copy_b, *rest)
+    return _stage_compute_times(c.model, c.cluster.accelerator, compute, c.job, c.tokens, plan.tp, plan.cp,
+                                plan.ep, plan.expert_tp, plan.sequence_parallel, plan.context_impl != "a2a",
+                                c.n_dense, c.n_moe, c.last, c.recompute, c.recomputed)
+
+
+def _with_fsdp_copies(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) -> tuple[float, ...]:
+    """``times`` (``_stage_compute``) with FSDP2's copies added: the parameter copy-out of the forward gather
+    to t_F, that of the backward re-gather to t_B, and the gradient copies to t_W (they follow the
+    unit's weight gradients)."""
+    copy_f, copy_b, copy_w = _fsdp_copies_s(c, compute)
+    t_f, t_b, t_w, *rest = times
+    return (t_f + copy_f, t_b + copy_b, t_w + copy_w, *rest)
 
 
 FSDP1_STACKS = ("llm-foundry",)
 """Software stacks that shard with FSDP1, whose flat parameter is the all-gather's output and the
 reduce-scatter's input (no copies; ``_fsdp_copies_s``)."""
 
-
-def _fsdp_copies_s(c: _StageCtx, compute: ComputeParams) -> tuple[float, float]:
-    """FSDP2's memory-bound copies on the compute stream per micro-batch on stage ``c.s``, (forward,
-    backward) [s].
+def _fsdp_copies_s(c: _StageCtx, compute: ComputeParams) -> tuple[float, float, float]:
+    """FSDP2's memory-bound copies on the compute stream per micro-batch on stage ``c.s``: (forward gather,
+    backward re-gather, gradients) [s].
 
     After each parameter all-gather, the gathered buffer is copied out into the unsharded parameters
-    (read and write, 4 bytes per parameter); before each gradient reduce-scatter, the unsharded BF16
-    gradients are copied into the reduce buffer (2 + reduce-dtype bytes). Both run on the default
-    stream, between the layers' kernels. The cast of the FP32 shard into the all-gather input (6/N bytes)
-    runs on the all-gather copy-in stream, beside compute, and is left out. PyTorch
+    (read and write, 2 x 2 bytes per parameter; 2 x 1 with FP8 all-gathers); the root module (embedding,
+    LM head) is not resharded after the forward, so only the other units gather again in the backward.
+    Gradients: with a reduce-scatter every micro-batch, the unsharded BF16 gradients are copied into the
+    reduce buffer in the reduce dtype r (2 + r bytes). Without one (``grad_sync='last'``, and a pipelined
+    stage), FSDP2 accumulates them unsharded: the first micro-batch casts them to the reduce dtype (2 + r),
+    each later one adds (2 + 2r), and the last copies the sum in (2r); with r = 2 autograd accumulates in
+    place (6 bytes from the second on) and the last copies 4.
+
+    All run on the default stream, between the layers' kernels. The cast of the FP32 shard into the
+    all-gather input runs on the all-gather copy-in stream, beside compute, and is left out. PyTorch
     ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`` (``foreach_all_gather_copy_out`` through
-    ``split_with_sizes_copy``; ``foreach_reduce``: ``foreach_reduce_scatter_copy_in`` through
-    ``chunk_cat``, before ``reduce_scatter_stream.wait_stream``); measured on an H200, docs/measure.md:
-    20 ms per micro-batch for 3.2B parameters.
-    The forward gathers once per micro-batch (once per step when a pipelined stage keeps its parameters
-    gathered), the backward again when parameters are resharded after the forward, and gradients are
-    reduce-scattered every micro-batch or once per step (``grad_sync``). Not for other sharding, nor for
-    FSDP1 stacks (FSDP1_STACKS), nor without sharding (DDP)."""
-    plan = c.plan
-    if plan.sharding != "fsdp" or plan.shard_degree == 1 or c.job.software in FSDP1_STACKS:
-        return 0.0, 0.0
-    groups = ((c.params("dp_shard"), plan.shard_degree), (c.params("edp"), c.groups["edp"].size))
-    gather_bytes = sum(p * 4.0 for p, n in groups if n > 1)
-    scatter_bytes = sum(p * (2.0 + c.job.reduce_dtype_bytes) for p, n in groups if n > 1)
-    per_mb = 1.0 / c.m  # once per step, spread over its micro-batches
-    fwd_gathers = per_mb if plan.fsdp_pipelined else 1.0
-    bwd_gathers = 1.0 if plan.effective_reshard_after_forward else 0.0
-    scatters = 1.0 if plan.effective_grad_sync == "every" else per_mb
+    ``split_with_sizes_copy``; ``foreach_reduce``: ``foreach_reduce_scatter_copy_in`` through ``chunk_cat``,
+    before ``reduce_scatter_stream.wait_stream``) and ``_fsdp_param.py`` (``to_accumulated_grad_if_needed``,
+    ``accumulate_unsharded_grad_if_needed``). Not for other sharding, nor for FSDP1 stacks (FSDP1_STACKS),
+    nor without sharding (DDP). On one rank FSDP2 skips the gather and casts instead: the H200 measured
+    that cast and the gradient copy-in, docs/measure.md."""
+    plan, job = c.plan, c.job
+    if plan.sharding != "fsdp" or plan.shard_degree == 1 or job.software in FSDP1_STACKS:
+        return 0.0, 0.0, 0.0
+    sizes = {"dp_shard": plan.shard_degree, "edp": c.groups["edp"].size}
+    units = [u for u in c.units if sizes[u.group] > 1]
+    params = sum(u.n_params * u.count for u in units)
+    regathered = sum(u.n_params * u.count for u in units if not u.root)
+    copy_out = 2.0 * (1.0 if job.fp8_param_gather else PARAM_DTYPE_BYTES)
+    m, r = c.m, job.reduce_dtype_bytes
+    fwd_gathers = 1.0 / m if plan.fsdp_pipelined else 1.0
+    bwd = regathered * copy_out if plan.effective_reshard_after_forward else 0.0
+    if plan.effective_grad_sync == "every":
+        grads = PARAM_DTYPE_BYTES + r
+    elif r > PARAM_DTYPE_BYTES:
+        grads = ((PARAM_DTYPE_BYTES + r) + (m - 1) * (PARAM_DTYPE_BYTES + 2 * r) + 2 * r) / m
+    else:
+        grads = ((m - 1) * 3 * PARAM_DTYPE_BYTES + 2 * PARAM_DTYPE_BYTES) / m
     bw = c.cluster.accelerator.hbm_bytes_per_s * compute.memory_efficiency
-    return fwd_gathers * gather_bytes / bw, (bwd_gathers * gather_bytes + scatters * scatter_bytes) / bw
+    return fwd_gathers * params * copy_out / bw, bwd / bw, params * grads / bw
 
 
 @cache_by_identity(n_specs=4)
@@ -434,7 +450,7 @@ def _stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute
                              / model.n_experts)
             local = model.n_experts / ep
         return _layer_times(model, accel, compute, tokens, job.seq_len, cp, tp,
-                            job.precision, moe, expert_tokens, local, cp_chunked, job.flash_attention, etp)
+                            job.precision, moe, expert_tokens, local, cp_chunked, job.flash_attention, etp, sp)
 
     kinds = [(n_dense, lt(False))] + ([(n_moe, lt(True))] if n_moe else [])
     t_f = sum(n * x.fwd_s for n, x in kinds)
@@ -637,6 +653,7 @@ def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec,
         kernel = m * (sum(times[0][:4]) + sum(times[0][5:]))
         scale = target / kernel if kernel > 0 else 1.0
         times = [tuple(x * scale for x in t) for t in times]  # type: ignore[misc]
+    times = [_with_fsdp_copies(c, compute, t) for c, t in zip(ctxs, times, strict=True)]
     details = tuple(_stage_time(c, compute, t) for c, t in zip(ctxs, times, strict=True))
     slowest = max(details, key=lambda x: x.time_s)
     step = slowest.time_s

@@ -70,7 +70,7 @@ def parameter_space(rows: list[RowResult]) -> list[Param]:
     for s in stacks:
         out += [Param("layer_overhead_s", f"software:{s}", 0.0, 0.01),
                 Param("step_overhead_s", f"software:{s}", 0.0, 3.0),
-                Param("elementwise_passes", f"software:{s}", 0.25, 8.0, log=True)]
+                Param("elementwise_passes", f"software:{s}", 1.0, 8.0, log=True)]
     # each other stack's kernels against the reference stack's on the same GPU generation, where both
     # have rows (otherwise the family's gemm_scale already is that stack's)
     combos = {(r.scenario.job.software, family(r.scenario.cluster.accelerator.name)) for r in rows if r.scenario}
