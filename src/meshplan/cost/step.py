@@ -390,6 +390,7 @@ FSDP1_STACKS = ("llm-foundry",)
 """Software stacks that shard with FSDP1, whose flat parameter is the all-gather's output and the
 reduce-scatter's input (no copies; ``_fsdp_copies_s``)."""
 
+
 def _fsdp_copies_s(c: _StageCtx, compute: ComputeParams) -> tuple[float, float, float]:
     """FSDP2's memory-bound copies on the compute stream per micro-batch on stage ``c.s``: (forward gather,
     backward re-gather, gradients) [s].
