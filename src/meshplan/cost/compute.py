@@ -65,7 +65,7 @@ class ComputeParams:
     elementwise_passes: float = 1.0
     """A software stack's elementwise memory traffic (norms, residual adds, rotary, activation function)
     over the fused minimum that ``layer_times`` counts: eager PyTorch's unfused kernels (rotary by slicing
-    and concatenation, separate casts and norms) move about 3x that (measured on an H200,
+    and concatenation, separate casts and norms) move about 2.7x that (measured on an H200,
     docs/measure.md)."""
     moe_gemm_efficiency: float = 0.7
     """Expert (grouped) GEMMs over dense GEMMs of the same shape."""

@@ -109,7 +109,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def _compare(args: argparse.Namespace) -> int:
     import json
 
-    from meshplan.harness.measure.compare import comparison, kernel_text, predicted_dict
+    from meshplan.harness.measure.compare import comparison, kernel_comparison, kernel_text, predicted_dict
     from meshplan.profile import load_profile
 
     profile = load_profile(args.profile)
@@ -124,7 +124,7 @@ def _compare(args: argparse.Namespace) -> int:
         accel, krows, note = kernels
         out["kernels"] = {"accelerator": accel.name, "note": note, "rows": [
             {"kernel": r.kernel, "predicted_s": r.predicted_s, "measured_s": r.measured_s} for r in krows]}
-        texts.append(kernel_text(krows, accel, "generic") + (f"\nnote: {note}" if note else ""))
+        texts.append(kernel_text(krows, accel, note))
     if profile.get("step"):
         try:
             rows, text = comparison(profile, args.cluster)
@@ -135,26 +135,6 @@ def _compare(args: argparse.Namespace) -> int:
         texts.append(text)
     print(json.dumps(out, indent=2) if args.json else "\n\n".join(texts))
     return 0
-
-
-def kernel_comparison(profile: dict[str, Any], cluster: str | None):
-    """(accelerator, kernel rows, note) for the profile's GEMM and attention timings, or None without any.
-    The accelerator is ``cluster``'s, else the measured device's; the note (or None) says when neither
-    names one and the comparison falls back to the step's cluster or h100-sxm."""
-    from meshplan.catalog import load_cluster
-    from meshplan.harness.measure.compare import accelerator_for_device, kernel_rows
-
-    if not profile.get("gemm") and not profile.get("attention"):
-        return None
-    device = str(profile.get("device", ""))
-    name = cluster or accelerator_for_device(device)
-    note = None
-    if name is None:
-        name = (profile.get("step") or {}).get("cluster") or "h100-sxm"
-        note = (f"device {device!r} is not a catalog accelerator: its kernels are compared with {name}'s model, "
-                "so the ratios measure the device against that accelerator (pass --cluster to choose)")
-    accel = load_cluster(name).accelerator
-    return accel, kernel_rows(profile, accel), note
 
 
 def check_inputs(args: argparse.Namespace, world_size: int | None) -> None:

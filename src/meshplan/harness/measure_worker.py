@@ -216,11 +216,10 @@ def _gemm(args: argparse.Namespace, ctx: Any, profile: dict, say) -> str:
                      f"{a['fwd_median_s'] * 1e3:.3f} ms ({a['fwd_flop_per_s'] / 1e12:.3g} TFLOP/s), forward+backward "
                      f"{a['fwd_bwd_median_s'] * 1e3:.3f} ms ({a['fwd_bwd_flop_per_s'] / 1e12:.3g} TFLOP/s)")
     if gpu:
-        from meshplan.harness.measure.compare import kernel_text
-        from meshplan.harness.measure_cli import kernel_comparison
+        from meshplan.harness.measure.compare import kernel_comparison, kernel_text
 
         accel, rows, note = kernel_comparison(profile, args.cluster)
-        lines += ["", kernel_text(rows, accel, "generic")] + ([f"note: {note}"] if note else [])
+        lines += ["", kernel_text(rows, accel, note)]
     return "\n".join(lines)
 
 

@@ -20,7 +20,7 @@ from meshplan.catalog import load_cluster
 from meshplan.cost.compute import flash_attention_time_s, gemm_curve, gemm_time_s
 from meshplan.cost.estimate import Estimate
 from meshplan.cost.step import evaluate
-from meshplan.harness.measure.shapes import BACKWARD_OVER_FORWARD
+from meshplan.harness.measure.shapes import BACKWARD_OVER_FORWARD, AttentionShape
 from meshplan.profile import apply_profile
 from meshplan.specs import AcceleratorSpec, ClusterSpec, JobSpec, ModelSpec, parse_plan
 from meshplan.units import GiB, format_seconds
@@ -169,7 +169,12 @@ class KernelRow:
         return self.measured_s / self.predicted_s
 
 
-def kernel_rows(profile: dict[str, Any], accel: AcceleratorSpec, software: str = "generic") -> list[KernelRow]:
+KERNEL_SOFTWARE = "generic"
+"""The software stack whose calibrated parameters the kernel comparison uses (the reference model is
+plain PyTorch; no published stack's overheads apply to single kernels)."""
+
+
+def kernel_rows(profile: dict[str, Any], accel: AcceleratorSpec, software: str = KERNEL_SOFTWARE) -> list[KernelRow]:
     """The profile's GEMM and attention timings against ``meshplan.cost.compute``'s times for them on
     ``accel`` with the calibrated parameters of (``accel``, ``software``): the GEMM efficiency curve
     (gemm_curve, gemm_time_s) and the FlashAttention model (flash_attention_time_s, backward 2.5x)."""
@@ -180,9 +185,9 @@ def kernel_rows(profile: dict[str, Any], accel: AcceleratorSpec, software: str =
         pred = gemm_time_s(g["m"], g["n"], g["k"], peak_flop_per_s=peak, e_max=e_max, half_dim=hd)
         rows.append(KernelRow(f"gemm {g['dtype']} {g['m']}x{g['n']}x{g['k']}", pred, float(g["median_s"])))
     for a in profile.get("attention") or []:
-        full_flop = 4.0 * a["b"] * a["s"] ** 2 * a["heads"] * a["head_dim"]
-        fwd = flash_attention_time_s(full_flop, seq_len=a["s"], block_len=a["s"], causal=bool(a["causal"]),
-                                     accel=accel, params=params)
+        shape = AttentionShape(b=a["b"], s=a["s"], heads=a["heads"], head_dim=a["head_dim"])
+        fwd = flash_attention_time_s(shape.flop_fwd_unmasked, seq_len=a["s"], block_len=a["s"],
+                                     causal=bool(a["causal"]), accel=accel, params=params)
         name = f"b={a['b']} s={a['s']} h={a['heads']} d={a['head_dim']}"
         rows.append(KernelRow(f"attention fwd {name}", fwd, float(a["fwd_median_s"])))
         rows.append(KernelRow(f"attention fwd+bwd {name}", fwd * (1 + BACKWARD_OVER_FORWARD),
@@ -190,12 +195,32 @@ def kernel_rows(profile: dict[str, Any], accel: AcceleratorSpec, software: str =
     return rows
 
 
-def kernel_text(rows: list[KernelRow], accel: AcceleratorSpec, software: str) -> str:
-    lines = [f"kernels measured against meshplan's compute model ({accel.name}, software {software}, "
+def kernel_comparison(profile: dict[str, Any], cluster: str | None
+                      ) -> tuple[AcceleratorSpec, list[KernelRow], str | None] | None:
+    """(accelerator, kernel rows, note) for the profile's GEMM and attention timings, or None without any.
+    The accelerator is ``cluster``'s, else the measured device's; the note (or None) says when neither
+    names one and the comparison falls back to the step's cluster or h100-sxm."""
+    if not profile.get("gemm") and not profile.get("attention"):
+        return None
+    device = str(profile.get("device", ""))
+    name = cluster or accelerator_for_device(device)
+    note = None
+    if name is None:
+        name = (profile.get("step") or {}).get("cluster") or "h100-sxm"
+        note = (f"device {device!r} is not a catalog accelerator: its kernels are compared with {name}'s model, "
+                "so the ratios measure the device against that accelerator (pass --cluster to choose)")
+    accel = load_cluster(name).accelerator
+    return accel, kernel_rows(profile, accel), note
+
+
+def kernel_text(rows: list[KernelRow], accel: AcceleratorSpec, note: str | None = None) -> str:
+    lines = [f"kernels measured against meshplan's compute model ({accel.name}, software {KERNEL_SOFTWARE}, "
              "calibrated parameters):",
              f"  {'kernel':<44}{'predicted':>12}{'measured':>12}{'measured/predicted':>20}"]
     lines += [f"  {r.kernel:<44}{format_seconds(r.predicted_s):>12}{format_seconds(r.measured_s):>12}{r.ratio:>20.3g}"
               for r in rows]
+    if note:
+        lines.append(f"note: {note}")
     return "\n".join(lines)
 
 

@@ -49,9 +49,14 @@ class AttentionShape:
     head_dim: int
 
     @property
+    def flop_fwd_unmasked(self) -> float:
+        """Forward FLOPs without the causal mask, QKᵀ and A·V: 4·b·s²·heads·head_dim [FLOP]."""
+        return 4.0 * self.b * self.s * self.s * self.heads * self.head_dim
+
+    @property
     def flop_fwd(self) -> float:
-        """Causal forward FLOPs, masked half skipped: 4·b·s²·heads·head_dim / 2 [FLOP]."""
-        return 4.0 * self.b * self.s * self.s * self.heads * self.head_dim / 2.0
+        """Causal forward FLOPs, masked half skipped [FLOP]."""
+        return self.flop_fwd_unmasked / 2.0
 
     @property
     def flop_fwd_bwd(self) -> float:

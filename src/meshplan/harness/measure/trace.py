@@ -143,7 +143,7 @@ KERNEL_KINDS = ("gemm", "attention", "optimizer", "communication", "other")
 
 def kernel_kind(name: str) -> str:
     """The kind of GPU work a kernel name stands for, by the name patterns of cuBLAS/CUTLASS GEMMs
-    (``gemm``, ``nvjet``, ``cutlass``, ``xmma``, and cuBLASLt's split-K reduction and ``gemv``), fused
+    (``gemm``, ``nvjet``, ``cutlass``, ``xmma``, and cuBLASLt's split-K reduction), fused
     attention (``flash``, ``fmha``, cuDNN's ``sdpa`` kernels and the ``cudnn::fusion`` helpers of its
     backward), optimizers (``adam``, ``sgd``, PyTorch's ``FusedOptimizer``/``FusedAdam`` functors) and
     NCCL; everything else (elementwise, norms, copies, softmax, reductions) is 'other'. PyTorch's plain
