@@ -26,6 +26,17 @@ def test_unfused_attention_is_slower_and_pays_for_the_score_matrix():
     assert longer.attention_fwd_s / unfused.attention_fwd_s == pytest.approx(16, rel=0.2)
 
 
+def test_unfused_attention_backward_does_not_recompute_the_scores():
+    """FlashAttention's backward is 2.5x its forward (it recomputes QKᵀ); unfused attention's backward
+    runs twice the forward's batched GEMMs (memory-bound on the score matrix) and 11 B of elementwise
+    traffic per score against 9 B."""
+    fa, unfused = _lt(), _lt(flash_attention=False)
+    # bwd_input - fwd = attention backward - attention forward + one elementwise pass (the same in both)
+    ew = (fa.bwd_input_s - fa.fwd_s) - 1.5 * fa.attention_fwd_s
+    attn_bwd = (unfused.bwd_input_s - unfused.fwd_s) - ew + unfused.attention_fwd_s
+    assert 11 / 9 < attn_bwd / unfused.attention_fwd_s < 2.0
+
+
 def test_tensor_parallel_splits_gemm_time():
     one, eight = _lt(), _lt(tp=8)
     assert 7 < one.gemm_fwd_s / eight.gemm_fwd_s < 9
@@ -65,9 +76,11 @@ def test_fp8_gemms_need_larger_shapes_for_their_peak():
     assert small > large > 1.0
 
 
-def _fsdp2_minus_fsdp1_s(plan: str, *, m: int = 4, mfu: float | None = None) -> tuple[float, float, float]:
-    """(step time of FSDP2 minus FSDP1 with the same parameters, all parameters, non-root parameters)
-    for Llama-3-8B on one H100 node with ``m`` micro-batches of one sequence per data-parallel rank."""
+def _fsdp2_minus_fsdp1_s(plan: str, *, m: int = 4, mfu: float | None = None, in_place: str = "llm-foundry"
+                         ) -> tuple[float, float, float]:
+    """(step time of FSDP2 minus a stack that shards in place (FSDP1 by default) with the same parameters,
+    all parameters, non-root parameters) for Llama-3-8B on one H100 node with ``m`` micro-batches of one
+    sequence per data-parallel rank."""
     import dataclasses
 
     from meshplan import JobSpec, evaluate, parse_plan
@@ -84,16 +97,18 @@ def _fsdp2_minus_fsdp1_s(plan: str, *, m: int = 4, mfu: float | None = None) -> 
     counts = param_counts(model)
     root = counts.embedding + counts.lm_head + counts.final_norm
     bw = cluster.accelerator.hbm_bytes_per_s * params.memory_efficiency
-    return (step(job) - step(dataclasses.replace(job, software="llm-foundry"))) * bw, counts.total, counts.total - root
+    return (step(job) - step(dataclasses.replace(job, software=in_place))) * bw, counts.total, counts.total - root
 
 
 def test_fsdp2_copies_per_micro_batch():
     """FSDP2 over 8 ranks, 4 micro-batches: each copies the forward gather out (4 bytes per parameter),
     the backward re-gather of every unit but the root, which stays gathered (4), and the gradients into
-    the FP32 reduce buffer (2 + 4). FSDP1 (llm-foundry) with the same parameters copies nothing; neither
-    do DDP and ZeRO-1. The copies survive an assumed MFU (which scales the kernels only)."""
+    the FP32 reduce buffer (2 + 4). FSDP1 (llm-foundry) and Megatron-FSDP (megatron), with the same
+    parameters, copy nothing; neither do DDP and ZeRO-1. The copies survive an assumed MFU (which scales
+    the kernels only)."""
     diff, n, n_blocks = _fsdp2_minus_fsdp1_s("dp_shard=8,mbs=1,recompute=full")
     assert diff == pytest.approx(4 * (4 * n + 4 * n_blocks + 6 * n), rel=1e-6)
+    assert _fsdp2_minus_fsdp1_s("dp_shard=8,mbs=1,recompute=full", in_place="megatron")[0] == pytest.approx(diff)
     diff_mfu, _, _ = _fsdp2_minus_fsdp1_s("dp_shard=8,mbs=1,recompute=full", mfu=0.4)
     assert diff_mfu == pytest.approx(diff, rel=1e-6)
     for other in ("dp_replicate=8,mbs=1,recompute=full", "dp_shard=8,mbs=1,recompute=full,sharding=zero1"):

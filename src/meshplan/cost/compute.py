@@ -165,8 +165,9 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     output [T, h_q/t]x[h_q/t, D], MLP up (and gate) [T, D]x[D, F/t], down [T, F/t]x[F/t, D]; the backward
     runs the same shapes twice (input and weight gradient). MoE layers: each local expert processes
     ``expert_tokens`` tokens, its FFN split ``expert_tp`` ways (Plan.expert_tp). Attention: 4·T·S_kv·h_q/t
-    FLOPs forward (half when causal, FlashAttention skips masked blocks), backward 2.5x forward (it
-    recomputes QKᵀ).
+    FLOPs forward (half when causal, FlashAttention skips masked blocks); FlashAttention's backward is
+    2.5x its forward (it recomputes QKᵀ), unfused attention's backward runs twice the forward's batched
+    GEMMs and its own elementwise traffic over the score matrix.
     """
     D, t = model.hidden, float(tp)
     peak, e_max, hd = gemm_curve(accel, params, precision)
@@ -201,16 +202,23 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
         block = seq_len / cp if cp_chunked else seq_len
         attn_fwd = flash_attention_time_s(attn_flop, seq_len=seq_len, block_len=block, causal=causal_kernel,
                                           accel=accel, params=params)
+        attn_bwd = 2.5 * attn_fwd
     else:
         # Unfused attention (Megatron before FlashAttention): QKᵀ and A·V as batched GEMMs over every score,
-        # masked or not, and the score matrix through memory: the fused scale-mask-softmax reads and writes
-        # it (2 + 2 B per score), dropout reads it and writes it with its mask (2 + 2 + 1 B); the backward
-        # reads and writes about twice that. N/t heads x S scores per token.
+        # masked or not, and the score matrix through memory. Each batched GEMM writes or reads the score
+        # matrix once (2 B per score) for 2·d FLOPs per score: with the head dimension d as its inner or
+        # outer size it sits below the GPU's ridge point, so it runs at the larger of its FLOP and its
+        # HBM time (a roofline). Forward: two such GEMMs; the fused scale-mask-softmax reads and writes the
+        # scores (2 + 2 B), dropout reads them and writes them with its 1-byte mask (2 + 2 + 1 B).
+        # Backward: four (dV, dP, dQ, dK); dropout's backward reads the gradient and the mask and writes
+        # the gradient (2 + 1 + 2 B), softmax's backward reads the probabilities and the gradient and
+        # writes the gradient (2 + 2 + 2 B). N/t heads x S scores per token.
         scores = tokens * kv_len * model.n_heads / t
-        eff = gemm_efficiency(seq_len, seq_len, model.qk_head_dim,
-                              e_max=accel.gemm_efficiency * params.gemm_scale * params.kernel_scale, half_dim=hd)
-        attn_fwd = attn_flop / (accel.bf16_flop_per_s * eff)
-        attn_fwd += 9.0 * scores / (accel.hbm_bytes_per_s * params.memory_efficiency)
+        hbm = accel.hbm_bytes_per_s * params.memory_efficiency
+        gemm_peak = accel.bf16_flop_per_s * accel.gemm_efficiency * params.gemm_scale * params.kernel_scale
+        one_gemm = max(attn_flop / 2 / gemm_peak, 2.0 * scores / hbm)
+        attn_fwd = 2 * one_gemm + 9.0 * scores / hbm
+        attn_bwd = 4 * one_gemm + 11.0 * scores / hbm
     # Memory-bound elementwise work per token, fused minimum [bf16 elements]: two norms (read D, write D
     # each) and two residual adds (read 2D, write D each), on T/t tokens under sequence parallelism and
     # on all T otherwise; rotary embeddings on q and k (read and write each) where the model has them;
@@ -227,7 +235,7 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     over = params.layer_overhead_s
     return LayerTimes(
         fwd_s=gemm_fwd + attn_fwd + ew_fwd + over / 3,
-        bwd_input_s=gemm_fwd + 2.5 * attn_fwd + 2 * ew_fwd + over / 3,
+        bwd_input_s=gemm_fwd + attn_bwd + 2 * ew_fwd + over / 3,
         bwd_weight_s=gemm_fwd + over / 3,
         attention_fwd_s=attn_fwd,
         gemm_fwd_s=gemm_fwd,

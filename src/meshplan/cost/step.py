@@ -386,9 +386,14 @@ def _with_fsdp_copies(c: _StageCtx, compute: ComputeParams, times: tuple[float, 
     return (t_f + copy_f, t_b + copy_b, t_w + copy_w, *rest)
 
 
-FSDP1_STACKS = ("llm-foundry",)
-"""Software stacks that shard with FSDP1, whose flat parameter is the all-gather's output and the
-reduce-scatter's input (no copies; ``_fsdp_copies_s``)."""
+ZERO_COPY_FSDP_STACKS = ("llm-foundry", "megatron", "maxtext")
+"""Software stacks whose fully sharded data parallelism gathers into the parameters' own storage and
+reduces from the gradients' (no copies; ``_fsdp_copies_s``): FSDP1's flat parameter is the all-gather's
+output and the reduce-scatter's input (llm-foundry); Megatron-FSDP keeps parameters and main gradients in
+its ParamAndGradBuffer ("zero copy communication", and Transformer Engine's gradient-accumulation fusion
+writes the weight gradients into the main-grad buffer: NVIDIA/Megatron-LM
+megatron/core/distributed/fsdp/src/README.md, "Optimizations"); XLA's all-gather writes the buffer its
+matrix multiply reads, and its reduce-scatter reads the one the gradient's multiply wrote (maxtext)."""
 
 
 def _fsdp_copies_s(c: _StageCtx, compute: ComputeParams) -> tuple[float, float, float]:
@@ -409,11 +414,11 @@ def _fsdp_copies_s(c: _StageCtx, compute: ComputeParams) -> tuple[float, float, 
     ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`` (``foreach_all_gather_copy_out`` through
     ``split_with_sizes_copy``; ``foreach_reduce``: ``foreach_reduce_scatter_copy_in`` through ``chunk_cat``,
     before ``reduce_scatter_stream.wait_stream``) and ``_fsdp_param.py`` (``to_accumulated_grad_if_needed``,
-    ``accumulate_unsharded_grad_if_needed``). Not for other sharding, nor for FSDP1 stacks (FSDP1_STACKS),
-    nor without sharding (DDP). On one rank FSDP2 skips the gather and casts instead: the H200 measured
-    that cast and the gradient copy-in, docs/measure.md."""
+    ``accumulate_unsharded_grad_if_needed``). Not for other sharding, nor for stacks that shard in place
+    (ZERO_COPY_FSDP_STACKS), nor without sharding (DDP). On one rank FSDP2 skips the gather and casts
+    instead: the H200 measured that cast and the gradient copy-in, docs/measure.md."""
     plan, job = c.plan, c.job
-    if plan.sharding != "fsdp" or plan.shard_degree == 1 or job.software in FSDP1_STACKS:
+    if plan.sharding != "fsdp" or plan.shard_degree == 1 or job.software in ZERO_COPY_FSDP_STACKS:
         return 0.0, 0.0, 0.0
     sizes = {"dp_shard": plan.shard_degree, "edp": c.groups["edp"].size}
     units = [u for u in c.units if sizes[u.group] > 1]

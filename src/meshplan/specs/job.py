@@ -11,7 +11,7 @@ from meshplan.units import GiB
 OPTIMIZERS = ("adamw", "adamw-bf16-moments", "adam-8bit", "sgd-momentum", "sgd", "adafactor")
 PRECISIONS = ("bf16", "fp8")
 FLOP_CONVENTIONS = ("palm", "causal")
-SOFTWARE = ("generic", "megatron", "torchtitan", "llm-foundry")
+SOFTWARE = ("generic", "megatron", "torchtitan", "llm-foundry", "maxtext")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,7 +59,7 @@ class JobSpec:
     runtime: RuntimeOverheads = RuntimeOverheads()
     software: str = "generic"
     """Software stack, for its calibrated overheads: 'megatron' (Megatron-LM / NeMo, fused kernels),
-    'torchtitan' (PyTorch FSDP2), 'llm-foundry' (Composer / FSDP1) or 'generic'."""
+    'torchtitan' (PyTorch FSDP2), 'llm-foundry' (Composer / FSDP1), 'maxtext' (JAX / XLA) or 'generic'."""
 
     def __post_init__(self) -> None:
         positive_int("job.global_batch_tokens", self.global_batch_tokens)
