@@ -55,6 +55,11 @@ class ComputeParams:
     """Share of overlappable communication that compute can actually hide (stream and SM contention)."""
     zero3_overlap_efficiency: float = 0.9
     """The same for DeepSpeed ZeRO-3's parameter fetches, whose prefetching is bucket-limited."""
+    zero3_collective_efficiency: float = 1.0
+    """Share of NCCL's bus bandwidth that DeepSpeed ZeRO-3's parameter all-gathers and gradient
+    reduce-scatters reach. Its 2021 releases issued them tensor by tensor in list form (PyTorch gathers
+    into a flat buffer, then copies each rank's slice out) behind a device-wide synchronisation
+    (``partition_parameters.py``, ``stage3.py``)."""
     comm_slowdown: float = 0.05
     """Compute slowdown while a collective runs beside it (NCCL kernels take SMs and HBM bandwidth)."""
     step_overhead_s: float = 0.0
@@ -206,9 +211,10 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     else:
         # Unfused attention (Megatron before FlashAttention): QKᵀ and A·V as batched GEMMs over every score,
         # masked or not, and the score matrix through memory. Each batched GEMM writes or reads the score
-        # matrix once (2 B per score) for 2·d FLOPs per score: with the head dimension d as its inner or
-        # outer size it sits below the GPU's ridge point, so it runs at the larger of its FLOP and its
-        # HBM time (a roofline). Forward: two such GEMMs; the fused scale-mask-softmax reads and writes the
+        # matrix once (2 B per score) and two S x d operands (2 B each, 4d/S per score) for 2·d FLOPs per
+        # score: with the head dimension d as its inner or outer size it sits below the GPU's ridge point,
+        # so it runs at the larger of its FLOP and its HBM time (a roofline). Forward: two such GEMMs; the
+        # Megatron v2-v3 fused scale-mask-softmax (FusedScaleMaskSoftmax) reads and writes the
         # scores (2 + 2 B), dropout reads them and writes them with its 1-byte mask (2 + 2 + 1 B).
         # Backward: four (dV, dP, dQ, dK); dropout's backward reads the gradient and the mask and writes
         # the gradient (2 + 1 + 2 B), softmax's backward reads the probabilities and the gradient and
@@ -216,7 +222,7 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
         scores = tokens * kv_len * model.n_heads / t
         hbm = accel.hbm_bytes_per_s * params.memory_efficiency
         gemm_peak = accel.bf16_flop_per_s * accel.gemm_efficiency * params.gemm_scale * params.kernel_scale
-        one_gemm = max(attn_flop / 2 / gemm_peak, 2.0 * scores / hbm)
+        one_gemm = max(attn_flop / 2 / gemm_peak, 2.0 * scores * (1.0 + 2.0 * model.qk_head_dim / kv_len) / hbm)
         attn_fwd = 2 * one_gemm + 9.0 * scores / hbm
         attn_bwd = 4 * one_gemm + 11.0 * scores / hbm
     # Memory-bound elementwise work per token, fused minimum [bf16 elements]: two norms (read D, write D

@@ -390,10 +390,12 @@ ZERO_COPY_FSDP_STACKS = ("llm-foundry", "megatron", "maxtext")
 """Software stacks whose fully sharded data parallelism gathers into the parameters' own storage and
 reduces from the gradients' (no copies; ``_fsdp_copies_s``): FSDP1's flat parameter is the all-gather's
 output and the reduce-scatter's input (llm-foundry); Megatron-FSDP keeps parameters and main gradients in
-its ParamAndGradBuffer ("zero copy communication", and Transformer Engine's gradient-accumulation fusion
-writes the weight gradients into the main-grad buffer: NVIDIA/Megatron-LM
-megatron/core/distributed/fsdp/src/README.md, "Optimizations"); XLA's all-gather writes the buffer its
-matrix multiply reads, and its reduce-scatter reads the one the gradient's multiply wrote (maxtext)."""
+its ParamAndGradBuffer ("zero copy communication", NVIDIA/Megatron-LM
+megatron/core/distributed/fsdp/src/README.md, "Optimizations": the all-gather writes the bucket that the
+parameters are views of, the reduce-scatter reads the bucket Transformer Engine's gradient-accumulation
+fusion writes; parameters outside TE's linears, norms and embeddings, copy their gradients in, a small
+share left out); maxtext: assumed, not sourced, that XLA's all-gather writes the buffer its matrix
+multiply reads and its reduce-scatter reads the one the gradient's multiply wrote."""
 
 
 def _fsdp_copies_s(c: _StageCtx, compute: ComputeParams) -> tuple[float, float, float]:
@@ -502,6 +504,11 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) 
     lf, lb, t_w, t_r, attn, hf, hb = times
     t_f, t_b = lf + hf, lb + hb
     ledger = _stage_ledger(c)
+    if plan.sharding == "zero3" and compute.zero3_collective_efficiency < 1.0:
+        for e in ledger:
+            if e.axis in ("dp_shard", "edp"):
+                e.time_s /= compute.zero3_collective_efficiency
+                e.edge_s /= compute.zero3_collective_efficiency
     attn_passes = 1.0 + 2.5 + sum(c.recomputed) / (c.n_dense + c.n_moe)
     whole = m * (t_f + t_b + t_w + t_r)  # every compute of the step
     windows = {

@@ -56,6 +56,7 @@ GLOBAL_PARAMS = [
     Param("causal_attention_fraction", "global", 0.5, 1.0),
     Param("moe_permute_passes", "global", 4.0, 64.0, log=True),
     Param("zero3_overlap_efficiency", "global", 0.0, 1.0),
+    Param("zero3_collective_efficiency", "global", 0.1, 1.0),
 ]
 
 
