@@ -287,6 +287,26 @@ def test_zero_stage_reduce_scatter_frequency(sharding, calls_per_step):
         assert ag[0].count == 16 * 80 * 6
 
 
+def test_zero3_collective_efficiency_slows_only_zero3_data_parallel_traffic():
+    """zero3_collective_efficiency divides the time (not the bytes) of DeepSpeed ZeRO-3's gathers and
+    reductions; other sharding, and other axes, keep NCCL's bus bandwidth."""
+    from meshplan.cost.compute import ComputeParams
+
+    m, c = load_model("seed-70b"), load_cluster("h100-sxm", nodes=8)
+    job = JobSpec(global_batch_tokens=4_194_304, seq_len=4096)
+
+    def dp_comm(plan: str, eff: float) -> tuple[float, float]:
+        est = evaluate(m, c, job, parse_plan(plan, c.n_gpus), compute=ComputeParams(zero3_collective_efficiency=eff))
+        dp = [e for e in est.comm if e.axis == "dp_shard"]
+        return sum(e.time_s for e in dp), sum(e.bytes_per_gpu for e in dp)
+
+    full, half = dp_comm("dp_shard=64,mbs=1,recompute=full,sharding=zero3", 1.0), dp_comm(
+        "dp_shard=64,mbs=1,recompute=full,sharding=zero3", 0.5)
+    assert half[0] == pytest.approx(2 * full[0]) and half[1] == pytest.approx(full[1])
+    fsdp = "dp_shard=64,mbs=1,recompute=full"
+    assert dp_comm(fsdp, 0.5) == pytest.approx(dp_comm(fsdp, 1.0))
+
+
 def test_megatron_distributed_optimizer_memory():
     """6 + 12/d bytes per parameter (Megatron dist_optimizer.md)."""
     est = _est("tp=8,pp=8,mbs=1,recompute=full,sharding=megatron")
@@ -345,8 +365,8 @@ def test_validation_rows_take_a_stated_expert_tp():
     row = {"tp": "4", "pp": "1", "cp": "1", "ep": "8", "dp": "8", "source_group": "NVIDIA dgxc-benchmarking",
            "micro_batch_size": "1", "notes": "step time = last step; expert TP (ETP)=4; MoE 8 experts top-2"}
     model = load_model("mixtral-8x7b")
-    assert _plan(row, model, 32).etp == 4
-    assert _plan({**row, "notes": "MoE 8 experts top-2"}, model, 32).etp is None
+    assert _plan(row, model, 32)[0].etp == 4
+    assert _plan({**row, "notes": "MoE 8 experts top-2"}, model, 32)[0].etp is None
 
 
 def test_validation_imputes_virtual_stages_only_from_agreeing_siblings():

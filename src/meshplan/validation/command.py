@@ -55,6 +55,8 @@ def _record(r: RowResult) -> dict[str, Any]:
         "measured_step_time_s": r.measured_step_time_s,
         "predicted_fits_in_memory": r.predicted_feasible,
     }
+    if r.scenario.imputed:
+        d["imputed"] = list(r.scenario.imputed)
     if r.measured_peak_memory_bytes:
         d["predicted_peak_memory_bytes"] = r.predicted_peak_memory_bytes
         d["measured_peak_memory_bytes"] = r.measured_peak_memory_bytes

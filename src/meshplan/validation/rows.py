@@ -16,6 +16,7 @@ from meshplan.catalog import load_cluster, load_model
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.units import GiB
+from meshplan.validation.recipes import moe_recipe
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,8 @@ class Scenario:
     measured_peak_memory_bytes: float | None
     flops_counting: str
     precision_label: str
+    imputed: tuple[str, ...] = ()
+    """Settings the row does not state, taken from elsewhere, each with where from."""
 
 
 class Skip(Exception):
@@ -48,6 +51,7 @@ _GPUS = [
     ("H100", "h100-sxm", {}),
     ("H200", "h200", {}),
     ("A100 40GB", "a100-40gb", {}),
+    ("A100 (DGX A100)", "a100-40gb", {}),  # Megatron v1's 2020 tables: DGX A100 shipped 40 GB parts until Nov 2020
     ("A100", "a100-80gb", {}),
     ("GB200", "gb200", {}),
     ("GB300", "gb300", {}),
@@ -63,6 +67,20 @@ SOFTWARE_OF_GROUP = {
     "Megatron-LM papers": "megatron",
     "Megatron-LM": "megatron",
 }
+
+MEGATRON_V1 = "Megatron-LM (2020)"
+MEGATRON_V1_RECIPE = ("Shoeybi et al. 2019 (arXiv:1909.08053) §4.2, Megatron-LM v1's training recipe: \"we utilize "
+                      "activation checkpointing after every transformer layer\"")
+"""The Megatron v1 README's scaling rows leave recompute blank; the paper whose code and recipe they
+ran states it."""
+
+
+def _software(row: dict[str, str]) -> str:
+    """The row's software stack: by source group, except the dgxc MaxText (JAX) rows."""
+    if "maxtext" in (row.get("model", "") + row.get("software", "")).lower():
+        return "maxtext"
+    return SOFTWARE_OF_GROUP.get(row["source_group"], "generic")
+
 
 _GATED_FAMILIES = ("llama", "mixtral", "qwen", "deepseek", "kimi", "gpt-oss", "grok", "mistral")
 
@@ -157,7 +175,7 @@ def _precision(row: dict[str, str]) -> str:
     return "fp8" if ("fp8" in p) else "bf16"
 
 
-def _plan(row: dict[str, str], model: ModelSpec, n_gpus: int) -> Plan:
+def _plan(row: dict[str, str], model: ModelSpec, n_gpus: int) -> tuple[Plan, tuple[str, ...]]:
     tp, pp, cp, ep = (_i(row, k, 1) or 1 for k in ("tp", "pp", "cp", "ep"))
     dp = _i(row, "dp") or n_gpus // (tp * pp * cp)
     if tp * pp * cp * dp != n_gpus:
@@ -196,6 +214,10 @@ def _plan(row: dict[str, str], model: ModelSpec, n_gpus: int) -> Plan:
         recompute = "selective"
     else:
         recompute = "full" if rc.startswith("full") else "none" if rc.startswith("none") else None
+    imputed: tuple[str, ...] = ()
+    if not rc and row.get("software", "").startswith(MEGATRON_V1):
+        recompute = "full"
+        imputed = (f"recompute=full from {MEGATRON_V1_RECIPE}",)
     spv = (row.get("sequence_parallel") or "").lower()
     sp = None if not spv else spv.startswith("y")
     if group in ("NVIDIA dgxc-benchmarking", "NeMo / Megatron-Bridge", "Megatron-LM") and not spv:
@@ -206,11 +228,21 @@ def _plan(row: dict[str, str], model: ModelSpec, n_gpus: int) -> Plan:
     m = re.search(r"expert TP \(ETP\)\s*=\s*(\d+)", row.get("notes", ""))
     etp = int(m.group(1)) if m and ep > 1 else None  # stated; else Plan's default (1 under EP, the recipes')
     try:
-        return Plan(dp_replicate=dp_rep, dp_shard=dp_shard, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, mbs=mbs,
+        plan = Plan(dp_replicate=dp_rep, dp_shard=dp_shard, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, mbs=mbs,
                     recompute=recompute, sharding=sharding, reshard_after_forward=raf, sp=sp, schedule=schedule,
                     vpp=v, async_tp=async_tp)
     except SpecError as exc:
         raise Skip(f"plan: {exc}") from None
+    recipe = moe_recipe(row, {"pp": pp, "vpp": v if schedule == "interleaved" else 0, "ep": ep, "mbs": mbs or 0})
+    if recipe is None:
+        return plan, imputed
+    settings = {"ep_overlap": recipe.ep_overlap} | ({"ep_dispatch": recipe.ep_dispatch} if recipe.ep_dispatch else {})
+    try:
+        plan = replace(plan, **settings)
+    except SpecError as exc:  # a recipe meshplan's plan checks refuse: keep the defaults, say so
+        return plan, (*imputed, f"recipe {recipe.source} not applied: {exc}")
+    said = ", ".join(f"{k}={str(v).lower()}" for k, v in settings.items())
+    return plan, (*imputed, f"{said} from {recipe.source}")
 
 
 def _measured_tokens(row: dict[str, str], model: ModelSpec) -> tuple[float, str]:
@@ -269,14 +301,15 @@ def scenario_from_row(idx: int, row: dict[str, str]) -> Scenario:
     try:
         job = JobSpec(global_batch_tokens=gbs * seq, seq_len=seq, precision=_precision(row),
                       flash_attention=not (row.get("flash_attention") or "").lower().startswith("n"),
-                      software=SOFTWARE_OF_GROUP.get(row["source_group"], "generic"))
+                      software=_software(row))
     except SpecError as exc:
         raise Skip(f"job: {exc}") from None
-    plan = _plan(row, model, cluster.n_gpus)
+    plan, imputed = _plan(row, model, cluster.n_gpus)
     tokens, how = _measured_tokens(row, model)
     mem = _f(row, "peak_memory_gb")
     return Scenario(row=idx, source_group=row["source_group"], gpu=row["gpu_type"], model=model, cluster=cluster,
                     job=job, plan=plan, measured_tokens_per_s_per_gpu=tokens, measured_from=how,
                     measured_step_time_s=_f(row, "step_time_s"),
                     measured_peak_memory_bytes=None if mem is None else mem * GiB,
-                    flops_counting=row.get("flops_counting", ""), precision_label=row["precision"])
+                    flops_counting=row.get("flops_counting", ""), precision_label=row["precision"],
+                    imputed=imputed)
