@@ -37,6 +37,21 @@ def test_unfused_attention_backward_does_not_recompute_the_scores():
     assert 11 / 9 < attn_bwd / unfused.attention_fwd_s < 2.0
 
 
+def test_moe_layer_overhead_is_paid_once_per_moe_layer_forward():
+    """moe_layer_overhead_s adds to the forward of an MoE layer (so also to its recomputation), not to
+    its backward, and not to dense layers."""
+    m, c = load_model("mixtral-8x7b"), load_cluster("h100-sxm")
+    args = {"tokens": 4096, "seq_len": 4096, "cp": 1, "tp": 1, "precision": "bf16", "moe": True,
+            "expert_tokens": 1024, "local_experts": 8}
+    base = layer_times(m, c.accelerator, ComputeParams(), **args)
+    slow = layer_times(m, c.accelerator, ComputeParams(moe_layer_overhead_s=1e-3), **args)
+    assert slow.fwd_s - base.fwd_s == pytest.approx(1e-3)
+    assert (slow.bwd_input_s, slow.bwd_weight_s) == (base.bwd_input_s, base.bwd_weight_s)
+    dense = {**args, "moe": False}
+    assert layer_times(m, c.accelerator, ComputeParams(moe_layer_overhead_s=1e-3), **dense) == layer_times(
+        m, c.accelerator, ComputeParams(), **dense)
+
+
 def test_tensor_parallel_splits_gemm_time():
     one, eight = _lt(), _lt(tp=8)
     assert 7 < one.gemm_fwd_s / eight.gemm_fwd_s < 9

@@ -74,6 +74,15 @@ class ComputeParams:
     docs/measure.md)."""
     moe_gemm_efficiency: float = 0.7
     """Expert (grouped) GEMMs over dense GEMMs of the same shape."""
+    moe_layer_overhead_s: float = 0.0
+    """Fixed time per MoE layer forward per micro-batch (also in its recomputation): the host-side work the
+    roofline does not see. Megatron-core's token dispatchers wait for the tokens per expert on the host
+    (``token_dispatcher.py``: the all-to-all dispatcher copies its splits to the host and synchronises at
+    its ``cuda_sync_point``, before the expert-parallel all-to-all when dropless, with no sync only when
+    tokens are dropped and padded to capacity; the grouped GEMM takes the counts as a host list), so the
+    GPU idles while the host launches what follows; the router's top-k, auxiliary loss and token
+    bookkeeping add small kernels. Not separated by dispatcher or token dropping: the data does not
+    distinguish them."""
     moe_permute_passes: float = 4.0
     """Memory passes over each routed token copy (permute, unpermute, their gradients: 4 at least)."""
     causal_attention_fraction: float = 0.5
@@ -239,8 +248,9 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
         ew_bytes += BF16_BYTES * params.moe_permute_passes * expert_tokens * local_experts * D
     ew_fwd = ew_bytes / (accel.hbm_bytes_per_s * params.memory_efficiency)
     over = params.layer_overhead_s
+    host_sync = params.moe_layer_overhead_s if moe else 0.0
     return LayerTimes(
-        fwd_s=gemm_fwd + attn_fwd + ew_fwd + over / 3,
+        fwd_s=gemm_fwd + attn_fwd + ew_fwd + over / 3 + host_sync,
         bwd_input_s=gemm_fwd + attn_bwd + 2 * ew_fwd + over / 3,
         bwd_weight_s=gemm_fwd + over / 3,
         attention_fwd_s=attn_fwd,

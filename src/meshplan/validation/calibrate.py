@@ -57,6 +57,7 @@ GLOBAL_PARAMS = [
     Param("moe_permute_passes", "global", 4.0, 64.0, log=True),
     Param("zero3_overlap_efficiency", "global", 0.0, 1.0),
     Param("zero3_collective_efficiency", "global", 0.1, 1.0),
+    Param("moe_layer_overhead_s", "global", 0.0, 0.01),
 ]
 
 
