@@ -82,7 +82,8 @@ class ComputeParams:
     tokens are dropped and padded to capacity; the grouped GEMM takes the counts as a host list), so the
     GPU idles while the host launches what follows; the router's top-k, auxiliary loss and token
     bookkeeping add small kernels. Not separated by dispatcher or token dropping: the data does not
-    distinguish them."""
+    distinguish them. Fitted on Megatron-core rows (the only MoE rows), applied to every stack's MoE
+    layers."""
     moe_permute_passes: float = 4.0
     """Memory passes over each routed token copy (permute, unpermute, their gradients: 4 at least)."""
     causal_attention_fraction: float = 0.5

@@ -18,7 +18,7 @@ import functools
 import math
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import NamedTuple
 
 from meshplan.cost import memory as mem
@@ -505,10 +505,9 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) 
     t_f, t_b = lf + hf, lb + hb
     ledger = _stage_ledger(c)
     if plan.sharding == "zero3" and compute.zero3_collective_efficiency < 1.0:
-        for e in ledger:
-            if e.axis in ("dp_shard", "edp"):
-                e.time_s /= compute.zero3_collective_efficiency
-                e.edge_s /= compute.zero3_collective_efficiency
+        eff = compute.zero3_collective_efficiency
+        ledger = [replace(e, time_s=e.time_s / eff, edge_s=e.edge_s / eff) if e.axis in ("dp_shard", "edp") else e
+                  for e in ledger]
     attn_passes = 1.0 + 2.5 + sum(c.recomputed) / (c.n_dense + c.n_moe)
     whole = m * (t_f + t_b + t_w + t_r)  # every compute of the step
     windows = {
