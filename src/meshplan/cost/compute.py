@@ -231,8 +231,9 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
         # writes the gradient (2 + 2 + 2 B). N/t heads x S scores per token.
         scores = tokens * kv_len * model.n_heads / t
         hbm = accel.hbm_bytes_per_s * params.memory_efficiency
-        gemm_peak = accel.bf16_flop_per_s * accel.gemm_efficiency * params.gemm_scale * params.kernel_scale
-        one_gemm = max(attn_flop / 2 / gemm_peak, 2.0 * scores * (1.0 + 2.0 * model.qk_head_dim / kv_len) / hbm)
+        bf16_peak, bf16_e_max, _ = gemm_curve(accel, params, "bf16")  # unfused attention runs in BF16
+        one_gemm = max(attn_flop / 2 / (bf16_peak * bf16_e_max),
+                       2.0 * scores * (1.0 + 2.0 * model.qk_head_dim / kv_len) / hbm)
         attn_fwd = 2 * one_gemm + 9.0 * scores / hbm
         attn_bwd = 4 * one_gemm + 11.0 * scores / hbm
     # Memory-bound elementwise work per token, fused minimum [bf16 elements]: two norms (read D, write D

@@ -156,6 +156,11 @@ _WHOLE = ("pipeline", OTHER_MICROBATCH)
 _RANK = {w: i for i, w in enumerate(WINDOW_ORDER)}
 
 
+SHARDED_DP_AXES = ("dp_shard", "edp")
+"""The mesh axes that shard data-parallel state (dense and expert parameters): their traffic is what an
+implementation's own prefetching hides (``_set_exposure``) and what ZeRO-3's collective efficiency slows."""
+
+
 def _set_exposure(entries: list[CommEntry], windows: dict[str, float], overlap: float,
                   dp_overlap: float | None = None) -> None:
     """Set ``exposed_s`` on each entry. The traffic of each window on a link hides behind that window's
@@ -167,7 +172,7 @@ def _set_exposure(entries: list[CommEntry], windows: dict[str, float], overlap: 
     traffic on one link than it lasts."""
     groups: dict[tuple[str, str, bool], list[CommEntry]] = defaultdict(list)
     for e in entries:
-        groups[(e.window, e.link, dp_overlap is not None and e.axis in ("dp_shard", "edp"))].append(e)
+        groups[(e.window, e.link, dp_overlap is not None and e.axis in SHARDED_DP_AXES)].append(e)
     hidden: dict[tuple[str, str], float] = defaultdict(float)  # (link, window) -> compute already claimed [s]
     attention: dict[tuple[str, str], float] = defaultdict(float)  # (link, phase) -> attention traffic hidden [s]
     for (window, link, dp), group in sorted(groups.items(), key=lambda kv: _RANK.get(kv[0][0], -1)):
@@ -506,7 +511,7 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) 
     ledger = _stage_ledger(c)
     if plan.sharding == "zero3" and compute.zero3_collective_efficiency < 1.0:
         eff = compute.zero3_collective_efficiency
-        ledger = [replace(e, time_s=e.time_s / eff, edge_s=e.edge_s / eff) if e.axis in ("dp_shard", "edp") else e
+        ledger = [replace(e, time_s=e.time_s / eff, edge_s=e.edge_s / eff) if e.axis in SHARDED_DP_AXES else e
                   for e in ledger]
     attn_passes = 1.0 + 2.5 + sum(c.recomputed) / (c.n_dense + c.n_moe)
     whole = m * (t_f + t_b + t_w + t_r)  # every compute of the step
