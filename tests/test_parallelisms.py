@@ -389,3 +389,24 @@ def test_group_limited_routing_spec_errors_name_the_field(kw, field):
     with pytest.raises(SpecError) as err:
         replace(load_model("deepseek-v3"), **{"n_expert_groups": 0, **kw})
     assert err.value.field == field
+
+
+def test_the_loss_implementation_sets_the_logits_working_set():
+    """Eager cross-entropy peaks at three fp32 copies of the logits in its backward (12 B per logit),
+    Megatron's vocab-parallel one at an fp32 copy and a bf16 gradient (6 B), a fused (compiled) loss at the
+    bf16 logits and their bf16 gradient (4 B). 'auto' takes the stack's; a fused loss also runs faster."""
+    m, c = load_model("llama-3-8b"), load_cluster("h100-sxm")
+    plan = parse_plan("dp_shard=8,mbs=2,recompute=full", c.n_gpus)
+
+    def est(**kw):
+        return evaluate(m, c, JobSpec(global_batch_tokens=131_072, seq_len=8192, **kw), plan)
+
+    eager, vp, fused = (est(loss=x) for x in ("eager", "vocab_parallel", "fused"))
+    logits = 2 * 8192 * m.vocab
+    for e, per_logit in ((eager, 12), (vp, 6), (fused, 4)):
+        assert e.memory.terms["logits_and_loss"] == pytest.approx(per_logit * logits, rel=1e-9)
+    assert fused.step_time_s < eager.step_time_s
+    assert est().memory.terms["logits_and_loss"] == eager.memory.terms["logits_and_loss"]  # generic: eager
+    assert est(software="megatron").memory.terms["logits_and_loss"] == vp.memory.terms["logits_and_loss"]
+    with pytest.raises(SpecError, match=r"job\.loss"):
+        est(loss="chunked")

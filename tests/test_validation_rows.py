@@ -75,5 +75,60 @@ def test_unstated_settings_come_from_their_source_and_are_listed():
     assert v1 and all(r.scenario.plan.recompute == "full" and "1909.08053" in r.scenario.imputed[0] for r in v1)
     maxtext = [r for r in results if "MaxText" in r.model]
     assert maxtext and all(r.scenario.job.software == "maxtext" for r in maxtext)
-    stated = [r for r in results if r.source_group == "torchtitan"]
+    titan = [r for r in results if r.source_group == "torchtitan"]
+    stated = [r for r in titan if r.scenario.plan.pp == 1 and r.scenario.job.loss == "auto"]
     assert stated and not any(r.scenario.imputed for r in stated)
+    piped = [r for r in titan if r.scenario.plan.pp > 1]
+    assert piped and all(r.scenario.plan.mbs and "pipelining_utils.py" in r.scenario.imputed[0] for r in piped)
+    # the 405B layout measured with both schedules: interleaved with torchtitan's two stages per rank
+    assert {(r.scenario.plan.schedule, r.scenario.plan.vpp, r.scenario.plan.mbs) for r in piped
+            if r.scenario.plan.cp == 1} == {("1f1b", 1, 4), ("interleaved", 2, 4)}
+
+
+def _titan(**kw):
+    return {"source_group": "torchtitan", "global_batch_size": "256", "notes": "1F1B + compile",
+            "software": "torchtitan 9dec370 + torch 1963fc8 (2024-12)"} | kw
+
+
+def test_torchtitan_pipeline_defaults_fill_what_the_row_leaves_out():
+    from meshplan.validation.rows import _torchtitan_pipeline
+
+    assert _torchtitan_pipeline(_titan(), dp=8, pp=8, vpp=None, mbs=None)[:2] == (None, 4)  # 32 local / 8
+    vpp, mbs, said = _torchtitan_pipeline(_titan(notes="Interleaved 1F1B"), dp=8, pp=8, vpp=None, mbs=None)
+    assert (vpp, mbs) == (2, 4) and "2 stages per rank" in said[0]
+    assert _torchtitan_pipeline(_titan(), dp=8, pp=8, vpp=None, mbs=2) == (None, 2, ())  # stated wins
+
+
+def test_only_torchtitan_commits_after_the_compiled_loss_fuse_it():
+    from meshplan.validation.rows import _loss
+
+    assert _loss(_titan()) == ("auto", ())  # December 2024: eager loss
+    loss, said = _loss(_titan(software="torchtitan e7c0cae, torch 2.8.0a0 (NGC 25.05)"))
+    assert loss == "fused" and "#1033" in said[0]
+    assert _loss(_titan(software="torchtitan e7c0cae", notes="eager"))[0] == "auto"
+    assert _loss(_titan(source_group="NeMo / Megatron-Bridge", software="e7c0cae compile"))[0] == "auto"
+
+
+def test_only_the_launcher_read_to_reduce_in_bf16_does():
+    from meshplan.validation.rows import _reduce_dtype_bytes
+
+    row = {"software": "dgxc-benchmarking v25.04", "model": "Llama-3.1-8B"}
+    assert _reduce_dtype_bytes(row, "fp8")[0] == 2.0 and "741c886" in _reduce_dtype_bytes(row, "fp8")[1][0]
+    assert _reduce_dtype_bytes(row, "bf16") == (4.0, ())
+    assert _reduce_dtype_bytes(row | {"software": "dgxc-benchmarking v24.11.1"}, "fp8") == (4.0, ())
+    assert _reduce_dtype_bytes(row | {"model": "Nemotron4-15B"}, "fp8") == (4.0, ())
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED), reason="shared data not beside the repository")
+def test_every_measured_run_fits_and_torchtitan_memory_is_close():
+    """A published run ran: meshplan must not call it infeasible. The torchtitan rows report their peak
+    memory; the memory model (DeepSpeed ZeRO-3's live-parameter limit, fused and eager losses, torchtitan's
+    pipeline micro-batches) must land near it (the catalog parameters do not touch memory)."""
+    from meshplan.calibration import compute_params_for
+    from meshplan.validation.validate import load_scenarios, read_rows, run, summary
+
+    results = load_scenarios(read_rows(SHARED))
+    run(results, compute_params_for)
+    s = summary(results, use_cv=False)
+    assert s["predicted_not_to_fit"] == []
+    assert s["peak_memory"]["count"] >= 14 and s["peak_memory"]["mape"] < 0.05

@@ -53,14 +53,15 @@ def state_bytes_per_param(*, sharding: str, optimizer: str, dp_sharded: bool, re
     - 'fsdp' (PyTorch FSDP2 full shard; DDP when not sharded): fp32 params (the master copy), fp32
       gradients, optimizer state; everything sharded over N_d [3]. 4 + 4 + 8 = 16 with AdamW.
     - 'zero1'/'zero2'/'zero3' (DeepSpeed bf16): bf16 params and grads, fp32 master, optimizer [1].
-    - 'megatron': bf16 params, fp32 gradient buffer (not sharded), fp32 main params and optimizer
-      state sharded by the distributed optimizer [2]. 18 without sharding.
+    - 'megatron': bf16 params, a gradient buffer in the reduce dtype (not sharded; fp32 unless
+      grad_reduce_in_fp32=False), fp32 main params and optimizer state sharded by the distributed
+      optimizer [2]. 18 without sharding.
     """
     k = OPTIMIZER_STATE_BYTES[optimizer]
     if sharding == "fsdp":
         return StateBytes(4.0, dp_sharded, reduce_dtype_bytes, dp_sharded, 0.0, k)
     if sharding == "megatron":
-        return StateBytes(2.0, False, 4.0, False, 4.0, k)
+        return StateBytes(2.0, False, reduce_dtype_bytes, False, 4.0, k)
     stage = int(sharding[-1])
     return StateBytes(2.0, stage >= 3, 2.0, stage >= 2, 4.0, k)
 
@@ -138,11 +139,32 @@ def full_recompute_bytes_per_token(*, hidden: int, tp: int, sp: bool) -> float:
     return 2.0 * hidden / (tp if sp else 1)
 
 
-def logits_bytes_per_token(*, vocab: int, tp: int) -> float:
-    """Loss working set per token on the last stage [bytes/token]: bf16 logits (2V), their fp32 upcast
-    for cross-entropy (4V) and its gradient (4V), vocab-parallel over t. Assumes no fused or chunked loss."""
-    return 10.0 * vocab / tp
+LOSS_BYTES_PER_LOGIT = {"eager": 12.0, "vocab_parallel": 6.0, "fused": 4.0}
+"""Loss working set per logit at its peak [bytes] (key: JobSpec.loss_impl). Eager PyTorch cross-entropy on fp32
+logits peaks in its backward: log_softmax's saved fp32 output (4), the fp32 gradient nll_loss hands it (4)
+and the fp32 input gradient log_softmax_backward allocates (4); the bf16 logits are freed by then. Measured:
+12.25 B per logit (the extra 0.25 the weight gradient) by tracking live tensor storage through a
+TorchDispatchMode on CPU, torch 2.13, T=512, V=32000. Fused (the upcast inside one compiled or hand-written
+kernel): the bf16 logits (2) and their bf16 gradient (2); torch.compile'd cross-entropy adds "~0 for just
+fwd and ~d_input for fw+bw" (PyTorch's StrongerXi in Dao-AILab/quack#48, 2025-10). Megatron-core's
+vocab-parallel cross-entropy upcasts the bf16 logits once (2 + 4), takes the exponential and later the
+gradient in place in that fp32 copy, and hands back a bf16 gradient (4 + 2): 6 B
+(megatron/core/tensor_parallel/cross_entropy.py). Chunked losses are not modelled."""
 
+
+def logits_bytes_per_token(*, vocab: int, tp: int, loss: str = "eager") -> float:
+    """Loss working set per token on the last stage [bytes/token], vocab-parallel over t
+    (LOSS_BYTES_PER_LOGIT)."""
+    return LOSS_BYTES_PER_LOGIT[loss] * vocab / tp
+
+
+ZERO3_MAX_LIVE_PARAMETERS = 1e9
+"""DeepSpeed ZeRO-3 gathers parameters module by module and releases them beyond this many resident
+elements (``stage3_max_live_parameters``, default 1e9, deepspeed/runtime/zero/config.py); one module larger
+than that is still gathered whole."""
+ZERO3_REDUCE_BUCKET_ELEMENTS = 5e8
+"""DeepSpeed reduces 16-bit gradients through a bucket of this many elements (``reduce_bucket_size``,
+default 5e8, deepspeed/runtime/zero/config.py), beside the gradient of the module being computed."""
 
 DEEPEP_SMS = 20
 """SMs DeepEP's normal (training) kernels use: deep_ep/buffer.py ``Buffer.num_sms`` and Megatron-core's

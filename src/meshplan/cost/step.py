@@ -276,6 +276,11 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
         u_max = max(u.n_params for u in block_units)
         transient["fsdp_unsharded_params"] = 2 * u_max * 2.0  # current unit + the one prefetched
         transient["fsdp_unsharded_grads"] = u_max * (2.0 + job.reduce_dtype_bytes)
+        if plan.sharding == "zero3":  # DeepSpeed gathers module by module, within its live-parameter limit
+            module = model.hidden * model.ffn_hidden * (2 if model.gated_mlp else 1) / plan.tp
+            live = min(2 * u_max, max(module, mem.ZERO3_MAX_LIVE_PARAMETERS))
+            transient["fsdp_unsharded_params"] = live * 2.0
+            transient["fsdp_unsharded_grads"] = min(u_max, module + mem.ZERO3_REDUCE_BUCKET_ELEMENTS) * 2.0
         root = sum(u.n_params for u in c.units if u.root)
         if root:
             transient["fsdp_root_unsharded"] = root * 2.0
@@ -321,7 +326,7 @@ def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, 
     return ((act(False, False), act(True, False)), a_moe,
             mem.full_recompute_bytes_per_token(hidden=model.hidden, tp=tp, sp=sp),
             (mem.sac_activation_bytes_per_token(model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp), sac_m),
-            mem.logits_bytes_per_token(vocab=model.vocab, tp=tp) if last else 0.0,
+            mem.logits_bytes_per_token(vocab=model.vocab, tp=tp, loss=job.loss_impl) if last else 0.0,
             model.hidden * 2.0 / (tp if sp else 1) if first else 0.0)
 
 
@@ -479,7 +484,7 @@ def _stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute
         t_r = attn
     hf = hb = 0.0
     if last:
-        hf, hb = lm_head_times(model, accelerator, compute, tokens=tokens, tp=tp)
+        hf, hb = lm_head_times(model, accelerator, compute, tokens=tokens, tp=tp, fused_loss=job.loss_impl == "fused")
     return t_f, t_b, t_w, t_r, attn, hf, hb
 
 

@@ -12,6 +12,11 @@ OPTIMIZERS = ("adamw", "adamw-bf16-moments", "adam-8bit", "sgd-momentum", "sgd",
 PRECISIONS = ("bf16", "fp8")
 FLOP_CONVENTIONS = ("palm", "causal")
 SOFTWARE = ("generic", "megatron", "torchtitan", "llm-foundry", "maxtext")
+LOSSES = ("auto", "eager", "vocab_parallel", "fused")
+STACK_LOSS = {"megatron": "vocab_parallel", "llm-foundry": "fused"}
+"""The cross-entropy a stack runs unless told: Megatron-core's vocab-parallel cross-entropy
+(tensor_parallel/cross_entropy.py); llm-foundry's MPT defaults to flash_attn's fused one (``loss_fn:
+fused_crossentropy`` in ComposerMPTCausalLM, llmfoundry/models/mpt/modeling_mpt.py); others eager."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,6 +52,11 @@ class JobSpec:
     fp8_param_gather: bool = False
     """All-gather parameters in FP8 (1 byte) where the stack supports it (Megatron --fp8-param-gather,
     torchao Float8 with FSDP2 enable_fsdp_float8_all_gather); needs precision='fp8'."""
+    loss: str = "auto"
+    """The cross-entropy's implementation, for its memory (memory.LOSS_BYTES_PER_LOGIT) and time: 'eager'
+    (PyTorch on fp32 logits), 'vocab_parallel' (Megatron-core's, softmax and gradient in place on one fp32
+    copy), 'fused' (the upcast inside one kernel: torch.compile'd, as torchtitan does under
+    --training.compile since PR #1033 of 2025-04, or flash_attn's) or 'auto' (the stack's: STACK_LOSS)."""
     reduce_dtype_bytes: float = 4.0
     """Bytes per element of gradient reduction (FSDP2 MixedPrecisionPolicy.reduce_dtype; fp32 = 4)."""
     flash_attention: bool = True
@@ -68,6 +78,7 @@ class JobSpec:
         one_of("job.precision", self.precision, PRECISIONS)
         one_of("job.flop_convention", self.flop_convention, FLOP_CONVENTIONS)
         one_of("job.software", self.software, SOFTWARE)
+        one_of("job.loss", self.loss, LOSSES)
         positive_number("job.reduce_dtype_bytes", self.reduce_dtype_bytes)
         if self.fp8_param_gather and self.precision != "fp8":
             raise SpecError("job.fp8_param_gather", "needs precision='fp8'")
@@ -77,6 +88,11 @@ class JobSpec:
         if self.global_batch_tokens % self.seq_len:
             raise SpecError("job.global_batch_tokens",
                             f"must be a multiple of seq_len={self.seq_len}; got {self.global_batch_tokens}")
+
+    @property
+    def loss_impl(self) -> str:
+        """The cross-entropy implementation, 'auto' resolved by the software stack."""
+        return STACK_LOSS.get(self.software, "eager") if self.loss == "auto" else self.loss
 
     @property
     def global_batch_seqs(self) -> int:

@@ -31,6 +31,8 @@ def register(sub: Any) -> None:
                    help="measured profile (meshplan measure --out) applied to every row's cluster")
     p.add_argument("--max-cv-mape", type=float, default=None,
                    help="exit 1 if the cross-validated MAPE of tokens/s per GPU exceeds this fraction")
+    p.add_argument("--max-memory-mape", type=float, default=None,
+                   help="exit 1 if the MAPE of peak memory (rows that report it) exceeds this fraction")
     p.set_defaults(func=cmd_validate)
 
 
@@ -99,6 +101,9 @@ def text_report(results: list[RowResult], fit: dict, cv: dict | None, group_cv: 
     errs = [e for e in errs if e is not None]
     lines += ["", "absolute error histogram:", *_histogram(errs)]
     lines += ["", f"peak memory (GiB as reported, torchtitan rows): {_fmt(fit['peak_memory'])}"]
+    unfit = fit["predicted_not_to_fit"]
+    lines.append(f"measured runs predicted not to fit in memory: {len(unfit)}"
+                 + (f" (rows {', '.join(map(str, unfit))})" if unfit else ""))
     worst = sorted((r for r in results if r.error is not None), key=lambda r: -abs(r.cv_error or r.error or 0))[:12]
     lines += ["", "largest errors:"]
     for r in worst:
@@ -203,4 +208,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 1
         print(f"cross-validated MAPE {mape:.2%} <= threshold {args.max_cv_mape:.1%}", file=sys.stderr)
+    if args.max_memory_mape is not None:
+        mem = fit_sum["peak_memory"]["mape"]  # type: ignore[index]
+        if mem is None or mem > args.max_memory_mape:
+            print(f"meshplan: validate: peak-memory MAPE {'none' if mem is None else f'{mem:.1%}'} exceeds "
+                  f"{args.max_memory_mape:.1%}", file=sys.stderr)
+            return 1
+        print(f"peak-memory MAPE {mem:.2%} <= threshold {args.max_memory_mape:.1%}", file=sys.stderr)
     return 0

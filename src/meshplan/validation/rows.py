@@ -47,7 +47,10 @@ class Skip(Exception):
 
 # gpu_type prefix -> (catalog accelerator, overrides)
 _GPUS = [
-    ("H100 SXM 96GB", "h100-sxm", {"hbm_capacity_gib": 96}),
+    # Meta's Grand Teton H100: "96GB HBM2e with 2.4 TB/sec peak memory bandwidth", run at a 500 W power limit
+    # (torchtitan benchmarks/llama3_h100_202412_torchtitan.md, "Hardware"). The power cap's effect on the
+    # tensor-core peak is not stated ("between SXM and NVL"), so the SXM peak is kept.
+    ("H100 SXM 96GB", "h100-sxm", {"hbm_capacity_gib": 96, "hbm_tb_per_s": 2.4}),
     ("H100", "h100-sxm", {}),
     ("H200", "h200", {}),
     ("A100 40GB", "a100-40gb", {}),
@@ -162,10 +165,45 @@ def _cluster(row: dict[str, str]) -> ClusterSpec:
     if m:
         inter = int(m.group(1)) / 8
     cluster = load_cluster(name, nodes=nodes, gpus_per_node=gpn, inter_node_gb_per_s=inter)
-    if "hbm_capacity_gib" in overrides:
-        cluster = replace(cluster, accelerator=replace(cluster.accelerator,
-                                                       hbm_capacity_bytes=overrides["hbm_capacity_gib"] * GiB))
+    if overrides:
+        accel = replace(cluster.accelerator, hbm_capacity_bytes=overrides["hbm_capacity_gib"] * GiB,
+                        hbm_bytes_per_s=overrides["hbm_tb_per_s"] * 1e12)
+        cluster = replace(cluster, accelerator=accel)
     return cluster
+
+
+TORCHTITAN_COMPILED_LOSS = {"e7c0cae": "2025-06-13"}
+"""torchtitan commits in the data that compile the loss under --training.compile: torchtitan PR #1033
+(merged 2025-04-01) made the loss builder "compiling the loss fn if job_config.training.compile is set";
+the December 2024 rows (9dec370) ran before it, with the eager loss."""
+
+
+DGXC_BF16_GRADS = ("dgxc-benchmarking v25.04 llama3.1/pretrain_llama31.py @741c886: FP8 runs set "
+                   "grad_reduce_in_fp32 = False (BF16 runs keep the NeMo recipe's fp32)")
+"""NeMo 2.0's recipes keep Megatron's gradient buffer in fp32 (bf16_mixed(): grad_reduce_in_fp32=True);
+the v25.04 dgxc Llama 3.1 launcher turns it to bf16 for FP8 runs. Other releases and models are not read,
+so they keep fp32."""
+
+
+def _loss(row: dict[str, str]) -> tuple[str, tuple[str, ...]]:
+    """(JobSpec.loss, imputed note) of a row: the stack's own ('auto'), except torchtitan rows run with
+    torch.compile at a commit that compiles the loss (TORCHTITAN_COMPILED_LOSS)."""
+    sw = row.get("software", "")
+    commit = next((c for c in TORCHTITAN_COMPILED_LOSS if c in sw), None)
+    text = (row.get("notes", "") + " " + sw).lower()
+    if row.get("source_group") != "torchtitan" or commit is None or "compile" not in text:
+        return "auto", ()
+    return "fused", (f"loss=fused: torchtitan {commit} ({TORCHTITAN_COMPILED_LOSS[commit]}) compiles the loss "
+                     "with the model since PR #1033 (2025-04-01)",)
+
+
+def _reduce_dtype_bytes(row: dict[str, str], precision: str) -> tuple[float, tuple[str, ...]]:
+    """(JobSpec.reduce_dtype_bytes, imputed note): 2 where the row's launcher is read to reduce in bf16
+    (DGXC_BF16_GRADS), else fp32's 4."""
+    if (row.get("software", "").startswith("dgxc-benchmarking v25.04") and precision == "fp8"
+            and row.get("model", "").startswith("Llama-3.1")):
+        return 2.0, (f"reduce_dtype_bytes=2 from {DGXC_BF16_GRADS}",)
+    return 4.0, ()
 
 
 def _precision(row: dict[str, str]) -> str:
@@ -173,6 +211,30 @@ def _precision(row: dict[str, str]) -> str:
     if "fp4" in p:
         raise Skip("NVFP4 compute is not modelled")
     return "fp8" if ("fp8" in p) else "bf16"
+
+
+TORCHTITAN_PIPELINE = ("torchtitan's pipeline defaults of late 2024 (torchtitan/parallelisms/pipelining_utils.py): "
+                       "n_microbatches = pipeline_parallel_degree when pipeline_parallel_microbatches is unset, "
+                       "and 2 stages per rank for multi-stage schedules (generate_split_points)")
+"""torchtitan's pipelined benchmark rows give the local batch and the schedule's name, not the micro-batch
+or the stages per rank. Its code of the time split the local batch into as many micro-batches as there are
+pipeline ranks. The two schedules measured on one layout (Llama 3.1 405B, 1F1B 100 against interleaved
+128 tokens/s per GPU) differ by what their bubbles predict with 8 micro-batches, (8+7)/(8+3.5) = 1.30, and
+not with 32 (1.10)."""
+
+
+def _torchtitan_pipeline(row: dict[str, str], dp: int, pp: int, vpp: int | None, mbs: int | None
+                         ) -> tuple[int | None, int | None, tuple[str, ...]]:
+    """(vpp, mbs, imputed) of a torchtitan pipelined row that leaves them out (TORCHTITAN_PIPELINE)."""
+    said = []
+    gbs = _i(row, "global_batch_size")
+    if not mbs and gbs and gbs % (dp * pp) == 0:
+        mbs = gbs // (dp * pp)
+        said.append(f"mbs={mbs} (local batch {gbs // dp} over {pp} micro-batches)")
+    if not vpp and "interleaved" in row.get("notes", "").lower():
+        vpp = 2
+        said.append("2 stages per rank")
+    return vpp, mbs, (f"{', '.join(said)} from {TORCHTITAN_PIPELINE}",) if said else ()
 
 
 def _plan(row: dict[str, str], model: ModelSpec, n_gpus: int) -> tuple[Plan, tuple[str, ...]]:
@@ -203,7 +265,11 @@ def _plan(row: dict[str, str], model: ModelSpec, n_gpus: int) -> tuple[Plan, tup
         sharding, dp_shard, dp_rep = "fsdp", 1, dp  # 2020-2022 Megatron: DDP, optimizer not sharded
     if ep > 1 and (tp * cp * dp_shard) % ep:
         raise Skip(f"ep={ep} does not fold into tp·cp·dp_shard = {tp * cp * dp_shard}")
+    imputed: tuple[str, ...] = ()
     vpp = _i(row, "virtual_pp")
+    mbs = _i(row, "micro_batch_size")
+    if group == "torchtitan" and pp > 1:
+        vpp, mbs, imputed = _torchtitan_pipeline(row, dp, pp, vpp, mbs)
     schedule, v = "1f1b", 1
     if pp > 1 and vpp and vpp > 1 and model.n_layers >= pp * vpp:  # uneven chunks: Megatron layouts
         schedule, v = "interleaved", vpp
@@ -214,17 +280,16 @@ def _plan(row: dict[str, str], model: ModelSpec, n_gpus: int) -> tuple[Plan, tup
         recompute = "selective"
     else:
         recompute = "full" if rc.startswith("full") else "none" if rc.startswith("none") else None
-    imputed: tuple[str, ...] = ()
     if not rc and row.get("software", "").startswith(MEGATRON_V1):
         recompute = "full"
-        imputed = (f"recompute=full from {MEGATRON_V1_RECIPE}",)
+        imputed = (*imputed, f"recompute=full from {MEGATRON_V1_RECIPE}")
     spv = (row.get("sequence_parallel") or "").lower()
     sp = None if not spv else spv.startswith("y")
     if group in ("NVIDIA dgxc-benchmarking", "NeMo / Megatron-Bridge", "Megatron-LM") and not spv:
         sp = True
-    mbs = _i(row, "micro_batch_size")
     # NeMo / Megatron performance recipes overlap TP communication with GEMMs (--tp-comm-overlap, userbuffers)
     async_tp = tp > 1 and group in ("NVIDIA dgxc-benchmarking", "NeMo / Megatron-Bridge", "Megatron-LM")
+    async_tp = async_tp or (tp > 1 and "asynctp" in row.get("notes", "").lower().replace(" ", ""))  # as stated
     m = re.search(r"expert TP \(ETP\)\s*=\s*(\d+)", row.get("notes", ""))
     etp = int(m.group(1)) if m and ep > 1 else None  # stated; else Plan's default (1 under EP, the recipes')
     try:
@@ -298,13 +363,19 @@ def scenario_from_row(idx: int, row: dict[str, str]) -> Scenario:
         raise Skip("seq_len missing")
     if not gbs:
         raise Skip("global batch size not published")
+    precision = _precision(row)
+    loss, loss_note = _loss(row)
+    reduce_bytes, reduce_note = _reduce_dtype_bytes(row, precision)
     try:
-        job = JobSpec(global_batch_tokens=gbs * seq, seq_len=seq, precision=_precision(row),
+        job = JobSpec(global_batch_tokens=gbs * seq, seq_len=seq, precision=precision,
+                      fp8_param_gather=precision == "fp8" and "fp8 fsdp all-gather" in row["precision"].lower(),
+                      loss=loss, reduce_dtype_bytes=reduce_bytes,
                       flash_attention=not (row.get("flash_attention") or "").lower().startswith("n"),
                       software=_software(row))
     except SpecError as exc:
         raise Skip(f"job: {exc}") from None
     plan, imputed = _plan(row, model, cluster.n_gpus)
+    imputed = (*imputed, *loss_note, *reduce_note)
     tokens, how = _measured_tokens(row, model)
     mem = _f(row, "peak_memory_gb")
     return Scenario(row=idx, source_group=row["source_group"], gpu=row["gpu_type"], model=model, cluster=cluster,

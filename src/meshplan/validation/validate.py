@@ -138,4 +138,5 @@ def summary(results: list[RowResult], *, use_cv: bool) -> dict[str, object]:
         "by_source_group": {k: summarise(v) for k, v in sorted(by_group.items())},
         "by_gpu": {k: summarise(v) for k, v in sorted(by_gpu.items())},
         "peak_memory": summarise(mem),
+        "predicted_not_to_fit": [r.row for r in results if r.predicted_feasible is False],
     }
