@@ -49,3 +49,29 @@ def test_llama3_8b_layer_activations_34_sbh():
     b = mem.layer_activation_bytes_per_token(m, ffn_hidden=m.ffn_hidden, tp=1, sp=False, flash_attention=True,
                                              seq_len=8192) * 8192
     assert b / 2**30 == pytest.approx(1.0625, rel=1e-3)
+
+
+def test_transformer_engine_fp8_saves_gemm_inputs_at_one_byte():
+    """TE's FP8 linears save the FP8 copy of their input for the weight gradient: the QKV and MLP inputs
+    (D each), the attention output (h_q) and the SwiGLU output (F) drop to one byte; the norm inputs,
+    Q/K/V and the first MLP output stay bf16. Llama-3-8B: 34 - (2D + h_q + F)/(s·b·h) per token."""
+    m = load_model("llama-3-8b")
+
+    def per_token(fp8):
+        return mem.layer_activation_bytes_per_token(m, ffn_hidden=m.ffn_hidden, tp=1, sp=False,
+                                                    flash_attention=True, seq_len=8192, fp8_inputs=fp8)
+
+    saved = per_token(False) - per_token(True)
+    assert saved == pytest.approx(2 * m.hidden + m.q_dim + m.ffn_hidden)
+
+
+def test_only_transformer_engine_stacks_store_fp8_activations():
+    from meshplan import JobSpec
+
+    def job(**kw):
+        return JobSpec(global_batch_tokens=8192, seq_len=8192, **kw)
+
+    assert job(precision="fp8", software="megatron").fp8_saves_fp8_inputs
+    assert job(precision="fp8", software="llm-foundry").fp8_saves_fp8_inputs
+    assert not job(precision="fp8", software="torchtitan").fp8_saves_fp8_inputs  # torchao saves bf16
+    assert not job(software="megatron").fp8_saves_fp8_inputs

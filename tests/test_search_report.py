@@ -130,6 +130,12 @@ def test_validate_cli_on_a_few_rows(capsys, tmp_path):
     modelled = [r for r in d["rows"] if "skipped" not in r]
     assert modelled and all(r["predicted_tokens_per_s_per_gpu"] > 0 for r in modelled)
     assert d["summary"]["fit"]["tokens_per_s_per_gpu"]["count"] == len(modelled)
+    assert d["summary"]["fit"]["predicted_not_to_fit"] == []
+    # the gates: memory MAPE over the torchtitan rows among the twelve, every measured run fits
+    code, _ = _run(capsys, "validate", str(sub), "--cv", "0", "--json", "--max-memory-mape", "0.2", "--require-fit")
+    assert code == 0
+    code, _ = _run(capsys, "validate", str(sub), "--cv", "0", "--json", "--max-memory-mape", "0.0001")
+    assert code == 1
 
 
 def test_option_variants_are_valid_distinct_and_not_the_default():

@@ -55,7 +55,7 @@ def state_bytes_per_param(*, sharding: str, optimizer: str, dp_sharded: bool, re
     - 'zero1'/'zero2'/'zero3' (DeepSpeed bf16): bf16 params and grads, fp32 master, optimizer [1].
     - 'megatron': bf16 params, a gradient buffer in the reduce dtype (not sharded; fp32 unless
       grad_reduce_in_fp32=False), fp32 main params and optimizer state sharded by the distributed
-      optimizer [2]. 18 without sharding.
+      optimizer [2]. 18 without sharding with an fp32 buffer, 16 with a bf16 one.
     """
     k = OPTIMIZER_STATE_BYTES[optimizer]
     if sharding == "fsdp":
@@ -79,7 +79,8 @@ def model_state_bytes(*, n_params: float, shard_degree: int, state: StateBytes) 
 
 def layer_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: int, sp: bool,
                                      flash_attention: bool, seq_len: int, moe_tokens_factor: float = 0.0,
-                                     moe_ffn_hidden: int = 0, n_shared: int = 0, expert_tp: int = 1) -> float:
+                                     moe_ffn_hidden: int = 0, n_shared: int = 0, expert_tp: int = 1,
+                                     fp8_inputs: bool = False) -> float:
     """Activation bytes one layer saves for backward, per token on the rank, no recompute [bytes/token].
 
     .. math:: 8D/t_{sp} + (4h_q + 4h_{kv} + 6F)/t  + 2·N·S/t\\ (no\\ FlashAttention)
@@ -95,20 +96,26 @@ def layer_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: i
     all-gather brings it as many copies as its TP group routed): the dispatched inputs and combined
     outputs are not divided by t. With whole experts a rank routes its own tokens: 1/t of them under sequence
     parallelism, all of them without.
+    With ``fp8_inputs`` (Transformer Engine's FP8 linears: the input a weight gradient needs is saved as
+    the FP8 copy the forward GEMM already made, ``saved_inputmat_t = inputmat_t`` in TE's Linear) every
+    GEMM input is stored at 1 byte: the QKV and MLP inputs, the attention output, the MLP's second input,
+    MLA's latents and each routed copy's dispatched input. Norm inputs, Q/K/V for attention and the first
+    MLP output stay bf16.
     """
     D = model.hidden
     t = float(tp)
-    replicated = 8.0 * D
+    g = 1.0 if fp8_inputs else 2.0  # bytes per element of a saved GEMM input
+    replicated = 4.0 * D + 2.0 * g * D
     attn = 2.0 * model.n_heads * model.qk_head_dim + 2.0 * model.n_kv_heads * model.qk_head_dim
-    attn += 2.0 * model.n_kv_heads * model.value_head_dim + 2.0 * model.n_heads * model.value_head_dim
+    attn += 2.0 * model.n_kv_heads * model.value_head_dim + g * model.n_heads * model.value_head_dim
     if model.is_mla:  # MLA also stores its compressed latents (q and kv) for the up-projections
-        attn += 2.0 * (model.q_lora_rank + model.kv_lora_rank)
-    act_per_f = 6.0 if model.gated_mlp else 4.0
+        attn += g * (model.q_lora_rank + model.kv_lora_rank)
+    act_per_f = (4.0 if model.gated_mlp else 2.0) + g  # first output (both halves if gated), second input
     mlp = act_per_f * ffn_hidden
     routed = 0.0  # per token of the micro-batch, on this rank
     if moe_tokens_factor:
         mlp = n_shared * act_per_f * moe_ffn_hidden
-        act, io = moe_tokens_factor * act_per_f * moe_ffn_hidden, moe_tokens_factor * 4.0 * D
+        act, io = moe_tokens_factor * act_per_f * moe_ffn_hidden, moe_tokens_factor * (g + 2.0) * D
         if expert_tp > 1:  # every token's copies, 1/t of their FFN
             routed = act / t + io
         else:  # whole experts on the rank's own tokens: 1/t of them with sequence parallelism, all without
@@ -160,11 +167,20 @@ def logits_bytes_per_token(*, vocab: int, tp: int, loss: str = "eager") -> float
 
 ZERO3_MAX_LIVE_PARAMETERS = 1e9
 """DeepSpeed ZeRO-3 gathers parameters module by module and releases them beyond this many resident
-elements (``stage3_max_live_parameters``, default 1e9, deepspeed/runtime/zero/config.py); one module larger
-than that is still gathered whole."""
+elements (``stage3_max_live_parameters``, default 1e9, deepspeed/runtime/zero/config.py)."""
+ZERO3_PREFETCH_ELEMENTS = 5e7
+"""...and prefetches the next modules up to this many elements (``stage3_prefetch_bucket_size``, default
+5e7, same file)."""
 ZERO3_REDUCE_BUCKET_ELEMENTS = 5e8
 """DeepSpeed reduces 16-bit gradients through a bucket of this many elements (``reduce_bucket_size``,
-default 5e8, deepspeed/runtime/zero/config.py), beside the gradient of the module being computed."""
+default 5e8, same file), allocated whole with ``contiguous_gradients`` (the default), beside the gradient
+of the module being computed."""
+
+
+def zero3_live_params(module_params: float) -> float:
+    """Parameters DeepSpeed ZeRO-3 holds gathered at once [elements]: the module being computed (gathered
+    whole even beyond the live limit) and what it prefetches, within ZERO3_MAX_LIVE_PARAMETERS."""
+    return module_params + min(ZERO3_PREFETCH_ELEMENTS, max(0.0, ZERO3_MAX_LIVE_PARAMETERS - module_params))
 
 DEEPEP_SMS = 20
 """SMs DeepEP's normal (training) kernels use: deep_ep/buffer.py ``Buffer.num_sms`` and Megatron-core's

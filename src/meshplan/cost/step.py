@@ -276,12 +276,12 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
         u_max = max(u.n_params for u in block_units)
         transient["fsdp_unsharded_params"] = 2 * u_max * 2.0  # current unit + the one prefetched
         transient["fsdp_unsharded_grads"] = u_max * (2.0 + job.reduce_dtype_bytes)
-        if plan.sharding == "zero3":  # DeepSpeed gathers module by module, within its live-parameter limit
-            module = model.hidden * model.ffn_hidden * (2 if model.gated_mlp else 1) / plan.tp
-            live = min(2 * u_max, max(module, mem.ZERO3_MAX_LIVE_PARAMETERS))
-            transient["fsdp_unsharded_params"] = live * 2.0
-            transient["fsdp_unsharded_grads"] = min(u_max, module + mem.ZERO3_REDUCE_BUCKET_ELEMENTS) * 2.0
         root = sum(u.n_params for u in c.units if u.root)
+        if plan.sharding == "zero3":  # DeepSpeed gathers module by module, the embedding among them
+            module = max(model.hidden * model.ffn_hidden * (2 if model.gated_mlp else 1) / plan.tp, root)
+            transient["fsdp_unsharded_params"] = mem.zero3_live_params(module) * 2.0
+            transient["fsdp_unsharded_grads"] = (module + mem.ZERO3_REDUCE_BUCKET_ELEMENTS) * 2.0
+            root = 0.0
         if root:
             transient["fsdp_root_unsharded"] = root * 2.0
         raf = plan.effective_reshard_after_forward
@@ -314,11 +314,13 @@ def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, 
     def act(flash: bool, moe: bool) -> float:
         if not moe:
             return mem.layer_activation_bytes_per_token(model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp,
-                                                        flash_attention=flash, seq_len=job.seq_len)
+                                                        flash_attention=flash, seq_len=job.seq_len,
+                                                        fp8_inputs=job.fp8_saves_fp8_inputs)
         return mem.layer_activation_bytes_per_token(
             model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp, flash_attention=flash, seq_len=job.seq_len,
             moe_tokens_factor=model.top_k * job.moe_capacity_factor * job.moe_routing_imbalance,
-            moe_ffn_hidden=model.expert_ffn_hidden, n_shared=model.n_shared_experts, expert_tp=etp)
+            moe_ffn_hidden=model.expert_ffn_hidden, n_shared=model.n_shared_experts, expert_tp=etp,
+            fp8_inputs=job.fp8_saves_fp8_inputs)
 
     a_moe = (act(False, True), act(True, True)) if moe else (0.0, 0.0)
     sac_m = (mem.sac_activation_bytes_per_token(model, ffn_hidden=model.expert_ffn_hidden * model.top_k, tp=tp,
@@ -337,7 +339,7 @@ def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, floa
     flash = c.job.flash_attention or recompute == "selective"
     a_dense, a_moe = st.a_dense[flash], st.a_moe[flash]
     held = in_flight_microbatches(schedule=c.plan.schedule, pp=c.plan.pp, m=c.m, vpp=c.plan.vpp, stage=c.s,
-                                  ep_overlap=c.plan.ep_overlap)
+                                  ep_overlap=c.plan.ep_overlap, layers=c.n_dense + c.n_moe)
     working = 0.0
     if recompute == "full":
         r_dense, r_moe = c.recomputed

@@ -17,6 +17,10 @@ STACK_LOSS = {"megatron": "vocab_parallel", "llm-foundry": "fused"}
 """The cross-entropy a stack runs unless told: Megatron-core's vocab-parallel cross-entropy
 (tensor_parallel/cross_entropy.py); llm-foundry's MPT defaults to flash_attn's fused one (``loss_fn:
 fused_crossentropy`` in ComposerMPTCausalLM, llmfoundry/models/mpt/modeling_mpt.py); others eager."""
+TE_FP8_STACKS = ("megatron", "llm-foundry")
+"""Stacks whose FP8 linears are Transformer Engine's, which save the FP8 copy of a GEMM's input for the
+weight gradient (memory.layer_activation_bytes_per_token); llm-foundry's FP8 runs use TE (``amp_fp8``).
+torchao's Float8Linear (torchtitan) saves the bf16 input and casts again in backward."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,6 +92,11 @@ class JobSpec:
         if self.global_batch_tokens % self.seq_len:
             raise SpecError("job.global_batch_tokens",
                             f"must be a multiple of seq_len={self.seq_len}; got {self.global_batch_tokens}")
+
+    @property
+    def fp8_saves_fp8_inputs(self) -> bool:
+        """Whether saved GEMM inputs are FP8 copies (TE_FP8_STACKS under precision='fp8')."""
+        return self.precision == "fp8" and self.software in TE_FP8_STACKS
 
     @property
     def loss_impl(self) -> str:

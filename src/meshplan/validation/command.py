@@ -33,6 +33,8 @@ def register(sub: Any) -> None:
                    help="exit 1 if the cross-validated MAPE of tokens/s per GPU exceeds this fraction")
     p.add_argument("--max-memory-mape", type=float, default=None,
                    help="exit 1 if the MAPE of peak memory (rows that report it) exceeds this fraction")
+    p.add_argument("--require-fit", action="store_true",
+                   help="exit 1 if any measured run is predicted not to fit in memory")
     p.set_defaults(func=cmd_validate)
 
 
@@ -204,8 +206,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.max_cv_mape is not None:
         mape = (cv_sum or fit_sum)["tokens_per_s_per_gpu"]["mape"]  # type: ignore[index]
         if mape is None or mape > args.max_cv_mape:
-            print(f"meshplan: validate: cross-validated MAPE {mape:.1%} exceeds {args.max_cv_mape:.1%}",
-                  file=sys.stderr)
+            print(f"meshplan: validate: cross-validated MAPE {'none' if mape is None else f'{mape:.1%}'} "
+                  f"exceeds {args.max_cv_mape:.1%}", file=sys.stderr)
             return 1
         print(f"cross-validated MAPE {mape:.2%} <= threshold {args.max_cv_mape:.1%}", file=sys.stderr)
     if args.max_memory_mape is not None:
@@ -215,4 +217,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
                   f"{args.max_memory_mape:.1%}", file=sys.stderr)
             return 1
         print(f"peak-memory MAPE {mem:.2%} <= threshold {args.max_memory_mape:.1%}", file=sys.stderr)
+    unfit = fit_sum["predicted_not_to_fit"]
+    if args.require_fit and unfit:
+        print(f"meshplan: validate: {len(unfit)} measured runs predicted not to fit in memory (rows "
+              f"{', '.join(map(str, unfit))})", file=sys.stderr)  # type: ignore[arg-type]
+        return 1
     return 0

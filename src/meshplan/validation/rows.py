@@ -166,8 +166,10 @@ def _cluster(row: dict[str, str]) -> ClusterSpec:
         inter = int(m.group(1)) / 8
     cluster = load_cluster(name, nodes=nodes, gpus_per_node=gpn, inter_node_gb_per_s=inter)
     if overrides:
-        accel = replace(cluster.accelerator, hbm_capacity_bytes=overrides["hbm_capacity_gib"] * GiB,
-                        hbm_bytes_per_s=overrides["hbm_tb_per_s"] * 1e12)
+        accel = cluster.accelerator
+        accel = replace(accel,
+                        hbm_capacity_bytes=overrides.get("hbm_capacity_gib", accel.hbm_capacity_bytes / GiB) * GiB,
+                        hbm_bytes_per_s=overrides.get("hbm_tb_per_s", accel.hbm_bytes_per_s / 1e12) * 1e12)
         cluster = replace(cluster, accelerator=accel)
     return cluster
 
@@ -270,6 +272,9 @@ def _plan(row: dict[str, str], model: ModelSpec, n_gpus: int) -> tuple[Plan, tup
     mbs = _i(row, "micro_batch_size")
     if group == "torchtitan" and pp > 1:
         vpp, mbs, imputed = _torchtitan_pipeline(row, dp, pp, vpp, mbs)
+    elif group == "torchtitan" and not mbs:  # without PP (and no accumulation then) the local batch is it
+        stated = re.search(r"local batch (\d+)", row.get("notes", ""))
+        mbs = int(stated.group(1)) if stated else None
     schedule, v = "1f1b", 1
     if pp > 1 and vpp and vpp > 1 and model.n_layers >= pp * vpp:  # uneven chunks: Megatron layouts
         schedule, v = "interleaved", vpp
