@@ -104,7 +104,7 @@ def _fsdp2_minus_fsdp1_s(plan: str, *, m: int = 4, mfu: float | None = None, in_
     model, cluster = load_model("llama-3-8b"), load_cluster("h100-sxm", nodes=1)
     params = ComputeParams(comm_slowdown=0.0)
     p = parse_plan(plan)
-    job = JobSpec(global_batch_tokens=p.dp * m * 4096, seq_len=4096)
+    job = JobSpec(global_batch_tokens=p.dp * m * 4096, seq_len=4096, loss="eager")  # one loss for both stacks
 
     def step(job: JobSpec) -> float:
         return evaluate(model, cluster, job, p, compute=params, mfu=mfu).step_time_s
