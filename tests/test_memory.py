@@ -53,16 +53,30 @@ def test_llama3_8b_layer_activations_34_sbh():
 
 def test_transformer_engine_fp8_saves_gemm_inputs_at_one_byte():
     """TE's FP8 linears save the FP8 copy of their input for the weight gradient: the QKV and MLP inputs
-    (D each), the attention output (h_q) and the SwiGLU output (F) drop to one byte; the norm inputs,
-    Q/K/V and the first MLP output stay bf16. Llama-3-8B: 34 - (2D + h_q + F)/(s·b·h) per token."""
+    (D each) and the SwiGLU output (F) drop to one byte. The attention output gains one: FlashAttention
+    keeps its bf16 copy and the projection an FP8 one. Llama-3-8B: (2D + F - h_q) per token less."""
     m = load_model("llama-3-8b")
 
-    def per_token(fp8):
+    def per_token(fp8, flash=True):
         return mem.layer_activation_bytes_per_token(m, ffn_hidden=m.ffn_hidden, tp=1, sp=False,
-                                                    flash_attention=True, seq_len=8192, fp8_inputs=fp8)
+                                                    flash_attention=flash, seq_len=8192, fp8_inputs=fp8)
 
-    saved = per_token(False) - per_token(True)
-    assert saved == pytest.approx(2 * m.hidden + m.q_dim + m.ffn_hidden)
+    assert per_token(False) - per_token(True) == pytest.approx(2 * m.hidden + m.ffn_hidden - m.q_dim)
+    # unfused attention: only the projection keeps the attention output, so it drops to one byte too
+    assert per_token(False, False) - per_token(True, False) == pytest.approx(2 * m.hidden + m.ffn_hidden + m.q_dim)
+
+
+def test_an_moe_layers_mlp_input_stays_bf16_for_its_router():
+    m = load_model("mixtral-8x7b")
+
+    def per_token(fp8):
+        return mem.layer_activation_bytes_per_token(
+            m, ffn_hidden=m.ffn_hidden, tp=1, sp=False, flash_attention=True, seq_len=4096, fp8_inputs=fp8,
+            moe_tokens_factor=m.top_k, moe_ffn_hidden=m.expert_ffn_hidden)
+
+    # QKV input D, each routed copy's dispatched input D and SwiGLU output F_e; the attention output +h_q
+    expected = m.hidden + m.top_k * (m.hidden + m.expert_ffn_hidden) - m.q_dim
+    assert per_token(False) - per_token(True) == pytest.approx(expected)
 
 
 def test_only_transformer_engine_stacks_store_fp8_activations():

@@ -29,17 +29,17 @@ def test_zb_v_zero_when_times_equal():
 
 
 def test_first_stage_holds_p_microbatches():
-    assert in_flight_microbatches(schedule="1f1b", pp=8, m=32, vpp=1, stage=0) == 8
-    assert in_flight_microbatches(schedule="1f1b", pp=8, m=32, vpp=1, stage=7) == 1
-    assert in_flight_microbatches(schedule="1f1b", pp=8, m=4, vpp=1, stage=0) == 4
-    assert in_flight_microbatches(schedule="interleaved", pp=8, m=32, vpp=2, stage=0) == pytest.approx(
+    assert in_flight_microbatches(schedule="1f1b", pp=8, m=32, vpp=1, stage=0, layers=10) == 8
+    assert in_flight_microbatches(schedule="1f1b", pp=8, m=32, vpp=1, stage=7, layers=10) == 1
+    assert in_flight_microbatches(schedule="1f1b", pp=8, m=4, vpp=1, stage=0, layers=10) == 4
+    assert in_flight_microbatches(schedule="interleaved", pp=8, m=32, vpp=2, stage=0, layers=10) == pytest.approx(
         8 * (1 + 7 / 16))
-    assert in_flight_microbatches(schedule="gpipe", pp=8, m=32, vpp=1, stage=0) == 32
+    assert in_flight_microbatches(schedule="gpipe", pp=8, m=32, vpp=1, stage=0, layers=10) == 32
 
 
 def test_moe_all_to_all_overlap_holds_one_micro_batch_and_one_layer_without_a_pipeline():
     """Megatron's combined 1F1B pairs forward layer i with backward layer N-1-i and releases the latter:
     one micro-batch and one layer are alive, not two micro-batches."""
-    base = in_flight_microbatches(schedule="1f1b", pp=1, m=16, vpp=1, stage=0)
+    base = in_flight_microbatches(schedule="1f1b", pp=1, m=16, vpp=1, stage=0, layers=10)
     overlap = in_flight_microbatches(schedule="1f1b", pp=1, m=16, vpp=1, stage=0, ep_overlap=True, layers=48)
     assert base == 1.0 and overlap == pytest.approx(1 + 1 / 48)

@@ -138,6 +138,29 @@ def test_validate_cli_on_a_few_rows(capsys, tmp_path):
     assert code == 1
 
 
+def test_validate_fails_when_a_measured_run_is_predicted_not_to_fit(capsys, tmp_path):
+    """--require-fit: a published run ran, so a prediction that it does not fit fails the command. A row
+    edited to 64 sequences of 8,192 tokens per micro-batch on 8 H100s cannot fit."""
+    import csv
+    import os
+
+    src = "../shared/data/published_runs.csv"
+    if not os.path.exists(src):
+        pytest.skip("shared data not beside the repository")
+    with open(src, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    big = rows[0] | {"micro_batch_size": "64", "global_batch_size": "512", "recompute": "none"}
+    sub = tmp_path / "unfit.csv"
+    with sub.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows([rows[1], big])
+    code, out = _run(capsys, "validate", str(sub), "--cv", "0", "--json")
+    assert code == 0 and json.loads(out)["summary"]["fit"]["predicted_not_to_fit"] == [1]
+    code, _ = _run(capsys, "validate", str(sub), "--cv", "0", "--json", "--require-fit")
+    assert code == 1
+
+
 def test_option_variants_are_valid_distinct_and_not_the_default():
     from meshplan.cost.validate import validate_plan
     from meshplan.search.space import has_default_options, option_variants

@@ -132,3 +132,18 @@ def test_every_measured_run_fits_and_torchtitan_memory_is_close():
     s = summary(results, use_cv=False)
     assert s["predicted_not_to_fit"] == []
     assert s["peak_memory"]["count"] >= 14 and s["peak_memory"]["mape"] < 0.05
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED), reason="shared data not beside the repository")
+def test_the_grand_teton_h100_is_the_part_torchtitan_describes():
+    """96 GB HBM2e at 2.4 TB/s, and a 500 W cap that puts the peak "between SXM and NVL" (its middle)."""
+    from meshplan import load_cluster
+    from meshplan.validation.validate import load_scenarios, read_rows
+
+    sxm = load_cluster("h100-sxm").accelerator
+    gt = [r.scenario.cluster.accelerator for r in load_scenarios(read_rows(SHARED))
+          if r.scenario is not None and r.gpu.startswith("H100 SXM 96GB")]
+    assert gt and all(a.hbm_bytes_per_s == 2.4e12 and a.hbm_capacity_bytes == 96 * 2**30 for a in gt)
+    assert all(835.5 / 989.4 < a.bf16_flop_per_s / sxm.bf16_flop_per_s < 1 for a in gt)
+    assert all(a.fp8_flop_per_s / a.bf16_flop_per_s == pytest.approx(sxm.fp8_flop_per_s / sxm.bf16_flop_per_s)
+               for a in gt)

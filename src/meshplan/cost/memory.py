@@ -97,19 +97,24 @@ def layer_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: i
     outputs are not divided by t. With whole experts a rank routes its own tokens: 1/t of them under sequence
     parallelism, all of them without.
     With ``fp8_inputs`` (Transformer Engine's FP8 linears: the input a weight gradient needs is saved as
-    the FP8 copy the forward GEMM already made, ``saved_inputmat_t = inputmat_t`` in TE's Linear) every
-    GEMM input is stored at 1 byte: the QKV and MLP inputs, the attention output, the MLP's second input,
-    MLA's latents and each routed copy's dispatched input. Norm inputs, Q/K/V for attention and the first
-    MLP output stay bf16.
+    the FP8 copy the forward GEMM already made, ``saved_inputmat_t = inputmat_t`` in TE 1.x's Linear; TE
+    2.x keeps only the columnwise FP8 data, MXFP8 included) a GEMM input that nothing else keeps is stored
+    at 1 byte: the QKV input, a dense layer's MLP input, the MLP's second input and each routed copy's
+    dispatched input. Kept in bf16 beside their FP8 copy: the attention output, which FlashAttention saves
+    for its own backward (2 + 1 bytes), and an MoE layer's MLP input, which the router (a bf16 GEMM)
+    saves. Norm inputs, Q/K/V, the first MLP output and MLA's latents stay bf16.
     """
     D = model.hidden
     t = float(tp)
-    g = 1.0 if fp8_inputs else 2.0  # bytes per element of a saved GEMM input
-    replicated = 4.0 * D + 2.0 * g * D
+    g = 1.0 if fp8_inputs else 2.0  # bytes per element of a GEMM input saved by its linear alone
+    moe_layer = bool(moe_tokens_factor)
+    replicated = 4.0 * D + g * D + (2.0 if moe_layer else g) * D
     attn = 2.0 * model.n_heads * model.qk_head_dim + 2.0 * model.n_kv_heads * model.qk_head_dim
-    attn += 2.0 * model.n_kv_heads * model.value_head_dim + g * model.n_heads * model.value_head_dim
+    attn += 2.0 * model.n_kv_heads * model.value_head_dim
+    # the attention output: the projection's input; FlashAttention also keeps it in bf16 for its backward
+    attn += (2.0 + (1.0 if fp8_inputs else 0.0) if flash_attention else g) * model.n_heads * model.value_head_dim
     if model.is_mla:  # MLA also stores its compressed latents (q and kv) for the up-projections
-        attn += g * (model.q_lora_rank + model.kv_lora_rank)
+        attn += 2.0 * (model.q_lora_rank + model.kv_lora_rank)
     act_per_f = (4.0 if model.gated_mlp else 2.0) + g  # first output (both halves if gated), second input
     mlp = act_per_f * ffn_hidden
     routed = 0.0  # per token of the micro-batch, on this rank
@@ -169,8 +174,8 @@ ZERO3_MAX_LIVE_PARAMETERS = 1e9
 """DeepSpeed ZeRO-3 gathers parameters module by module and releases them beyond this many resident
 elements (``stage3_max_live_parameters``, default 1e9, deepspeed/runtime/zero/config.py)."""
 ZERO3_PREFETCH_ELEMENTS = 5e7
-"""...and prefetches the next modules up to this many elements (``stage3_prefetch_bucket_size``, default
-5e7, same file)."""
+"""...and starts prefetching the next modules while fewer than this many elements are in flight
+(``stage3_prefetch_bucket_size``, default 5e7, same file); the parameters it fetches come whole."""
 ZERO3_REDUCE_BUCKET_ELEMENTS = 5e8
 """DeepSpeed reduces 16-bit gradients through a bucket of this many elements (``reduce_bucket_size``,
 default 5e8, same file), allocated whole with ``contiguous_gradients`` (the default), beside the gradient
@@ -179,8 +184,10 @@ of the module being computed."""
 
 def zero3_live_params(module_params: float) -> float:
     """Parameters DeepSpeed ZeRO-3 holds gathered at once [elements]: the module being computed (gathered
-    whole even beyond the live limit) and what it prefetches, within ZERO3_MAX_LIVE_PARAMETERS."""
-    return module_params + min(ZERO3_PREFETCH_ELEMENTS, max(0.0, ZERO3_MAX_LIVE_PARAMETERS - module_params))
+    whole even beyond the live limit) and, while fewer than ZERO3_MAX_LIVE_PARAMETERS are available, what
+    it prefetches. Its prefetch loop (``while numel_prefetching < max_params_to_prefetch``) gathers whole
+    parameters, so the next matrix comes in entire: taken as one more module of the same size."""
+    return module_params if module_params >= ZERO3_MAX_LIVE_PARAMETERS else 2.0 * module_params
 
 DEEPEP_SMS = 20
 """SMs DeepEP's normal (training) kernels use: deep_ep/buffer.py ``Buffer.num_sms`` and Megatron-core's

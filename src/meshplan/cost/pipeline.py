@@ -38,19 +38,20 @@ def stage_layers(model: ModelSpec, pp: int) -> list[tuple[int, int]]:
     return out
 
 
-def in_flight_microbatches(*, schedule: str, pp: int, m: int, vpp: int, stage: int, ep_overlap: bool = False,
-                           layers: int = 0) -> float:
+def in_flight_microbatches(*, schedule: str, pp: int, m: int, vpp: int, stage: int, layers: int,
+                           ep_overlap: bool = False) -> float:
     """Micro-batches whose activations stage ``stage`` holds at its peak [micro-batches of its layers] [3].
 
     Megatron's MoE all-to-all overlap runs the forward of one micro-batch beside the backward of the one
-    before, layer by layer: forward layer i pairs with backward layer N-1-i and the backward layer's state
-    is released after each pair (``TransformerModelChunkSchedulePlan.run``: ``get_layer(i)`` against
-    ``pop_layer()``, then ``release_state()``, megatron/core/models/common/model_chunk_schedule_plan.py), so
-    without a pipeline one micro-batch and one layer (of the stage's ``layers``) are alive; the interleaved
+    before, layer by layer: forward layer i pairs with backward layer N-1-i
+    (``TransformerModelChunkSchedulePlan.run``: ``get_layer(i)`` against ``pop_layer()``,
+    megatron/core/models/common/model_chunk_schedule_plan.py), and autograd frees each backward layer's
+    saved tensors as it goes, so without a pipeline one micro-batch and one layer (of the stage's
+    ``layers``) are alive; the interleaved
     schedule warms up one more model chunk (num_warmup_microbatches + 1,
     megatron/core/pipeline_parallel/schedules.py)."""
     if pp == 1:
-        return 1.0 + (1.0 / layers if ep_overlap and m > 1 and layers else 0.0)
+        return 1.0 + (1.0 / layers if ep_overlap and m > 1 else 0.0)
     if schedule == "gpipe":
         return float(m)
     held = float(min(m, pp - stage))

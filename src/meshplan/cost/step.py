@@ -278,7 +278,8 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
         transient["fsdp_unsharded_grads"] = u_max * (2.0 + job.reduce_dtype_bytes)
         root = sum(u.n_params for u in c.units if u.root)
         if plan.sharding == "zero3":  # DeepSpeed gathers module by module, the embedding among them
-            module = max(model.hidden * model.ffn_hidden * (2 if model.gated_mlp else 1) / plan.tp, root)
+            module = max(model.hidden * model.ffn_hidden * (2 if model.gated_mlp else 1),
+                         model.vocab * model.hidden) / plan.tp  # an MLP matrix, or the embedding or head
             transient["fsdp_unsharded_params"] = mem.zero3_live_params(module) * 2.0
             transient["fsdp_unsharded_grads"] = (module + mem.ZERO3_REDUCE_BUCKET_ELEMENTS) * 2.0
             root = 0.0
@@ -951,9 +952,10 @@ class _Choice:
         tokens, m = b * self.job.seq_len / plan.cp, _micro_batches(self.job, plan.dp, b)
         flash = self.job.flash_attention
         frees = 0.0
+        layers = stage_layers(self.model, plan.pp)
         for s, st in self.shared.static.items():
             held = in_flight_microbatches(schedule=plan.schedule, pp=plan.pp, m=m, vpp=plan.vpp, stage=s,
-                                          ep_overlap=plan.ep_overlap)
+                                          ep_overlap=plan.ep_overlap, layers=sum(layers[s]))
             frees = max(frees, held * tokens * (max(st.a_dense[flash], st.a_moe[flash]) - st.full_recompute))
         frees *= 1.0 + self.job.runtime.allocator_fraction
         return self.partial_layers if frees <= 0 else max(1, min(self.partial_layers, math.ceil(over / frees)))
