@@ -260,8 +260,15 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     )
 
 
+LOSS_TRAFFIC_BYTES_PER_LOGIT = {"eager": 14.0, "vocab_parallel": 14.0, "fused": 6.0}
+"""HBM traffic of the cross-entropy per logit, forward and backward [bytes] (key: JobSpec.loss_impl).
+Eager: read the bf16 logits, write and read their fp32 upcast, the softmax and the fp32 gradient
+(2 + 4 + 4 + 4); Megatron's vocab-parallel loss is charged the same. Fused: read the bf16 logits forward,
+read them again and write their bf16 gradient backward (2 + 2 + 2)."""
+
+
 def lm_head_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams, *, tokens: float, tp: int,
-                  fused_loss: bool = False) -> tuple[float, float]:
+                  loss: str = "eager") -> tuple[float, float]:
     """(forward, backward) time of the LM head GEMM and the cross-entropy loss on the last stage [s]. The
     head runs in BF16 even in FP8 training: Megatron-core's output layer is a plain ColumnParallelLinear,
     outside Transformer Engine's FP8 modules, and torchtitan's float8 recipes leave ``output`` out
@@ -269,9 +276,7 @@ def lm_head_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParam
     peak, e_max, hd = gemm_curve(accel, params, "bf16")
     v_local = model.vocab / tp
     gemm = gemm_time_s(tokens, v_local, model.hidden, peak_flop_per_s=peak, e_max=e_max, half_dim=hd)
-    # Eager: read the bf16 logits, write and read their fp32 upcast, the softmax and the fp32 gradient; fused:
-    # read the bf16 logits forward, read them again and write their bf16 gradient backward.
-    loss_bytes = tokens * v_local * (2 + 2 + 2 if fused_loss else 2 + 4 + 4 + 4)
+    loss_bytes = tokens * v_local * LOSS_TRAFFIC_BYTES_PER_LOGIT[loss]
     loss = loss_bytes / (accel.hbm_bytes_per_s * params.memory_efficiency)
     return gemm + loss / 2, 2 * gemm + loss / 2
 

@@ -173,9 +173,6 @@ def logits_bytes_per_token(*, vocab: int, tp: int, loss: str = "eager") -> float
 ZERO3_MAX_LIVE_PARAMETERS = 1e9
 """DeepSpeed ZeRO-3 gathers parameters module by module and releases them beyond this many resident
 elements (``stage3_max_live_parameters``, default 1e9, deepspeed/runtime/zero/config.py)."""
-ZERO3_PREFETCH_ELEMENTS = 5e7
-"""...and starts prefetching the next modules while fewer than this many elements are in flight
-(``stage3_prefetch_bucket_size``, default 5e7, same file); the parameters it fetches come whole."""
 ZERO3_REDUCE_BUCKET_ELEMENTS = 5e8
 """DeepSpeed reduces 16-bit gradients through a bucket of this many elements (``reduce_bucket_size``,
 default 5e8, same file), allocated whole with ``contiguous_gradients`` (the default), beside the gradient
@@ -185,9 +182,11 @@ of the module being computed."""
 def zero3_live_params(module_params: float) -> float:
     """Parameters DeepSpeed ZeRO-3 holds gathered at once [elements]: the module being computed (gathered
     whole even beyond the live limit) and, while fewer than ZERO3_MAX_LIVE_PARAMETERS are available, what
-    it prefetches. Its prefetch loop (``while numel_prefetching < max_params_to_prefetch``) gathers whole
-    parameters, so the next matrix comes in entire: taken as one more module of the same size."""
+    it prefetches. Its prefetch loop (``while numel_prefetching < max_params_to_prefetch``, the bucket
+    ``stage3_prefetch_bucket_size`` of 5e7 elements) gathers whole parameters, so the next matrix comes in
+    entire: taken as one more module of the same size."""
     return module_params if module_params >= ZERO3_MAX_LIVE_PARAMETERS else 2.0 * module_params
+
 
 DEEPEP_SMS = 20
 """SMs DeepEP's normal (training) kernels use: deep_ep/buffer.py ``Buffer.num_sms`` and Megatron-core's

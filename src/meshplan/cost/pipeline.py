@@ -47,9 +47,8 @@ def in_flight_microbatches(*, schedule: str, pp: int, m: int, vpp: int, stage: i
     (``TransformerModelChunkSchedulePlan.run``: ``get_layer(i)`` against ``pop_layer()``,
     megatron/core/models/common/model_chunk_schedule_plan.py), and autograd frees each backward layer's
     saved tensors as it goes, so without a pipeline one micro-batch and one layer (of the stage's
-    ``layers``) are alive; the interleaved
-    schedule warms up one more model chunk (num_warmup_microbatches + 1,
-    megatron/core/pipeline_parallel/schedules.py)."""
+    ``layers``) are alive; the interleaved schedule warms up one more model chunk
+    (num_warmup_microbatches + 1, megatron/core/pipeline_parallel/schedules.py)."""
     if pp == 1:
         return 1.0 + (1.0 / layers if ep_overlap and m > 1 else 0.0)
     if schedule == "gpipe":

@@ -273,18 +273,18 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
     transient: dict[str, float] = {}
     block_units = [u for u in c.units if not u.root]
     if plan.sharding in ("fsdp", "zero3") and n_d > 1 and block_units:
-        u_max = max(u.n_params for u in block_units)
-        transient["fsdp_unsharded_params"] = 2 * u_max * 2.0  # current unit + the one prefetched
-        transient["fsdp_unsharded_grads"] = u_max * (2.0 + job.reduce_dtype_bytes)
-        root = sum(u.n_params for u in c.units if u.root)
-        if plan.sharding == "zero3":  # DeepSpeed gathers module by module, the embedding among them
+        if plan.sharding == "zero3":  # DeepSpeed gathers module by module, the embedding or head among them
             module = max(model.hidden * model.ffn_hidden * (2 if model.gated_mlp else 1),
                          model.vocab * model.hidden) / plan.tp  # an MLP matrix, or the embedding or head
             transient["fsdp_unsharded_params"] = mem.zero3_live_params(module) * 2.0
             transient["fsdp_unsharded_grads"] = (module + mem.ZERO3_REDUCE_BUCKET_ELEMENTS) * 2.0
-            root = 0.0
-        if root:
-            transient["fsdp_root_unsharded"] = root * 2.0
+        else:  # FSDP2: whole units
+            u_max = max(u.n_params for u in block_units)
+            transient["fsdp_unsharded_params"] = 2 * u_max * 2.0  # current unit + the one prefetched
+            transient["fsdp_unsharded_grads"] = u_max * (2.0 + job.reduce_dtype_bytes)
+            root = sum(u.n_params for u in c.units if u.root)
+            if root:
+                transient["fsdp_root_unsharded"] = root * 2.0
         raf = plan.effective_reshard_after_forward
         block_params = sum(u.n_params * u.count for u in block_units)
         if raf is False:
@@ -487,7 +487,7 @@ def _stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute
         t_r = attn
     hf = hb = 0.0
     if last:
-        hf, hb = lm_head_times(model, accelerator, compute, tokens=tokens, tp=tp, fused_loss=job.loss_impl == "fused")
+        hf, hb = lm_head_times(model, accelerator, compute, tokens=tokens, tp=tp, loss=job.loss_impl)
     return t_f, t_b, t_w, t_r, attn, hf, hb
 
 

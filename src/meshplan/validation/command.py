@@ -86,6 +86,10 @@ def _fmt(s: dict) -> str:
             f"worst {s['worst_ape']:7.1%}  bias {s['bias']:+6.1%}")
 
 
+def _rows(rows: list[int]) -> str:
+    return "rows " + ", ".join(map(str, rows))
+
+
 def text_report(results: list[RowResult], fit: dict, cv: dict | None, group_cv: dict | None) -> str:
     lines = [f"meshplan validate: {fit['rows']} rows, {fit['modelled']} modelled, {fit['skipped']} skipped",
              "", "tokens/s per GPU, predicted against measured (error = predicted/measured - 1):",
@@ -105,7 +109,7 @@ def text_report(results: list[RowResult], fit: dict, cv: dict | None, group_cv: 
     lines += ["", f"peak memory (GiB as reported, torchtitan rows): {_fmt(fit['peak_memory'])}"]
     unfit = fit["predicted_not_to_fit"]
     lines.append(f"measured runs predicted not to fit in memory: {len(unfit)}"
-                 + (f" (rows {', '.join(map(str, unfit))})" if unfit else ""))
+                 + (f" ({_rows(unfit)})" if unfit else ""))
     worst = sorted((r for r in results if r.error is not None), key=lambda r: -abs(r.cv_error or r.error or 0))[:12]
     lines += ["", "largest errors:"]
     for r in worst:
@@ -203,23 +207,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
                           "rows": [_record(r) for r in results]}, indent=1))
     else:
         print(text_report(results, fit_sum, cv_sum, group_sum))
-    if args.max_cv_mape is not None:
-        mape = (cv_sum or fit_sum)["tokens_per_s_per_gpu"]["mape"]  # type: ignore[index]
-        if mape is None or mape > args.max_cv_mape:
-            print(f"meshplan: validate: cross-validated MAPE {'none' if mape is None else f'{mape:.1%}'} "
-                  f"exceeds {args.max_cv_mape:.1%}", file=sys.stderr)
+    gates = ((args.max_cv_mape, "cross-validated MAPE", (cv_sum or fit_sum)["tokens_per_s_per_gpu"]),
+             (args.max_memory_mape, "peak-memory MAPE", fit_sum["peak_memory"]))
+    for threshold, name, errors in gates:
+        if threshold is None:
+            continue
+        mape = errors["mape"]  # type: ignore[index]
+        if mape is None or mape > threshold:
+            print(f"meshplan: validate: {name} {'none' if mape is None else f'{mape:.1%}'} exceeds {threshold:.1%}",
+                  file=sys.stderr)
             return 1
-        print(f"cross-validated MAPE {mape:.2%} <= threshold {args.max_cv_mape:.1%}", file=sys.stderr)
-    if args.max_memory_mape is not None:
-        mem = fit_sum["peak_memory"]["mape"]  # type: ignore[index]
-        if mem is None or mem > args.max_memory_mape:
-            print(f"meshplan: validate: peak-memory MAPE {'none' if mem is None else f'{mem:.1%}'} exceeds "
-                  f"{args.max_memory_mape:.1%}", file=sys.stderr)
-            return 1
-        print(f"peak-memory MAPE {mem:.2%} <= threshold {args.max_memory_mape:.1%}", file=sys.stderr)
+        print(f"{name} {mape:.2%} <= threshold {threshold:.1%}", file=sys.stderr)
     unfit = fit_sum["predicted_not_to_fit"]
     if args.require_fit and unfit:
-        print(f"meshplan: validate: {len(unfit)} measured runs predicted not to fit in memory (rows "
-              f"{', '.join(map(str, unfit))})", file=sys.stderr)  # type: ignore[arg-type]
+        print(f"meshplan: validate: {len(unfit)} measured runs predicted not to fit in memory "
+              f"({_rows(unfit)})", file=sys.stderr)  # type: ignore[arg-type]
         return 1
     return 0

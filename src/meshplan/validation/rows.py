@@ -45,14 +45,15 @@ class Skip(Exception):
     """A row meshplan does not model, with the reason."""
 
 
-# gpu_type prefix -> (catalog accelerator, overrides)
+# gpu_type prefix -> (catalog accelerator, overrides: AcceleratorSpec fields in base units, and
+# "peak_scale", a factor on its BF16 and FP8 peaks)
 _GPUS = [
     # Meta's Grand Teton H100: "96GB HBM2e with 2.4 TB/sec peak memory bandwidth", run at a 500 W power limit;
     # "the actual peak TFLOPs number is between SXM and NVL, and we don't know its exact value" (torchtitan
     # benchmarks/llama3_h100_202412_torchtitan.md, "Hardware" and footnote 2). Taken at the middle of that
     # range: SXM 989.4 and NVL 835.5 dense BF16 TFLOP/s (NVIDIA H100 datasheet, 1,979 and 1,671 with
     # sparsity), 0.922 of the SXM peak, BF16 and FP8 alike; the range is +-8 %.
-    ("H100 SXM 96GB", "h100-sxm", {"hbm_capacity_gib": 96, "hbm_tb_per_s": 2.4,
+    ("H100 SXM 96GB", "h100-sxm", {"hbm_capacity_bytes": 96 * GiB, "hbm_bytes_per_s": 2.4e12,
                                    "peak_scale": (989.4 + 835.5) / 2 / 989.4}),
     ("H100", "h100-sxm", {}),
     ("H200", "h200", {}),
@@ -170,12 +171,10 @@ def _cluster(row: dict[str, str]) -> ClusterSpec:
     cluster = load_cluster(name, nodes=nodes, gpus_per_node=gpn, inter_node_gb_per_s=inter)
     if overrides:
         accel = cluster.accelerator
+        fields = {k: v for k, v in overrides.items() if k != "peak_scale"}
         peak = overrides.get("peak_scale", 1.0)
-        accel = replace(accel,
-                        hbm_capacity_bytes=overrides.get("hbm_capacity_gib", accel.hbm_capacity_bytes / GiB) * GiB,
-                        hbm_bytes_per_s=overrides.get("hbm_tb_per_s", accel.hbm_bytes_per_s / 1e12) * 1e12,
-                        bf16_flop_per_s=accel.bf16_flop_per_s * peak,
-                        fp8_flop_per_s=accel.fp8_flop_per_s and accel.fp8_flop_per_s * peak)
+        accel = replace(accel, bf16_flop_per_s=accel.bf16_flop_per_s * peak,
+                        fp8_flop_per_s=accel.fp8_flop_per_s and accel.fp8_flop_per_s * peak, **fields)
         cluster = replace(cluster, accelerator=accel)
     return cluster
 
