@@ -58,7 +58,8 @@ def test_tensor_parallel_splits_gemm_time():
 
 
 def test_kernel_scale_slows_kernels_of_a_stack_on_its_gpu_family_only():
-    """kernel_scale is fitted per (stack, GPU family) against Megatron-core, which keeps 1."""
+    """kernel_scale (GEMMs) and attention_kernel_scale are fitted per (stack, GPU family) against
+    Megatron-core, which keeps 1."""
     from dataclasses import replace
 
     from meshplan.calibration import compute_params_for
@@ -72,7 +73,24 @@ def test_kernel_scale_slows_kernels_of_a_stack_on_its_gpu_family_only():
     slow = layer_times(m, a, replace(ref, kernel_scale=0.8), tokens=8192, seq_len=8192, cp=1, tp=1,
                        precision="bf16")
     assert slow.gemm_fwd_s == pytest.approx(base.gemm_fwd_s / 0.8)
-    assert slow.attention_fwd_s == pytest.approx(base.attention_fwd_s / 0.8)
+    assert slow.attention_fwd_s == pytest.approx(base.attention_fwd_s)  # its GEMMs only
+    fa2 = layer_times(m, a, replace(ref, attention_kernel_scale=0.6), tokens=8192, seq_len=8192, cp=1, tp=1,
+                      precision="bf16")
+    assert fa2.attention_fwd_s == pytest.approx(base.attention_fwd_s / 0.6)
+    assert fa2.gemm_fwd_s == pytest.approx(base.gemm_fwd_s)
+
+
+def test_fitted_attention_kernel_scales_separate_flashattention_2_from_fused_attention_on_hopper():
+    """On A100 every stack of the data ran FlashAttention-2, so llm-foundry's attention matches
+    Megatron-core's there; on Hopper Megatron-core's cuDNN fused attention runs well ahead of the
+    FlashAttention-2 that llm-foundry and torchtitan ran. The fit must find that, not be told it."""
+    from meshplan.calibration import compute_params_for
+
+    assert compute_params_for("h100-sxm", "megatron").attention_kernel_scale == 1.0
+    hopper = compute_params_for("h100-sxm", "llm-foundry").attention_kernel_scale
+    ampere = compute_params_for("a100-80gb", "llm-foundry").attention_kernel_scale
+    assert hopper < 0.8 < ampere
+    assert compute_params_for("h100-sxm", "torchtitan").attention_kernel_scale < 0.8
 
 
 def test_fp8_gemms_need_larger_shapes_for_their_peak():

@@ -109,7 +109,7 @@ def test_only_torchtitan_commits_after_the_compiled_loss_fuse_it():
     assert _loss(_titan(source_group="NeMo / Megatron-Bridge", software="e7c0cae compile"))[0] == "auto"
 
 
-def test_only_the_launcher_read_to_reduce_in_bf16_does():
+def test_only_the_launchers_read_to_reduce_in_bf16_do():
     from meshplan.validation.rows import _reduce_dtype_bytes
 
     row = {"software": "dgxc-benchmarking v25.04", "model": "Llama-3.1-8B"}
@@ -117,6 +117,14 @@ def test_only_the_launcher_read_to_reduce_in_bf16_does():
     assert _reduce_dtype_bytes(row, "bf16") == (4.0, ())
     assert _reduce_dtype_bytes(row | {"software": "dgxc-benchmarking v24.11.1"}, "fp8") == (4.0, ())
     assert _reduce_dtype_bytes(row | {"model": "Nemotron4-15B"}, "fp8") == (4.0, ())
+    # Megatron-Bridge's performance scripts turn it off for every model and precision
+    bridge = {"software": "NeMo 26.04.01 / Megatron-Bridge", "model": "Qwen3-30B-A3B"}
+    reduce_bytes, said = _reduce_dtype_bytes(bridge, "bf16")
+    assert reduce_bytes == 2.0 and "grad_reduce_in_fp32" in said[0]
+    assert _reduce_dtype_bytes(bridge | {"software": "NeMo 24.07"}, "fp8") == (4.0, ())  # not read
+    # dgxc launchers read one by one: GPT-3 175B's hydra yaml (both precisions), Nemotron-4 15B not
+    assert _reduce_dtype_bytes({"software": "dgxc-benchmarking v24.11.1", "model": "GPT3-175B"}, "bf16")[0] == 2.0
+    assert _reduce_dtype_bytes({"software": "dgxc-benchmarking v24.11.1", "model": "Nemotron4-15B"}, "bf16")[0] == 4.0
 
 
 @pytest.mark.skipif(not os.path.exists(SHARED), reason="shared data not beside the repository")

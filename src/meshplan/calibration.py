@@ -4,7 +4,7 @@
 ``meshplan validate --calibrate``, holds parameters fitted on published runs with their provenance
 (procedure, rows, cross-validated error): a ``[global]`` table, ``[accelerator.<name>]`` tables
 (``gemm_scale``), ``[software.<name>]`` tables (overheads), ``[stack."<software>/<family>"]`` tables
-(``kernel_scale``) and ``[uncertainty]`` bands.
+(``kernel_scale``, ``attention_kernel_scale``) and ``[uncertainty]`` bands.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any
 
 from meshplan.cost.compute import ComputeParams
 
-FIELDS = ("gemm_scale", "kernel_scale", "gemm_half_dim", "fp8_half_dim_ratio", "fp8_gemm_efficiency",
-          "attention_efficiency", "attention_half_len", "memory_efficiency", "overlap_efficiency",
-          "comm_slowdown", "step_overhead_s", "layer_overhead_s", "elementwise_passes", "moe_gemm_efficiency",
-          "moe_permute_passes", "causal_attention_fraction", "zero3_overlap_efficiency",
+FIELDS = ("gemm_scale", "kernel_scale", "attention_kernel_scale", "gemm_half_dim", "fp8_half_dim_ratio",
+          "fp8_gemm_efficiency", "attention_efficiency", "attention_half_len", "memory_efficiency",
+          "overlap_efficiency", "comm_slowdown", "step_overhead_s", "layer_overhead_s", "elementwise_passes",
+          "moe_gemm_efficiency", "moe_permute_passes", "causal_attention_fraction", "zero3_overlap_efficiency",
           "zero3_collective_efficiency", "moe_layer_overhead_s")
 # accelerators that share a calibration: the same GPU silicon with different memory, power or node
 # (A100 40/80 GB; Hopper H100/H200; Blackwell B200/GB200; Blackwell Ultra B300/GB300)

@@ -35,6 +35,11 @@ class ComputeParams:
     """A software stack's kernels (GEMMs and attention) against the reference stack's (Megatron-core with
     Transformer Engine) on the same GPU generation: stacks and their releases reach different shares
     of the same silicon."""
+    attention_kernel_scale: float = 1.0
+    """A software stack's attention kernel against the reference stack's on the same GPU generation
+    (``kernel_scale`` for its GEMMs): on Hopper, Megatron-core runs Transformer Engine's cuDNN fused
+    attention, while the PyTorch stacks of the data ran FlashAttention-2 (flash_attn, or PyTorch SDPA's
+    FlashAttention-2 backend), which reaches a smaller share of Hopper's peak than of Ampere's."""
     gemm_half_dim: float = 128.0
     """d_{1/2} of the GEMM shape factor [elements]."""
     fp8_half_dim_ratio: float = 1.0
@@ -153,7 +158,7 @@ def flash_attention_time_s(flop: float, *, seq_len: float, block_len: float, cau
     queries and keys run at attention_length_efficiency of the long-sequence rate."""
     if causal:  # only the sequence's diagonal tiles are partial, however CP splits it
         flop *= causal_time_fraction(seq_len, params.causal_attention_fraction)
-    return flop / (accel.bf16_flop_per_s * params.attention_efficiency * params.kernel_scale
+    return flop / (accel.bf16_flop_per_s * params.attention_efficiency * params.attention_kernel_scale
                    * attention_length_efficiency(block_len, params.attention_half_len))
 
 

@@ -185,11 +185,28 @@ TORCHTITAN_COMPILED_LOSS = {"e7c0cae": "2025-06-13"}
 the December 2024 rows (9dec370) ran before it, with the eager loss."""
 
 
-DGXC_BF16_GRADS = ("dgxc-benchmarking v25.04 llama3.1/pretrain_llama31.py @741c886: FP8 runs set "
-                   "grad_reduce_in_fp32 = False (BF16 runs keep the NeMo recipe's fp32)")
-"""NeMo 2.0's recipes keep Megatron's gradient buffer in fp32 (bf16_mixed(): grad_reduce_in_fp32=True);
-the v25.04 dgxc Llama 3.1 launcher turns it to bf16 for FP8 runs. Other releases and models are not read,
-so they keep fp32."""
+BF16_GRAD_RULES: tuple[tuple[str, str, str | None, str], ...] = (
+    ("dgxc-benchmarking v25.04", "Llama-3.1", "fp8",
+     "dgxc-benchmarking v25.04 llama3.1/pretrain_llama31.py @741c886: FP8 runs set grad_reduce_in_fp32 = False "
+     "(BF16 runs keep the NeMo recipe's fp32)"),
+    ("dgxc-benchmarking v24.11.1", "GPT3-175B", None,
+     "dgxc-benchmarking v24.11.1 nemo_megatron/gpt3_175b_hydra.yaml @35a9aec: optim grad_sync_dtype: bf16"),
+    ("dgxc-benchmarking v24.11.1", "Nemotron4-340B", None,
+     "dgxc-benchmarking nemotron4-340b-synth.yaml (v25.02 @8f5cbb3, the nearest stored version): "
+     "grad_sync_dtype: bf16"),
+    ("dgxc-benchmarking v25.05", "Grok-1", None,
+     "dgxc-benchmarking v25.05.01 grok1/launch.sh @60d6fd3 runs NeMo's performance script "
+     "pretrain_grok1_314b.py (@01b83a7, the nearest stored version): grad_reduce_in_fp32 = False for BF16 and FP8"),
+    ("Megatron-Bridge", "", None,
+     "Megatron-Bridge's performance scripts set grad_reduce_in_fp32 = False for every model: the 25.09 workload "
+     "yamls (mixed_precision: grad_reduce_in_fp32: false), the per-family set_*_common_configs of "
+     "scripts/performance (recipe.mixed_precision.grad_reduce_in_fp32 = False, recipe.ddp.grad_reduce_in_fp32 = "
+     "False) and perf_recipes' _perf_precision (cfg.grad_reduce_in_fp32 = False)"),
+)
+"""Rows whose launcher is read to keep Megatron's gradient buffer and reduction in bf16: (software contains,
+model starts with, precision or None for any, source). NeMo 2.0's and Megatron-Bridge's library recipes keep
+it in fp32 (bf16_mixed(): grad_reduce_in_fp32=True; Megatron-Bridge training/mixed_precision.py); the
+benchmark launchers named here turn it off. Launchers not read keep fp32."""
 
 
 def _loss(row: dict[str, str]) -> tuple[str, tuple[str, ...]]:
@@ -206,10 +223,12 @@ def _loss(row: dict[str, str]) -> tuple[str, tuple[str, ...]]:
 
 def _reduce_dtype_bytes(row: dict[str, str], precision: str) -> tuple[float, tuple[str, ...]]:
     """(JobSpec.reduce_dtype_bytes, imputed note): 2 where the row's launcher is read to reduce in bf16
-    (DGXC_BF16_GRADS), else fp32's 4."""
-    if (row.get("software", "").startswith("dgxc-benchmarking v25.04") and precision == "fp8"
-            and row.get("model", "").startswith("Llama-3.1")):
-        return 2.0, (f"reduce_dtype_bytes=2 from {DGXC_BF16_GRADS}",)
+    (BF16_GRAD_RULES), else fp32's 4."""
+    software, model = row.get("software", ""), row.get("model", "")
+    for in_software, model_prefix, rule_precision, source in BF16_GRAD_RULES:
+        if (in_software in software and model.startswith(model_prefix)
+                and rule_precision in (None, precision)):
+            return 2.0, (f"reduce_dtype_bytes=2 from {source}",)
     return 4.0, ()
 
 
