@@ -262,6 +262,22 @@ def test_context_parallel_ring_and_ulysses():
     assert {e.collective for e in uly.comm if e.axis == "cp"} == {"all_to_all"}
 
 
+def test_point_to_point_across_nodes_has_no_ring_to_fill():
+    """A send/recv between two nodes (pipeline stages, ring CP's KV passes) follows the two-node H100
+    exchange of nccl-tests#232 (18.5-22.5 GB/s at 2 MiB, 36 at 8 MiB, 41 at 32 MiB), not the much larger
+    half size of a ring collective across nodes, which the same message on the same ranks still pays."""
+    from meshplan.cost.collectives import ALL_GATHER, SEND_RECV, collective_time_s
+    from meshplan.cost.mesh import group
+
+    c = load_cluster("h100-sxm", nodes=2)
+    pair = group("cp", 2, 8, c.gpus_per_node)  # one rank on each node
+    assert pair.n_nodes == 2
+    for mib, lo, hi in ((2, 18e9, 24e9), (8, 33e9, 39e9), (32, 39e9, 45e9)):
+        msg = mib * 2**20
+        assert lo < msg / (collective_time_s(SEND_RECV, msg, pair, c) - c.inter.latency_s) < hi
+    assert collective_time_s(ALL_GATHER, 4 * 2**20, pair, c) > 5 * collective_time_s(SEND_RECV, 2 * 2**20, pair, c)
+
+
 def test_sequence_parallel_replaces_all_reduce_with_gather_and_scatter_of_equal_bytes():
     sp = _est("tp=8,dp_shard=8,mbs=1,recompute=none")
     no_sp = _est("tp=8,dp_shard=8,mbs=1,recompute=none,sp=false")

@@ -41,6 +41,8 @@ def test_plan_json_lists_plans_reasons_recommendation_and_conditions(plan_json):
     assert isinstance(d["conditions"], list)
     for c in d["conditions"]:
         assert {"condition", "direction", "value", "plan", "text"} <= set(c)
+        if c["plan"] == d["recommended"]["plan"]["label"]:  # same degrees, other options: the text names them
+            assert c["plan_string"] in c["text"]
     assert len(d["questions"]) == 4 and d["measure_first"]
     band = d["recommended"]["uncertainty"]  # from the cross-validated residuals of similar published runs
     assert band is not None and band["low"] < 0 < band["high"]

@@ -122,9 +122,34 @@ def test_only_the_launchers_read_to_reduce_in_bf16_do():
     reduce_bytes, said = _reduce_dtype_bytes(bridge, "bf16")
     assert reduce_bytes == 2.0 and "grad_reduce_in_fp32" in said[0]
     assert _reduce_dtype_bytes(bridge | {"software": "NeMo 24.07"}, "fp8") == (4.0, ())  # not read
-    # dgxc launchers read one by one: GPT-3 175B's hydra yaml (both precisions), Nemotron-4 15B not
-    assert _reduce_dtype_bytes({"software": "dgxc-benchmarking v24.11.1", "model": "GPT3-175B"}, "bf16")[0] == 2.0
-    assert _reduce_dtype_bytes({"software": "dgxc-benchmarking v24.11.1", "model": "Nemotron4-15B"}, "bf16")[0] == 4.0
+    # dgxc launchers read one by one (the data's software strings): GPT-3 175B's hydra yaml and Nemotron-4
+    # 340B's (both precisions), Grok-1's NeMo performance script; Nemotron-4 15B's not
+    v2411 = "dgxc-benchmarking v24.11.1, NeMo 24.11 container"
+    assert _reduce_dtype_bytes({"software": v2411, "model": "GPT3-175B"}, "bf16")[0] == 2.0
+    assert _reduce_dtype_bytes({"software": v2411, "model": "Nemotron4-340B"}, "fp8")[0] == 2.0
+    assert _reduce_dtype_bytes({"software": v2411, "model": "Nemotron4-15B"}, "bf16")[0] == 4.0
+    assert _reduce_dtype_bytes({"software": "dgxc-benchmarking v25.05.01", "model": "Grok-1-314B"}, "bf16")[0] == 2.0
+    assert _reduce_dtype_bytes({"software": "dgxc-benchmarking v25.04", "model": "Grok-1-314B"}, "bf16")[0] == 4.0
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED), reason="shared data not beside the repository")
+def test_each_bf16_gradient_rule_matches_the_rows_it_was_read_for():
+    """Each BF16_GRAD_RULES entry takes exactly the published rows of its launcher: 14 FP8 Llama 3.1 rows
+    of dgxc v25.04, 9 GPT-3 175B and 6 Nemotron-4 340B rows of v24.11.1, 4 Grok-1 rows of v25.05.01, and
+    the 78 modelled Megatron-Bridge rows (NVFP4 ones are skipped)."""
+    from collections import Counter
+
+    from meshplan.validation.rows import BF16_GRAD_RULES
+    from meshplan.validation.validate import load_scenarios, read_rows
+
+    sources = {rule[3]: i for i, rule in enumerate(BF16_GRAD_RULES)}
+    hits = Counter()
+    for r in load_scenarios(read_rows(SHARED)):
+        for note in (r.scenario.imputed if r.scenario else ()):
+            for source, i in sources.items():
+                if source in note:
+                    hits[i] += 1
+    assert [hits[i] for i in range(len(BF16_GRAD_RULES))] == [14, 9, 6, 4, 78]
 
 
 @pytest.mark.skipif(not os.path.exists(SHARED), reason="shared data not beside the repository")

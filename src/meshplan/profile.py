@@ -104,7 +104,7 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
     if nic:
         per_gpu, alpha = min(nic)
         inter = replace(inter, nic_bytes_per_s=per_gpu, efficiency=1.0, half_size_bytes=0.0,
-                        latency_s=alpha or inter.latency_s)
+                        p2p_half_size_bytes=0.0, latency_s=alpha or inter.latency_s)
     best = profile.get("gemm_best_flop_per_s")
     if best:
         eff = min(1.0, float(best) / accel.bf16_flop_per_s)

@@ -168,10 +168,11 @@ def _collective_time_s(intra: IntraNodeLink, inter: InterNodeLink, op: str, mess
         bw = intra_busbw(op, n, cluster) * size_efficiency(message_bytes, intra.half_size_bytes)
         return latency_s(op, grp, cluster) + message_bytes * busbw_factor(op, n) / bw
     r = grp.ranks_per_node
-    nic = _nic_bytes_per_s(cluster) * size_efficiency(message_bytes, inter.half_size_bytes)
     alpha = latency_s(op, grp, cluster)
-    if op == SEND_RECV:
-        return alpha + message_bytes / nic
+    if op == SEND_RECV:  # one connection, no ring to fill: its own, smaller half size
+        return alpha + message_bytes / (_nic_bytes_per_s(cluster)
+                                        * size_efficiency(message_bytes, inter.p2p_half_size_bytes))
+    nic = _nic_bytes_per_s(cluster) * size_efficiency(message_bytes, inter.half_size_bytes)
     if op == ALL_TO_ALL:
         if remote_share is not None:
             leaving, staying = message_bytes * remote_share, message_bytes * (r - 1) / r

@@ -32,14 +32,15 @@ class ComputeParams:
     gemm_scale: float = 1.0
     """Achieved over best-case (MAMF) matmul efficiency in training kernels, per accelerator."""
     kernel_scale: float = 1.0
-    """A software stack's kernels (GEMMs and attention) against the reference stack's (Megatron-core with
-    Transformer Engine) on the same GPU generation: stacks and their releases reach different shares
-    of the same silicon."""
+    """A software stack's GEMM kernels (unfused attention's batched GEMMs among them) against the reference
+    stack's (Megatron-core with Transformer Engine) on the same GPU generation: stacks and their releases
+    reach different shares of the same silicon."""
     attention_kernel_scale: float = 1.0
-    """A software stack's attention kernel against the reference stack's on the same GPU generation
-    (``kernel_scale`` for its GEMMs): on Hopper, Megatron-core runs Transformer Engine's cuDNN fused
-    attention, while the PyTorch stacks of the data ran FlashAttention-2 (flash_attn, or PyTorch SDPA's
-    FlashAttention-2 backend), which reaches a smaller share of Hopper's peak than of Ampere's."""
+    """A software stack's FlashAttention kernel against the reference stack's on the same GPU generation:
+    on Hopper, Megatron-core runs Transformer Engine's attention (cuDNN fused attention by default), while
+    the PyTorch stacks of the data ran FlashAttention-2 (flash_attn, or PyTorch SDPA's FlashAttention-2
+    backend), which reaches a smaller share of Hopper's peak than of Ampere's. Fitted on Hopper only
+    (calibrate.ATTENTION_SPLIT_FAMILIES)."""
     gemm_half_dim: float = 128.0
     """d_{1/2} of the GEMM shape factor [elements]."""
     fp8_half_dim_ratio: float = 1.0

@@ -229,7 +229,10 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
         speedup = (base_then.step_time_s / other.step_time_s) if (base_then and base_then.feasible) else float("inf")
         gain = "the recommendation no longer fits" if math.isinf(speedup) else f"{speedup:.2f}x faster"
         text = (f"{direction} {knob.fmt(hi)}" if knob.continuous else f"at {knob.fmt(hi)}")
-        text += f", {other.plan.label()} is best ({gain})"
+        label = other.plan.label()
+        if label == base.plan.label():  # the same degrees with other options: name them
+            label += f" ({structural_key(other.plan)})"
+        text += f", {label} is best ({gain})"
         if math.isinf(speedup) and base_then is not None and base_then.infeasible_reasons:
             text += f": {base_then.infeasible_reasons[0]}"
         return Condition(condition=knob.name, direction=direction, value=hi, last_same_value=lo, unit=knob.unit,

@@ -87,6 +87,12 @@ class InterNodeLink:
     """Message size at which a collective across nodes reaches half of its bus bandwidth (heuristic:
     between 8-GPU NVLink rings, at half their 1 GiB busbw near 16 MiB, and ml-engineering's 4-node B200
     all-reduce, at half only near 512 MiB; formulas.md §1.6)."""
+    p2p_half_size_bytes: float = 2 * 2**20
+    """Message size at which one point-to-point transfer across nodes (send/recv between pipeline stages,
+    ring context parallelism's KV passes) reaches half of the NIC rate: no ring of many steps to fill, only
+    NCCL's chunked pipeline over one connection. nccl-tests#232 measured two H100 nodes exchanging through
+    one GPU each (a two-rank all-reduce, NCCL 2.x, NDR): 18.5-22.5 GB/s at 2 MiB, 27 at 4 MiB, 36 at 8 MiB,
+    40 at 16 MiB and 41 at 32 MiB, which B / (B + 2 MiB) of about 45 GB/s follows within 10 %."""
 
     def __post_init__(self) -> None:
         positive_number("cluster.inter.nic_bytes_per_s", self.nic_bytes_per_s)

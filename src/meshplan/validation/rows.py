@@ -194,7 +194,7 @@ BF16_GRAD_RULES: tuple[tuple[str, str, str | None, str], ...] = (
     ("dgxc-benchmarking v24.11.1", "Nemotron4-340B", None,
      "dgxc-benchmarking nemotron4-340b-synth.yaml (v25.02 @8f5cbb3, the nearest stored version): "
      "grad_sync_dtype: bf16"),
-    ("dgxc-benchmarking v25.05", "Grok-1", None,
+    ("dgxc-benchmarking v25.05.01", "Grok-1", None,
      "dgxc-benchmarking v25.05.01 grok1/launch.sh @60d6fd3 runs NeMo's performance script "
      "pretrain_grok1_314b.py (@01b83a7, the nearest stored version): grad_reduce_in_fp32 = False for BF16 and FP8"),
     ("Megatron-Bridge", "", None,
