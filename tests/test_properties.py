@@ -115,11 +115,21 @@ def test_bus_factor_is_n_minus_one_over_n(n):
 
 
 @SETTINGS
-@given(clusters(), st.sampled_from([ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL]),
+@given(clusters(), st.sampled_from([ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL, SEND_RECV]),
        st.sampled_from([2, 4, 8, 16, 64]), st.sampled_from([1, 8]), st.floats(1e4, 1e10), st.floats(1.01, 10))
 def test_collective_time_grows_with_message_size(cluster, op, size, stride, msg, factor):
     g = group("x", size, stride, cluster.gpus_per_node)
     assert collective_time_s(op, msg * factor, g, cluster) >= collective_time_s(op, msg, g, cluster)
+
+
+@SETTINGS
+@given(clusters(nodes=st.just(2)), st.floats(1e3, 1e10))
+def test_a_send_inside_a_node_is_never_slower_than_one_across_nodes(cluster, msg):
+    """Placing a pipeline or ring-CP pair inside a node must never be predicted slower than across nodes."""
+    inside = group("pp", 2, 1, cluster.gpus_per_node)
+    across = group("pp", 2, cluster.gpus_per_node, cluster.gpus_per_node)
+    assert inside.n_nodes == 1 and across.n_nodes == 2
+    assert collective_time_s(SEND_RECV, msg, inside, cluster) <= collective_time_s(SEND_RECV, msg, across, cluster)
 
 
 @SETTINGS

@@ -97,10 +97,10 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
         notes.append(f"profile: {op} on {link} measured at {busbw / GB:.3g} GB/s busbw, alpha {alpha * 1e6:.0f} us")
     if ring:
         busbw, alpha = min(ring)
-        intra = replace(intra, ring_busbw_bytes_per_s=busbw, half_size_bytes=0.0,
+        intra = replace(intra, ring_busbw_bytes_per_s=busbw, half_size_bytes=0.0, p2p_half_size_bytes=0.0,
                         latency_s=alpha if alpha > 0 else intra.latency_s)
     elif fits:
-        intra = replace(intra, half_size_bytes=0.0)
+        intra = replace(intra, half_size_bytes=0.0, p2p_half_size_bytes=0.0)
     if nic:
         per_gpu, alpha = min(nic)
         inter = replace(inter, nic_bytes_per_s=per_gpu, efficiency=1.0, half_size_bytes=0.0,

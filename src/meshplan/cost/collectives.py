@@ -165,7 +165,8 @@ def _collective_time_s(intra: IntraNodeLink, inter: InterNodeLink, op: str, mess
         return 0.0
     intra, inter = cluster.intra, cluster.inter
     if grp.n_nodes == 1:
-        bw = intra_busbw(op, n, cluster) * size_efficiency(message_bytes, intra.half_size_bytes)
+        half = intra.p2p_half_size_bytes if op == SEND_RECV else intra.half_size_bytes
+        bw = intra_busbw(op, n, cluster) * size_efficiency(message_bytes, half)
         return latency_s(op, grp, cluster) + message_bytes * busbw_factor(op, n) / bw
     r = grp.ranks_per_node
     alpha = latency_s(op, grp, cluster)

@@ -118,6 +118,17 @@ def layout_key(plan: Plan) -> str:
     return p.to_string()
 
 
+def changed_label(plan: Plan, recommended: Plan) -> str:
+    """``plan``'s label, with the options in which it differs from ``recommended`` where the two have the
+    same degrees ('PP=16 x TP=4 (schedule=zb-h1)'): otherwise the change would read as no change."""
+    label = plan.label()
+    if label != recommended.label():
+        return label
+    mine = set(structural_key(recommended).split(","))
+    differing = [item for item in structural_key(plan).split(",") if item not in mine]
+    return f"{label} ({','.join(differing)})" if differing else label
+
+
 def rescale(plan: Plan, n_gpus: int) -> Plan | None:
     """``plan`` on ``n_gpus`` GPUs: the data-parallel degree absorbs the change (HSDP keeps its shard
     group and changes its replicas); None when the other degrees do not divide the GPUs."""
@@ -229,9 +240,7 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
         speedup = (base_then.step_time_s / other.step_time_s) if (base_then and base_then.feasible) else float("inf")
         gain = "the recommendation no longer fits" if math.isinf(speedup) else f"{speedup:.2f}x faster"
         text = (f"{direction} {knob.fmt(hi)}" if knob.continuous else f"at {knob.fmt(hi)}")
-        label = other.plan.label()
-        if label == base.plan.label():  # the same degrees with other options: name them
-            label += f" ({structural_key(other.plan)})"
+        label = changed_label(other.plan, base_then.plan if base_then else base.plan)
         text += f", {label} is best ({gain})"
         if math.isinf(speedup) and base_then is not None and base_then.infeasible_reasons:
             text += f": {base_then.infeasible_reasons[0]}"

@@ -63,6 +63,10 @@ class IntraNodeLink:
     """Latency of one ring step over NVLink (NCCL tuning.cc hwLat NVLink, Ring, Simple: 3.4 us)."""
     half_size_bytes: float = 8 * 2**20
     """Message size at which a collective reaches half of its bus bandwidth."""
+    p2p_half_size_bytes: float = 2 * 2**20
+    """Message size at which one point-to-point copy (send/recv) reaches half of ``p2p_bytes_per_s``
+    (heuristic, not measured here: the point-to-point pipeline measured across nodes,
+    InterNodeLink.p2p_half_size_bytes; a send/recv has no ring to fill on NVLink or xGMI either)."""
 
     def __post_init__(self) -> None:
         one_of("cluster.intra.kind", self.kind, ("nvswitch", "xgmi"))
@@ -89,10 +93,13 @@ class InterNodeLink:
     all-reduce, at half only near 512 MiB; formulas.md §1.6)."""
     p2p_half_size_bytes: float = 2 * 2**20
     """Message size at which one point-to-point transfer across nodes (send/recv between pipeline stages,
-    ring context parallelism's KV passes) reaches half of the NIC rate: no ring of many steps to fill, only
-    NCCL's chunked pipeline over one connection. nccl-tests#232 measured two H100 nodes exchanging through
-    one GPU each (a two-rank all-reduce, NCCL 2.x, NDR): 18.5-22.5 GB/s at 2 MiB, 27 at 4 MiB, 36 at 8 MiB,
-    40 at 16 MiB and 41 at 32 MiB, which B / (B + 2 MiB) of about 45 GB/s follows within 10 %."""
+    ring context parallelism's KV passes) reaches half of the NIC rate (heuristic): no ring of many steps
+    to fill, only NCCL's chunked pipeline over one connection (its log in nccl#1357: "P2P Chunksize set to
+    131072", a few such chunks in flight per channel). The nearest public measurement, nccl-tests#232: two
+    H100 nodes exchanging through one GPU each (a two-rank Tree all-reduce over 4 RoCE NICs, which sends
+    and receives the message once per GPU, as a send/recv does): 18.5-22.5 GB/s at 2 MiB, 27 at 4 MiB, 36
+    at 8 MiB, 40 at 16 MiB, 41 at 32 MiB, latency included. B / (B + 2 MiB) of the NIC rate, with the
+    call latency added, is within 25 % of that and on the slow side at small sizes."""
 
     def __post_init__(self) -> None:
         positive_number("cluster.inter.nic_bytes_per_s", self.nic_bytes_per_s)

@@ -5,9 +5,10 @@ Procedure (docs/calibration.md):
    constant and the FP8 one relative to it, overlap efficiency, compute slowdown under communication,
    expert-GEMM efficiency), one per accelerator family (``gemm_scale``: training-kernel over best-case
    matmul efficiency), three per software stack (``layer_overhead_s``, ``step_overhead_s``,
-   ``elementwise_passes``: its elementwise memory traffic over the fused minimum), and two per
-   stack and family where the reference stack (Megatron-core) also has rows (``kernel_scale`` for its
-   GEMMs, ``attention_kernel_scale`` for its attention kernel). None is per row.
+   ``elementwise_passes``: its elementwise memory traffic over the fused minimum), and per stack and
+   family where the reference stack (Megatron-core) also has rows ``kernel_scale`` for its GEMMs and, on
+   Hopper only (ATTENTION_SPLIT_FAMILIES), ``attention_kernel_scale`` for its attention kernel. None is
+   per row.
 2. Loss: mean |log(predicted / measured)| of tokens/s per GPU over the training rows (robust to the
    few rows whose published configuration is incomplete).
 3. Optimiser: cyclic coordinate descent, a golden-section search per parameter within physical bounds,
