@@ -103,6 +103,12 @@ def latency_s(op: str, grp: Group, cluster: ClusterSpec | _Links) -> float:
     return base + min(1.4 * 2 * ring, tree)
 
 
+def _half_size_bytes(op: str, link: IntraNodeLink | InterNodeLink) -> float:
+    """The message size at which ``op`` reaches half its bandwidth on ``link``: a send/recv has no ring to
+    fill (``p2p_half_size_bytes``), the collectives do (``half_size_bytes``)."""
+    return link.p2p_half_size_bytes if op == SEND_RECV else link.half_size_bytes
+
+
 def _nic_bytes_per_s(cluster: ClusterSpec | _Links) -> float:
     return cluster.inter.nic_bytes_per_s * cluster.inter.efficiency
 
@@ -165,15 +171,13 @@ def _collective_time_s(intra: IntraNodeLink, inter: InterNodeLink, op: str, mess
         return 0.0
     intra, inter = cluster.intra, cluster.inter
     if grp.n_nodes == 1:
-        half = intra.p2p_half_size_bytes if op == SEND_RECV else intra.half_size_bytes
-        bw = intra_busbw(op, n, cluster) * size_efficiency(message_bytes, half)
+        bw = intra_busbw(op, n, cluster) * size_efficiency(message_bytes, _half_size_bytes(op, intra))
         return latency_s(op, grp, cluster) + message_bytes * busbw_factor(op, n) / bw
     r = grp.ranks_per_node
+    nic = _nic_bytes_per_s(cluster) * size_efficiency(message_bytes, _half_size_bytes(op, inter))
     alpha = latency_s(op, grp, cluster)
-    if op == SEND_RECV:  # one connection, no ring to fill: its own, smaller half size
-        return alpha + message_bytes / (_nic_bytes_per_s(cluster)
-                                        * size_efficiency(message_bytes, inter.p2p_half_size_bytes))
-    nic = _nic_bytes_per_s(cluster) * size_efficiency(message_bytes, inter.half_size_bytes)
+    if op == SEND_RECV:
+        return alpha + message_bytes / nic
     if op == ALL_TO_ALL:
         if remote_share is not None:
             leaving, staying = message_bytes * remote_share, message_bytes * (r - 1) / r

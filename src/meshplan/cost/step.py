@@ -952,10 +952,9 @@ class _Choice:
         tokens, m = b * self.job.seq_len / plan.cp, _micro_batches(self.job, plan.dp, b)
         flash = self.job.flash_attention
         frees = 0.0
-        layers = stage_layers(self.model, plan.pp)
         for s, st in self.shared.static.items():
             held = in_flight_microbatches(schedule=plan.schedule, pp=plan.pp, m=m, vpp=plan.vpp, stage=s,
-                                          ep_overlap=plan.ep_overlap, layers=sum(layers[s]))
+                                          ep_overlap=plan.ep_overlap, layers=sum(self.shared.layout[s]))
             frees = max(frees, held * tokens * (max(st.a_dense[flash], st.a_moe[flash]) - st.full_recompute))
         frees *= 1.0 + self.job.runtime.allocator_fraction
         return self.partial_layers if frees <= 0 else max(1, min(self.partial_layers, math.ceil(over / frees)))
