@@ -124,6 +124,8 @@ class PlanAnalysis:
     simplified: dict[str, Estimate] = field(default_factory=dict)
     recommended: Estimate | None = None
     """The search's recommendation with its uncertainty band."""
+    conditions_swept: bool = False
+    """Whether the conditions of change were computed (an empty ``conditions`` then means none found)."""
 
 
 def _try(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, mfu: float | None) -> Estimate | None:
@@ -313,4 +315,4 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
     questions.append(q4)
     return PlanAnalysis(model=model, cluster=cluster, job=job, result=result, conditions=conditions,
                         measurements=measurements, questions=questions, mode="faithful", simplified=simplified,
-                        recommended=best)
+                        recommended=best, conditions_swept=with_conditions and best is not None)

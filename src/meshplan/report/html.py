@@ -70,8 +70,9 @@ def write_report(a: PlanAnalysis, sweeps: dict[str, list[SweepPoint]], out_dir: 
         md.append(f"- {c.text}")
         h.append(f"<li>{html.escape(c.text)}</li>")
     if not a.conditions:
-        md.append("- no change within the swept ranges")
-        h.append("<li>no change within the swept ranges</li>")
+        none = "no change within the swept ranges" if a.conditions_swept else "not computed (--no-conditions)"
+        md.append(f"- {none}")
+        h.append(f"<li>{none}</li>")
     md.append("")
     h.append("</ul>")
     md += [f"## Ranked plans (top {len(rows)} of {len(a.result.ranked)})", "", "| " + " | ".join(header) + " |",

@@ -108,4 +108,5 @@ def plan_analysis_dict(a: Any, *, top: int | None = None) -> dict[str, Any]:
                         "last_same_value": c.last_same_value, "unit": c.unit, "base_value": c.base_value,
                         "plan": c.plan, "plan_string": c.plan_string, "speedup": _num(c.speedup),
                         "text": c.text} for c in a.conditions],
+        "conditions_swept": a.conditions_swept,
     }

@@ -97,9 +97,11 @@ def plan_text(a: PlanAnalysis, *, top: int = 10) -> str:
             if a.conditions:
                 lines.append("   When to change the plan (computed by re-running the search):")
                 lines += [f"   - {c.text}" for c in a.conditions]
-            elif a.result.recommended is not None:
+            elif a.conditions_swept:
                 lines.append("   The recommendation holds over every condition swept (batch /8..x8, inter-node "
                              "bandwidth /8..x8, GPUs /8..x8, sequence length, depth).")
+            elif a.result.recommended is not None:
+                lines.append("   When to change the plan: not computed (--no-conditions).")
         lines.append("")
     lines.append(f"Top {min(top, len(r.ranked))} of {len(r.ranked)} plans (infeasible plans are listed with reasons "
                  "in --json):")
