@@ -55,6 +55,13 @@ def test_plan_overrides_json(capsys):
     assert code == 0
     assert d["scenario"]["n_gpus"] == 32 and d["scenario"]["global_batch_tokens"] == 2 * 2**20
     assert d["recommended"]["feasible"] is True
+    assert d["conditions"] == [] and d["conditions_swept"] is False
+
+
+def test_plan_without_conditions_does_not_claim_the_plan_holds(capsys):
+    code, out, _ = run(capsys, "plan", "--space", "dp-tp", "--nodes", "2", "--batch-tokens", "1M",
+                       "--seq-len", "2048", "--no-conditions")
+    assert code == 0 and "not computed (--no-conditions)" in out and "holds over every condition" not in out
 
 
 def test_catalog(capsys):
@@ -62,7 +69,7 @@ def test_catalog(capsys):
     assert code == 0
     for name in ("h100-sxm", "h200", "a100-40gb", "a100-80gb", "b200", "mi300x", "llama-2-7b", "llama-2-13b",
                  "llama-2-70b", "llama-3-8b", "llama-3-70b", "llama-3.1-405b", "gpt3-175b", "seed-70b",
-                 "mixtral-8x7b", "deepseek-v3"):
+                 "mixtral-8x7b", "deepseek-v3", "gpt-oss-120b"):
         assert name in out
 
 

@@ -407,6 +407,18 @@ def test_group_limited_routing_spec_errors_name_the_field(kw, field):
     assert err.value.field == field
 
 
+@pytest.mark.parametrize("kw", [{"attention_window": 0, "global_attention_every": 2},
+                                {"attention_window": 128, "global_attention_every": 1},
+                                {"attention_window": -1}])
+def test_sliding_window_spec_errors_name_the_field(kw):
+    from dataclasses import replace
+
+    with pytest.raises(SpecError) as err:
+        replace(load_model("gpt-oss-120b"), **kw)
+    assert err.value.field == ("model.attention_window" if kw.get("attention_window", 1) < 0
+                               else "model.global_attention_every")
+
+
 def test_the_loss_implementation_sets_the_logits_working_set():
     """Eager cross-entropy peaks at three fp32 copies of the logits in its backward (12 B per logit),
     Megatron's vocab-parallel one at an fp32 copy and a bf16 gradient (6 B), a fused (compiled) loss at the

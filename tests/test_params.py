@@ -46,3 +46,30 @@ def test_llama3_8b_flops_per_token():
     assert 3 * matmul_flop_per_token_fwd(pc) == pytest.approx(45.0e9, rel=2e-3)
     assert 3 * attention_flop_per_token_fwd(m, seq_len=8192, causal=False) == pytest.approx(12.9e9, rel=2e-3)
     assert 3 * attention_flop_per_token_fwd(m, seq_len=8192, causal=True) == pytest.approx(6.44e9, rel=2e-3)
+
+
+def test_gpt_oss_120b_total_and_active():
+    """OpenAI's gpt-oss model card (2025-08): 116.83B total parameters, 5.13B active per token without
+    the embedding (the attention sinks and router biases, 6,912 in all, are not counted here)."""
+    m = load_model("gpt-oss-120b")
+    pc = param_counts(m)
+    assert pc.total == pytest.approx(116.83e9, rel=1e-4)
+    assert pc.active - pc.embedding == pytest.approx(5.13e9, rel=2e-3)
+    assert m.windowed_layers == 18
+
+
+def test_sliding_window_attention_flops():
+    """Windowed layers count the keys a query sees: w non-causally, w - w(w-1)/2S causally; global layers
+    count the whole sequence. A window as long as the sequence changes nothing."""
+    from dataclasses import replace
+    m = load_model("gpt-oss-120b")
+    full = replace(m, attention_window=0, global_attention_every=0)
+    per_key = 2 * m.n_heads * (m.qk_head_dim + m.value_head_dim)
+    S, w = 4096, 128
+    assert attention_flop_per_token_fwd(m, seq_len=S, causal=False) == pytest.approx(per_key * (18 * S + 18 * w))
+    causal_keys = sum(min(i + 1, w) for i in range(S)) / S
+    assert attention_flop_per_token_fwd(m, seq_len=S, causal=True) == pytest.approx(
+        per_key * (18 * S / 2 + 18 * causal_keys))
+    for causal in (False, True):
+        assert attention_flop_per_token_fwd(m, seq_len=w, causal=causal) == pytest.approx(
+            attention_flop_per_token_fwd(full, seq_len=w, causal=causal))

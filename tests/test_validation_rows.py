@@ -80,6 +80,10 @@ def test_unstated_settings_come_from_their_source_and_are_listed():
     assert stated and not any(r.scenario.imputed for r in stated)
     piped = [r for r in titan if r.scenario.plan.pp > 1]
     assert piped and all(r.scenario.plan.mbs and "pipelining_utils.py" in r.scenario.imputed[0] for r in piped)
+    gpt_oss = [r for r in results if "GPT-OSS" in r.model]
+    assert gpt_oss and all((r.scenario.model.attention_window, r.scenario.model.windowed_layers) == (128, 18)
+                           and "gpt_oss_bridge" in " ".join(r.scenario.imputed) for r in gpt_oss)
+    assert not any(r.scenario.model.attention_window for r in results if "GPT-OSS" not in r.model)
     # the 405B layout measured with both schedules: interleaved with torchtitan's two stages per rank
     assert {(r.scenario.plan.schedule, r.scenario.plan.vpp, r.scenario.plan.mbs) for r in piped
             if r.scenario.plan.cp == 1} == {("1f1b", 1, 4), ("interleaved", 2, 4)}

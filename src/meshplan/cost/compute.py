@@ -18,6 +18,7 @@ provenance live in the catalog (catalog/calibration/*.toml).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from meshplan.specs import AcceleratorSpec, ModelSpec
@@ -141,26 +142,37 @@ def causal_time_fraction(block_len: float, asymptote: float) -> float:
     return min(1.0, asymptote * (n + 1) / n)
 
 
-def attention_length_efficiency(block_len: float, half_len: float) -> float:
+def attention_length_efficiency(block_len: float, half_len: float, key_len: float | None = None) -> float:
     """Share of its long-sequence rate a FlashAttention kernel reaches on blocks of ``block_len`` queries
-    and keys [0-1]: (L / (L + L½))², L½ calibrated on the published runs (catalog).
+    and ``key_len`` keys (default: as many as queries) [0-1]: Lq / (Lq + L½) · Lk / (Lk + L½), L½
+    calibrated on the published runs (catalog).
 
     One factor for the keys: each thread block streams them past one query tile, and its fixed cost
     (loading the tile, the prologue, the output write) is amortised over the key length. One for the
     queries: short blocks, as in ring context parallelism, give few query tiles per head. A single
     factor fits the published runs worse (docs/calibration.md, "Tried and not adopted")."""
-    return (block_len / (block_len + half_len)) ** 2
+    keys = block_len if key_len is None else key_len
+    return block_len / (block_len + half_len) * keys / (keys + half_len)
 
 
 def flash_attention_time_s(flop: float, *, seq_len: float, block_len: float, causal: bool,
-                           accel: AcceleratorSpec, params: ComputeParams) -> float:
+                           accel: AcceleratorSpec, params: ComputeParams, key_len: float | None = None) -> float:
     """Forward time of a FlashAttention kernel doing ``flop`` FLOPs if no mask were applied [s]: a causal
     kernel skips the masked tiles (causal_time_fraction on the sequence), and blocks of ``block_len``
-    queries and keys run at attention_length_efficiency of the long-sequence rate."""
+    queries against ``key_len`` keys per query tile (default: as many) run at attention_length_efficiency
+    of the long-sequence rate."""
     if causal:  # only the sequence's diagonal tiles are partial, however CP splits it
         flop *= causal_time_fraction(seq_len, params.causal_attention_fraction)
     return flop / (accel.bf16_flop_per_s * params.attention_efficiency * params.attention_kernel_scale
-                   * attention_length_efficiency(block_len, params.attention_half_len))
+                   * attention_length_efficiency(block_len, params.attention_half_len, key_len))
+
+
+def window_key_span(window: int, seq_len: float) -> float:
+    """Keys a FlashAttention query tile runs over in a sliding-window layer [tokens]: the key tiles that
+    the band from the window's start to the tile's diagonal touches, ceil(w / tile) + 1 of them, whole
+    (FlashAttention-2 ``window_size``, cuDNN's sliding window and FlexAttention skip the tiles outside the
+    band and mask the partial ones). Never more than the sequence."""
+    return min(float(seq_len), (math.ceil(window / FLASH_TILE) + 1) * FLASH_TILE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,9 +198,11 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     output [T, h_q/t]x[h_q/t, D], MLP up (and gate) [T, D]x[D, F/t], down [T, F/t]x[F/t, D]; the backward
     runs the same shapes twice (input and weight gradient). MoE layers: each local expert processes
     ``expert_tokens`` tokens, its FFN split ``expert_tp`` ways (Plan.expert_tp). Attention: 4·T·S_kv·h_q/t
-    FLOPs forward (half when causal, FlashAttention skips masked blocks); FlashAttention's backward is
-    2.5x its forward (it recomputes QKᵀ), unfused attention's backward runs twice the forward's batched
-    GEMMs and its own elementwise traffic over the score matrix.
+    FLOPs forward (half when causal, FlashAttention skips masked blocks), in sliding-window layers only
+    the key tiles of the band (window_key_span; the layer's mean over windowed and global layers);
+    FlashAttention's backward is 2.5x its forward (it recomputes QKᵀ), unfused attention's backward runs
+    twice the forward's batched GEMMs and its own elementwise traffic over the score matrix, which it
+    computes whole, window or not.
     """
     D, t = model.hidden, float(tp)
     peak, e_max, hd = gemm_curve(accel, params, precision)
@@ -223,6 +237,12 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
         block = seq_len / cp if cp_chunked else seq_len
         attn_fwd = flash_attention_time_s(attn_flop, seq_len=seq_len, block_len=block, causal=causal_kernel,
                                           accel=accel, params=params)
+        if model.windowed_layers:  # the layers' mean: windowed ones run only the key tiles of their band
+            span = window_key_span(model.attention_window, seq_len)
+            windowed = flash_attention_time_s(attn_flop * span / kv_len, seq_len=seq_len, block_len=block,
+                                              key_len=min(block, span), causal=False, accel=accel, params=params)
+            share = model.windowed_layers / model.n_layers
+            attn_fwd = (1.0 - share) * attn_fwd + share * min(attn_fwd, windowed)
         attn_bwd = 2.5 * attn_fwd
     else:
         # Unfused attention (Megatron before FlashAttention): QKᵀ and A·V as batched GEMMs over every score,

@@ -32,15 +32,31 @@ def matmul_flop_per_token_fwd(counts: ParamCounts) -> float:
     return 2.0 * matmul_params
 
 
+def attended_keys(seq_len: int, *, window: int, causal: bool) -> float:
+    """Keys a query attends to, averaged over the sequence's queries [tokens].
+
+    Whole sequence: S (the non-causal convention of [1]) or S/2 (causal, [2]). Sliding window of w < S
+    keys: w by the non-causal convention; causally, query i sees min(i + 1, w) keys, which sum to
+    S·w - w(w-1)/2 over the sequence.
+    """
+    if not window or window >= seq_len:
+        return seq_len * (0.5 if causal else 1.0)
+    return window - window * (window - 1) / (2.0 * seq_len) if causal else float(window)
+
+
 def attention_flop_per_token_fwd(model: ModelSpec, *, seq_len: int, causal: bool) -> float:
     """Forward FLOPs of the attention core (QKᵀ and A·V) per token, all layers [FLOP/token].
 
     .. math:: 2·S·N·(H_{qk} + H_v)·L  (= 4·S·h_q·L when H_qk = H_v; halved for causal)
 
+    with S replaced by the window's attended keys in sliding-window layers (attended_keys).
     References: [1] (non-causal), [2] (causal).
     """
-    per_layer = 2.0 * seq_len * model.n_heads * (model.qk_head_dim + model.value_head_dim)
-    return per_layer * model.n_layers * (0.5 if causal else 1.0)
+    per_key = 2.0 * model.n_heads * (model.qk_head_dim + model.value_head_dim)
+    windowed = model.windowed_layers
+    keys = (model.n_layers - windowed) * attended_keys(seq_len, window=0, causal=causal)
+    keys += windowed * attended_keys(seq_len, window=model.attention_window, causal=causal)
+    return per_key * keys
 
 
 def model_flop_per_token(model: ModelSpec, counts: ParamCounts, *, seq_len: int, causal: bool) -> float:

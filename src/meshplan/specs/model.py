@@ -64,6 +64,14 @@ class ModelSpec:
     """MLA: per-head rotary part of queries and keys, added to head_dim (the non-rotary part)."""
     v_head_dim: int = 0
     """MLA: per-head value width (0: head_dim)."""
+    attention_window: int = 0
+    """Sliding-window attention: keys a query attends to in a windowed layer, itself included [tokens]
+    (0: every layer attends over the whole sequence). GPT-OSS: 128 (Hugging Face ``sliding_window``;
+    Megatron-Bridge ``window_size=(127, 0)``)."""
+    global_attention_every: int = 0
+    """With a window, every n-th layer attends over the whole sequence and the others over the window
+    (0: every layer windowed). GPT-OSS: 2 (sliding and full layers alternate, Megatron-core
+    ``window_attn_skip_freq=2``); Gemma 3: 6 (five local layers to one global)."""
     nominal_params: float | None = None
     """The parameter count the model is known by, if it differs from the exact count."""
     source: str = ""
@@ -74,7 +82,7 @@ class ModelSpec:
             positive_int(f"model.{f}", getattr(self, f))
         for f in ("learned_pos_emb", "n_experts", "top_k", "expert_ffn_hidden", "n_shared_experts",
                   "n_dense_layers", "n_expert_groups", "topk_groups", "q_lora_rank", "kv_lora_rank",
-                  "qk_rope_head_dim", "v_head_dim"):
+                  "qk_rope_head_dim", "v_head_dim", "attention_window", "global_attention_every"):
             non_negative_int(f"model.{f}", getattr(self, f))
         one_of("model.norm", self.norm, ("rmsnorm", "layernorm"))
         if self.head_dim is not None:
@@ -105,6 +113,12 @@ class ModelSpec:
             raise SpecError("model.n_experts", "top_k and shared experts need n_experts > 0")
         if self.nominal_params is not None:
             positive_number("model.nominal_params", self.nominal_params)
+        if self.global_attention_every and not self.attention_window:
+            raise SpecError("model.global_attention_every", "needs attention_window > 0")
+        if self.global_attention_every == 1:
+            raise SpecError("model.global_attention_every",
+                            "must be 0 (every layer windowed) or at least 2 (1 would leave no windowed layer: "
+                            "set attention_window = 0)")
 
     @property
     def d_head(self) -> int:
@@ -133,6 +147,13 @@ class ModelSpec:
     def kv_dim(self) -> int:
         """h_kv = K·H, width of each of the key and value projections."""
         return self.n_kv_heads * self.d_head
+
+    @property
+    def windowed_layers(self) -> int:
+        """Layers that attend over the sliding window only (global_attention_every: every n-th layer is global)."""
+        if not self.attention_window:
+            return 0
+        return self.n_layers - (self.n_layers // self.global_attention_every if self.global_attention_every else 0)
 
     @property
     def is_moe(self) -> bool:

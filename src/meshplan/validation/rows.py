@@ -89,6 +89,12 @@ def _software(row: dict[str, str]) -> str:
     return SOFTWARE_OF_GROUP.get(row["source_group"], "generic")
 
 
+GPT_OSS_WINDOW = (128, 2)
+"""GPT-OSS's (attention_window, global_attention_every), which the rows do not state: Megatron-Bridge's
+GPT-OSS bridge sets window_size=(127, 0) and window_attn_skip_freq=2 (src/megatron/bridge/models/gpt_oss/
+gpt_oss_bridge.py), as the Hugging Face config does (sliding_window 128, sliding and full layers
+alternating)."""
+
 _GATED_FAMILIES = ("llama", "mixtral", "qwen", "deepseek", "kimi", "gpt-oss", "grok", "mistral")
 
 
@@ -138,6 +144,8 @@ def _model(row: dict[str, str], idx: int) -> ModelSpec:
         head_dim = 128
     elif "qwen3" in low or "gpt-oss" in low:
         head_dim = 128 if "qwen3" in low else 64
+    if "gpt-oss" in low:  # alternating 128-token sliding-window and full attention (GPT_OSS_WINDOW)
+        kwargs |= {"attention_window": GPT_OSS_WINDOW[0], "global_attention_every": GPT_OSS_WINDOW[1]}
     try:
         return ModelSpec(name=name, n_layers=L, hidden=h, n_heads=heads, n_kv_heads=kv, ffn_hidden=ffn, vocab=vocab,
                          gated_mlp=gated, head_dim=head_dim, tied_embeddings=low.startswith("mpt"), **kwargs)
@@ -405,6 +413,10 @@ def scenario_from_row(idx: int, row: dict[str, str]) -> Scenario:
         raise Skip(f"job: {exc}") from None
     plan, imputed = _plan(row, model, cluster.n_gpus)
     imputed = (*imputed, *loss_note, *reduce_note)
+    if model.attention_window:
+        imputed = (*imputed, f"attention_window={model.attention_window}, global_attention_every="
+                             f"{model.global_attention_every} from Megatron-Bridge's gpt_oss_bridge.py "
+                             "(rows.GPT_OSS_WINDOW)")
     tokens, how = _measured_tokens(row, model)
     mem = _f(row, "peak_memory_gb")
     return Scenario(row=idx, source_group=row["source_group"], gpu=row["gpu_type"], model=model, cluster=cluster,
