@@ -46,6 +46,22 @@ def test_plan_json_lists_plans_reasons_recommendation_and_conditions(plan_json):
     assert band is not None and band["low"] < 0 < band["high"]
 
 
+def test_band_keys_look_up_the_kind_of_model_first():
+    """An MoE prediction takes the band of MoE runs on its GPU family and stack, else of every MoE run,
+    before the family's mostly dense band; a dense one never takes an MoE band."""
+    from meshplan.calibration import band_keys
+    assert band_keys("gb200", "megatron", True) == ("b200/megatron/moe", "all/moe", "b200/megatron", "b200", "all")
+    assert band_keys("h100-sxm", "torchtitan", False) == ("h100-sxm/torchtitan/dense", "h100-sxm/torchtitan",
+                                                          "h100-sxm", "all")
+
+
+def test_moe_predictions_carry_the_wider_band_their_runs_earned():
+    """On Blackwell with Megatron-core, MoE runs were predicted less well than dense ones (calibration)."""
+    from meshplan.calibration import uncertainty_band
+    (moe_lo, moe_hi), (dense_lo, dense_hi) = (uncertainty_band("b200", "megatron", moe) for moe in (True, False))
+    assert moe_lo < dense_lo < 0 < dense_hi < moe_hi
+
+
 def test_a_condition_with_the_same_degrees_names_the_options_that_change():
     """'below 981K tokens, PP=16 x TP=4 is best' would read as no change: the options that differ are named,
     also against the recommendation re-sized to another GPU count."""

@@ -61,10 +61,19 @@ def compute_params_for(accelerator: str, software: str = "generic") -> ComputePa
     return params_from(tables, source)
 
 
-def uncertainty_band(accelerator: str, software: str) -> tuple[float, float] | None:
+def band_keys(accelerator: str, software: str, moe: bool) -> tuple[str, ...]:
+    """The uncertainty tables a prediction looks up, most similar rows first: the same GPU family, stack
+    and kind of model (dense or MoE), then, for MoE, every MoE row (MoE predictions are less certain
+    than dense ones, so a family's mostly dense band would understate theirs), then the family and stack,
+    the family, every row. The calibration adds each row's residual to every table of its chain."""
+    fam, kind = family(accelerator), "moe" if moe else "dense"
+    return (f"{fam}/{software}/{kind}", *(("all/moe",) if moe else ()), f"{fam}/{software}", fam, "all")
+
+
+def uncertainty_band(accelerator: str, software: str, moe: bool = False) -> tuple[float, float] | None:
     """(low, high) relative step-time band from cross-validated residuals of similar rows, or None."""
     bands = _load("fitted").get("uncertainty", {})
-    for key in (f"{family(accelerator)}/{software}", family(accelerator), "all"):
+    for key in band_keys(accelerator, software, moe):
         if key in bands:
             b = bands[key]
             return float(b["low"]), float(b["high"])

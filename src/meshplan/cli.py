@@ -116,7 +116,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             est = refine(est, slowdown=cp.comm_slowdown, step_overhead_s=cp.step_overhead_s)
         from meshplan.uncertainty import attach_band
 
-        est = attach_band(est, accelerator=cluster.accelerator.name, software=job.software)
+        est = attach_band(est, accelerator=cluster.accelerator.name, software=job.software, moe=model.is_moe)
     if args.profile_notes:
         est = replace(est, notes=[*est.notes, *args.profile_notes])
     print(json.dumps(estimate_dict(est), indent=2) if args.json else estimate_text(est))

@@ -273,7 +273,7 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
         q4.estimates["recommended"] = best
         from meshplan.uncertainty import attach_band
 
-        best = attach_band(best, accelerator=cluster.accelerator.name, software=job.software)
+        best = attach_band(best, accelerator=cluster.accelerator.name, software=job.software, moe=model.is_moe)
         band = ""
         if best.uncertainty:
             lo, hi = best.uncertainty

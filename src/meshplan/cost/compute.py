@@ -88,9 +88,10 @@ class ComputeParams:
     its ``cuda_sync_point``, before the expert-parallel all-to-all when dropless, with no sync only when
     tokens are dropped and padded to capacity; the grouped GEMM takes the counts as a host list), so the
     GPU idles while the host launches what follows; the router's top-k, auxiliary loss and token
-    bookkeeping add small kernels. Not separated by dispatcher or token dropping: the data does not
-    distinguish them. Fitted on Megatron-core rows (the only MoE rows), applied to every stack's MoE
-    layers."""
+    bookkeeping add small kernels. Not separated by dispatcher or token dropping: the 25.09 token-drop rows,
+    whose layers run as CUDA graphs without a synchronisation, need it as much as the dropless ones (without
+    it they come out 7-33 % fast), so it is not host time alone. Fitted on Megatron-core rows (the only MoE
+    rows), applied to every stack's MoE layers."""
     moe_permute_passes: float = 4.0
     """Memory passes over each routed token copy (permute, unpermute, their gradients: 4 at least)."""
     causal_attention_fraction: float = 0.5

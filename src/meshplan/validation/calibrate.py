@@ -28,7 +28,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from meshplan.calibration import _load, family, params_from, stack_key
+from meshplan.calibration import _load, band_keys, family, params_from, stack_key
 from meshplan.cost.compute import ComputeParams
 from meshplan.validation.validate import RowResult, predict
 
@@ -254,15 +254,15 @@ def _fold(job: tuple[list[RowResult], list[RowResult], int]) -> list[tuple[int, 
 
 def uncertainty_bands(rows: list[RowResult]) -> dict[str, dict[str, float]]:
     """Relative step-time bands (10th and 90th percentile of the out-of-fold tokens/s errors, turned into
-    step-time ratios) per accelerator family and stack, per family, and overall."""
+    step-time ratios) for every table of calibration.band_keys with at least 8 rows."""
     groups: dict[str, list[float]] = {}
     for r in rows:
         e = r.cv_error
         if e is None or r.scenario is None:
             continue
         step_ratio = 1.0 / (1.0 + e) - 1.0  # predicted step over measured step, minus one
-        fam = family(r.scenario.cluster.accelerator.name)
-        for key in (f"{fam}/{r.scenario.job.software}", fam, "all"):
+        sc = r.scenario
+        for key in band_keys(sc.cluster.accelerator.name, sc.job.software, sc.model.is_moe):
             groups.setdefault(key, []).append(step_ratio)
     out = {}
     for key, v in groups.items():
