@@ -176,3 +176,35 @@ def test_sliding_window_attention_runs_only_its_band_of_key_tiles():
     assert 0.5 < ratio < 0.65
     assert attn(m, 128) == pytest.approx(attn(full, 128))
     assert attn(m, 65536) / attn(full, 65536) == pytest.approx(0.5, abs=0.01)
+
+
+@pytest.mark.parametrize(("window", "seq"), [(128, 4096), (129, 4096), (256, 4096), (1000, 4096), (2048, 4096),
+                                             (4096, 8192), (128, 100), (5000, 4096), (1, 1024)])
+def test_window_key_span_counts_the_key_tiles_each_query_tile_runs(window, seq):
+    """Brute force: query tile i covers queries i·128 .. i·128+127, which attend keys q-w+1 .. q; a key tile
+    runs whole when any of its keys is attended by any query of the tile."""
+    from meshplan.cost.compute import FLASH_TILE, window_key_span
+    n = -(-seq // FLASH_TILE)
+    tiles = 0
+    for i in range(n):
+        first_key = max(0, i * FLASH_TILE - window + 1)
+        tiles += i - first_key // FLASH_TILE + 1
+    assert window_key_span(window, seq) == pytest.approx(tiles / n * FLASH_TILE)
+
+
+def test_windowed_attention_never_costs_more_than_global_and_the_default_key_length_is_the_block():
+    from dataclasses import replace
+
+    from meshplan.cost.compute import attention_length_efficiency
+    m, c = load_model("gpt-oss-120b"), load_cluster("h100-sxm")
+    for seq in (256, 1024, 4096, 16384):
+        for w in (64, 128, 1000, 4096, 20000):
+            for cp in (1, 2, 4):
+                kw = {"tokens": seq / cp, "seq_len": seq, "cp": cp, "tp": 1, "precision": "bf16"}
+                windowed = layer_times(replace(m, attention_window=w), c.accelerator, ComputeParams(), **kw)
+                full = layer_times(replace(m, attention_window=0, global_attention_every=0), c.accelerator,
+                                   ComputeParams(), **kw)
+                assert windowed.attention_fwd_s <= full.attention_fwd_s * (1 + 1e-12)
+    for block in (100.0, 2048.0, 65536.0):
+        assert attention_length_efficiency(block, 256.0) == (block / (block + 256.0)) ** 2
+        assert attention_length_efficiency(block, 256.0, key_len=block) == attention_length_efficiency(block, 256.0)

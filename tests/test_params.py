@@ -73,3 +73,10 @@ def test_sliding_window_attention_flops():
     for causal in (False, True):
         assert attention_flop_per_token_fwd(m, seq_len=w, causal=causal) == pytest.approx(
             attention_flop_per_token_fwd(full, seq_len=w, causal=causal))
+
+
+@pytest.mark.parametrize(("n_layers", "every"), [(36, 2), (62, 6), (7, 0), (5, 2), (3, 4)])
+def test_windowed_layer_count_matches_the_per_layer_rule(n_layers, every):
+    from dataclasses import replace
+    m = replace(load_model("gpt-oss-120b"), n_layers=n_layers, global_attention_every=every)
+    assert m.windowed_layers == sum(m.layer_is_windowed(i) for i in range(n_layers))

@@ -38,7 +38,7 @@ def test_plan_json_lists_plans_reasons_recommendation_and_conditions(plan_json):
     assert all(p["step_time_s"] is None for p in d["plans"] if not p["feasible"])  # listed, not timed
     infeasible = [p for p in d["plans"] if not p["feasible"]]
     assert infeasible and all(p["infeasible_reasons"] for p in infeasible)
-    assert isinstance(d["conditions"], list)
+    assert isinstance(d["conditions"], list) and d["conditions"] and d["conditions_swept"] is True
     for c in d["conditions"]:
         assert {"condition", "direction", "value", "plan", "text"} <= set(c)
     assert len(d["questions"]) == 4 and d["measure_first"]
@@ -46,13 +46,18 @@ def test_plan_json_lists_plans_reasons_recommendation_and_conditions(plan_json):
     assert band is not None and band["low"] < 0 < band["high"]
 
 
-def test_band_keys_look_up_the_kind_of_model_first():
-    """An MoE prediction takes the band of MoE runs on its GPU family and stack, else of every MoE run,
-    before the family's mostly dense band; a dense one never takes an MoE band."""
-    from meshplan.calibration import band_keys
-    assert band_keys("gb200", "megatron", True) == ("b200/megatron/moe", "all/moe", "b200/megatron", "b200", "all")
-    assert band_keys("h100-sxm", "torchtitan", False) == ("h100-sxm/torchtitan/dense", "h100-sxm/torchtitan",
-                                                          "h100-sxm", "all")
+def test_a_prediction_takes_the_band_of_its_kind_of_model_even_where_its_family_has_few_such_runs():
+    """Blackwell Ultra has 19 MoE rows and 7 dense ones, Hopper 5 MoE rows: a dense GB300 plan takes the
+    dense rows' band and a Hopper MoE plan the MoE rows', never the other kind's (calibration.band_keys)."""
+    from meshplan.calibration import _load, band_keys, uncertainty_band
+    bands = _load("fitted")["uncertainty"]
+    assert all(band_keys(a, "megatron", m)[0] in bands for a, m in (("b200", True), ("b200", False)))
+    assert "gb300/megatron/dense" not in bands and "h100-sxm/megatron/moe" not in bands
+    assert not any("/" in k and not k.endswith(("/dense", "/moe")) for k in bands)  # no mixed band is kept
+    assert uncertainty_band("gb300", "megatron", False) == (bands["all/dense"]["low"], bands["all/dense"]["high"])
+    assert uncertainty_band("h100-sxm", "megatron", True) == (bands["all/moe"]["low"], bands["all/moe"]["high"])
+    dense, moe = uncertainty_band("gb300", "megatron", False), uncertainty_band("gb300", "megatron", True)
+    assert moe[1] - moe[0] > dense[1] - dense[0]
 
 
 def test_moe_predictions_carry_the_wider_band_their_runs_earned():
@@ -139,6 +144,15 @@ def test_report_html_is_self_contained_with_valid_images(capsys, tmp_path):
         assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
     md = (tmp_path / "report.md").read_text()
     assert "## 4." in md and "![" in md
+    assert "not computed (--no-conditions)" in md and "no change within the swept ranges" not in md
+
+
+def test_report_where_no_plan_fits_says_there_is_nothing_to_change(capsys, tmp_path):
+    code, _ = _run(capsys, "report", "--model", "llama-3.1-405b", "--cluster", "a100-40gb", "--nodes", "1",
+                   "--space", "dp-tp", "--out", str(tmp_path))
+    md = (tmp_path / "report.md").read_text()
+    assert code == 0 and "no plan fits, so there is no recommendation to change" in md
+    assert "not computed" not in md and "no change within the swept ranges" not in md
 
 
 def test_validate_cli_on_a_few_rows(capsys, tmp_path):

@@ -63,11 +63,12 @@ def compute_params_for(accelerator: str, software: str = "generic") -> ComputePa
 
 def band_keys(accelerator: str, software: str, moe: bool) -> tuple[str, ...]:
     """The uncertainty tables a prediction looks up, most similar rows first: the same GPU family, stack
-    and kind of model (dense or MoE), then, for MoE, every MoE row (MoE predictions are less certain
-    than dense ones, so a family's mostly dense band would understate theirs), then the family and stack,
-    the family, every row. The calibration adds each row's residual to every table of its chain."""
+    and kind of model (dense or MoE), the family and kind, every row of that kind, every row. The kind
+    is kept to the end because MoE predictions are far less certain than dense ones: a family's band
+    mixing both would understate one and overstate the other. The calibration adds each row's residual
+    to every table of its chain and keeps those with at least 8 rows."""
     fam, kind = family(accelerator), "moe" if moe else "dense"
-    return (f"{fam}/{software}/{kind}", *(("all/moe",) if moe else ()), f"{fam}/{software}", fam, "all")
+    return f"{fam}/{software}/{kind}", f"{fam}/{kind}", f"all/{kind}", "all"
 
 
 def uncertainty_band(accelerator: str, software: str, moe: bool = False) -> tuple[float, float] | None:

@@ -71,3 +71,24 @@ def test_torchtitan_attribute_names():
             "layers.0.feed_forward", "layers.1.moe", "layers.1.moe.router", "norm", "output"} <= names
     assert {"layers.0.attention.wq_a", "layers.0.attention.wkv_a", "layers.0.attention.wkv_b",
             "layers.0.attention.wo"} <= names
+
+
+def test_windowed_layers_attend_over_their_band_only():
+    """GPT-OSS's even layers attend over the last 128 keys, its odd ones over the whole sequence
+    (ModelSpec.layer_is_windowed); the reference attention masks exactly that band."""
+    import torch
+
+    from meshplan.harness.reference_model import _attend, build_model, scale_down
+
+    spec = scale_down(meshplan.load_model("gpt-oss-120b"))
+    model = build_model(spec, device="meta")
+    assert [layer.attention.window for layer in model.layers] == [128, 0]
+    torch.manual_seed(0)
+    b, s, h, d, w = 1, 12, 2, 4, 5
+    q, k, v = (torch.randn(b, s, h, d) for _ in range(3))
+    scores = torch.einsum("bihd,bjhd->bhij", q, k) / d ** 0.5
+    i, j = torch.arange(s)[:, None], torch.arange(s)[None, :]
+    expected = torch.einsum("bhij,bjhd->bihd", scores.masked_fill((j > i) | (i - j >= w), float("-inf"))
+                            .softmax(-1), v).flatten(2)
+    torch.testing.assert_close(_attend(q, k, v, w), expected)
+    torch.testing.assert_close(_attend(q, k, v, s), _attend(q, k, v))  # a window as long as the sequence

@@ -152,8 +152,8 @@ def attention_length_efficiency(block_len: float, half_len: float, key_len: floa
     (loading the tile, the prologue, the output write) is amortised over the key length. One for the
     queries: short blocks, as in ring context parallelism, give few query tiles per head. A single
     factor fits the published runs worse (docs/calibration.md, "Tried and not adopted")."""
-    keys = block_len if key_len is None else key_len
-    return block_len / (block_len + half_len) * keys / (keys + half_len)
+    queries = block_len / (block_len + half_len)
+    return queries * (queries if key_len is None else key_len / (key_len + half_len))
 
 
 def flash_attention_time_s(flop: float, *, seq_len: float, block_len: float, causal: bool,
@@ -169,11 +169,15 @@ def flash_attention_time_s(flop: float, *, seq_len: float, block_len: float, cau
 
 
 def window_key_span(window: int, seq_len: float) -> float:
-    """Keys a FlashAttention query tile runs over in a sliding-window layer [tokens]: the key tiles that
-    the band from the window's start to the tile's diagonal touches, ceil(w / tile) + 1 of them, whole
-    (FlashAttention-2 ``window_size``, cuDNN's sliding window and FlexAttention skip the tiles outside the
-    band and mask the partial ones). Never more than the sequence."""
-    return min(float(seq_len), (math.ceil(window / FLASH_TILE) + 1) * FLASH_TILE)
+    """Keys a FlashAttention query tile runs over in a sliding-window layer, averaged over the sequence's
+    query tiles [tokens]. Query tile i (of n = ceil(S / tile)) attends keys i·tile - w + 1 .. i·tile +
+    tile - 1, which touch min(i, c) + 1 key tiles, c = ceil((w - 1) / tile); each is run whole
+    (FlashAttention-2's ``window_size=(w - 1, 0)``, cuDNN's sliding window and FlexAttention skip the tiles
+    outside the band and mask the partial ones). Tiles near the start of the sequence see fewer."""
+    n = max(1, math.ceil(seq_len / FLASH_TILE))
+    c = math.ceil((window - 1) / FLASH_TILE)
+    tiles = n * (n - 1) / 2 if c >= n - 1 else c * (c + 1) / 2 + c * (n - 1 - c)  # sum of min(i, c), i < n
+    return (1.0 + tiles / n) * FLASH_TILE
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,8 @@ References
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from meshplan.cost.params import ParamCounts
 from meshplan.specs import ModelSpec
 
@@ -74,10 +76,11 @@ def recompute_flop_per_token(model: ModelSpec, counts: ParamCounts, *, seq_len: 
     in its backward (so 0 extra with FlashAttention, by the convention of [1] and torchtitan).
     """
     attn = attention_flop_per_token_fwd(model, seq_len=seq_len, causal=causal)
+    if recompute == "selective" and not flash_attention:  # unfused attention computes every score, window or not
+        return attention_flop_per_token_fwd(replace(model, attention_window=0, global_attention_every=0),
+                                            seq_len=seq_len, causal=causal)
     if recompute == "full":
         return matmul_flop_per_token_fwd(counts) - 2.0 * counts.lm_head_matmul + attn
     if recompute == "sac":  # every other matmul of the blocks is recomputed
         return 0.5 * (matmul_flop_per_token_fwd(counts) - 2.0 * counts.lm_head_matmul)
-    if recompute == "selective" and not flash_attention:
-        return attn
     return 0.0

@@ -48,9 +48,17 @@ def _rotate(x: torch.Tensor, positions: int) -> torch.Tensor:
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention on (b, s, heads, d) tensors; returns (b, s, heads·d_v)."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int = 0) -> torch.Tensor:
+    """Causal attention on (b, s, heads, d) tensors, over the last ``window`` keys (itself included) when
+    ``window`` is set and shorter than the sequence; returns (b, s, heads·d_v)."""
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    s = q.shape[2]
+    if window and window < s:
+        pos = torch.arange(s, device=q.device)
+        behind = pos[:, None] - pos[None, :]  # query i, key j: i - j
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=(behind >= 0) & (behind < window))
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     return out.transpose(1, 2).flatten(2)
 
 
@@ -61,9 +69,10 @@ class Attention(nn.Module):
     unchanged on tensor-parallel shards (torchtitan's convention).
     """
 
-    def __init__(self, spec: ModelSpec, fk: dict) -> None:
+    def __init__(self, spec: ModelSpec, fk: dict, window: int = 0) -> None:
         super().__init__()
         D, H, b = spec.hidden, spec.d_head, spec.linear_bias
+        self.window = window
         self.head_dim = H
         self.n_rep = spec.n_heads // spec.n_kv_heads
         self.rotary = spec.learned_pos_emb == 0
@@ -82,7 +91,7 @@ class Attention(nn.Module):
         if self.n_rep > 1:  # torchtitan repeat_kv: FLOPs are those of N query heads
             k = k.repeat_interleave(self.n_rep, dim=2)
             v = v.repeat_interleave(self.n_rep, dim=2)
-        return self.wo(_attend(q, k, v))
+        return self.wo(_attend(q, k, v, self.window))
 
 
 class MLAttention(nn.Module):
@@ -93,9 +102,10 @@ class MLAttention(nn.Module):
     H = spec.d_head is the non-rotary query/key part; H_qk = H + H_rope. No biases.
     """
 
-    def __init__(self, spec: ModelSpec, fk: dict) -> None:
+    def __init__(self, spec: ModelSpec, fk: dict, window: int = 0) -> None:
         super().__init__()
         D, N = spec.hidden, spec.n_heads
+        self.window = window
         self.nope, self.rope, self.v_dim = spec.d_head, spec.qk_rope_head_dim, spec.value_head_dim
         self.qk_dim = spec.qk_head_dim
         self.kv_rank = spec.kv_lora_rank
@@ -121,7 +131,7 @@ class MLAttention(nn.Module):
         kv = self.wkv_b(self.kv_norm(kv)).view(bs, s, -1, self.nope + self.v_dim)
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, k_pe.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
-        return self.wo(_attend(q, k, v))
+        return self.wo(_attend(q, k, v, self.window))
 
 
 class FeedForward(nn.Module):
@@ -200,7 +210,8 @@ class TransformerBlock(nn.Module):
     def __init__(self, spec: ModelSpec, layer_id: int, fk: dict) -> None:
         super().__init__()
         self.attention_norm = _norm(spec, spec.hidden, fk)
-        self.attention = MLAttention(spec, fk) if spec.is_mla else Attention(spec, fk)
+        window = spec.attention_window if spec.layer_is_windowed(layer_id) else 0
+        self.attention = MLAttention(spec, fk, window) if spec.is_mla else Attention(spec, fk, window)
         self.ffn_norm = _norm(spec, spec.hidden, fk)
         self.moe_enabled = spec.is_moe and layer_id >= spec.n_dense_layers
         if self.moe_enabled:

@@ -49,7 +49,8 @@ def _stacked(rows: list[tuple[str, dict[str, float]]], xlabel: str, title: str) 
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="lower right", ncol=2)
+    if keys:  # nothing to stack (no plan was timed): no legend to draw
+        ax.legend(fontsize=7, loc="lower right", ncol=2)
     return _png(fig)
 
 

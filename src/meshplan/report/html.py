@@ -70,7 +70,8 @@ def write_report(a: PlanAnalysis, sweeps: dict[str, list[SweepPoint]], out_dir: 
         md.append(f"- {c.text}")
         h.append(f"<li>{html.escape(c.text)}</li>")
     if not a.conditions:
-        none = "no change within the swept ranges" if a.conditions_swept else "not computed (--no-conditions)"
+        none = ("no plan fits, so there is no recommendation to change" if a.result.recommended is None
+                else "no change within the swept ranges" if a.conditions_swept else "not computed (--no-conditions)")
         md.append(f"- {none}")
         h.append(f"<li>{none}</li>")
     md.append("")

@@ -148,9 +148,15 @@ class ModelSpec:
         """h_kv = K·H, width of each of the key and value projections."""
         return self.n_kv_heads * self.d_head
 
+    def layer_is_windowed(self, layer: int) -> bool:
+        """Whether layer ``layer`` (0-based) attends over the sliding window only: every layer but each
+        global_attention_every-th (GPT-OSS: layers 0, 2, 4, ... windowed, 1, 3, 5, ... global)."""
+        every = self.global_attention_every
+        return bool(self.attention_window) and not (every and (layer + 1) % every == 0)
+
     @property
     def windowed_layers(self) -> int:
-        """Layers that attend over the sliding window only (global_attention_every: every n-th layer is global)."""
+        """How many layers layer_is_windowed holds for (counted in closed form: the cost model asks often)."""
         if not self.attention_window:
             return 0
         return self.n_layers - (self.n_layers // self.global_attention_every if self.global_attention_every else 0)

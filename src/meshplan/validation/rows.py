@@ -413,7 +413,7 @@ def scenario_from_row(idx: int, row: dict[str, str]) -> Scenario:
         raise Skip(f"job: {exc}") from None
     plan, imputed = _plan(row, model, cluster.n_gpus)
     imputed = (*imputed, *loss_note, *reduce_note)
-    if model.attention_window:
+    if "gpt-oss" in row["model"].lower():
         imputed = (*imputed, f"attention_window={model.attention_window}, global_attention_every="
                              f"{model.global_attention_every} from Megatron-Bridge's gpt_oss_bridge.py "
                              "(rows.GPT_OSS_WINDOW)")
