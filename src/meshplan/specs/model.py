@@ -67,7 +67,9 @@ class ModelSpec:
     attention_window: int = 0
     """Sliding-window attention: keys a query attends to in a windowed layer, itself included [tokens]
     (0: every layer attends over the whole sequence). GPT-OSS: 128 (Hugging Face ``sliding_window``;
-    Megatron-Bridge ``window_size=(127, 0)``)."""
+    Megatron-Bridge ``window_size=(127, 0)``). Counted in model FLOPs and in FlashAttention's time (and
+    masked in the PyTorch reference model); context-parallel exchanges are still charged as for global
+    attention, and unfused attention computes every score."""
     global_attention_every: int = 0
     """With a window, every n-th layer attends over the whole sequence and the others over the window
     (0: every layer windowed). GPT-OSS: 2 (sliding and full layers alternate, Megatron-core
