@@ -80,6 +80,9 @@ def test_unstated_settings_come_from_their_source_and_are_listed():
     assert stated and not any(r.scenario.imputed for r in stated)
     piped = [r for r in titan if r.scenario.plan.pp > 1]
     assert piped and all(r.scenario.plan.mbs and "pipelining_utils.py" in r.scenario.imputed[0] for r in piped)
+    notes = [row["notes"].lower() for row in read_rows(SHARED)]
+    compiled = {r.row for r in results if r.scenario.job.compiled}
+    assert compiled == {r.row for r in titan if "compile" in notes[r.row]} and len(compiled) == 12
     gpt_oss = [r for r in results if "GPT-OSS" in r.model]
     assert gpt_oss and all((r.scenario.model.attention_window, r.scenario.model.windowed_layers) == (128, 18)
                            and "gpt_oss_bridge" in " ".join(r.scenario.imputed) for r in gpt_oss)

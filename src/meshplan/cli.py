@@ -42,7 +42,7 @@ def _add_scenario(p: argparse.ArgumentParser) -> None:
                    help=f"global batch in tokens per step (default {DEFAULT_BATCH_TOKENS:,}; 4M works)")
     g.add_argument("--seq-len", type=positive_size, default=None, help=f"sequence length (default {DEFAULT_SEQ_LEN})")
     g.add_argument("--job", default=None, metavar="FILE",
-                   help="job spec .toml (optimizer, precision, reduce_dtype_bytes, flop_convention, ...)")
+                   help="job spec .toml (optimizer, precision, reduce_dtype_bytes, compiled, flop_convention, ...)")
     g.add_argument("--mfu", type=fraction, default=None,
                    help="assume this MFU for compute instead of the kernel model")
     g.add_argument("--json", action="store_true", help="write JSON (schema in the README)")

@@ -73,6 +73,12 @@ def _layer_times(model: ModelSpec, accel: _AccelKey, compute: ComputeParams, tok
                        sequence_parallel=sp and tp > 1)
 
 
+@functools.lru_cache(maxsize=64)
+def _fused(compute: ComputeParams) -> ComputeParams:
+    """``compute`` for compiled blocks (JobSpec.compiled): elementwise traffic at the fused minimum."""
+    return replace(compute, elementwise_passes=1.0)
+
+
 @dataclass(frozen=True, slots=True)
 class _StageCtx:
     """What every part of one stage's evaluation shares."""
@@ -470,7 +476,7 @@ def _stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute
             expert_tokens = (t_rank * ep * model.top_k * job.moe_capacity_factor * job.moe_routing_imbalance
                              / model.n_experts)
             local = model.n_experts / ep
-        return _layer_times(model, accel, compute, tokens, job.seq_len, cp, tp,
+        return _layer_times(model, accel, _fused(compute) if job.compiled else compute, tokens, job.seq_len, cp, tp,
                             job.precision, moe, expert_tokens, local, cp_chunked, job.flash_attention, etp, sp)
 
     kinds = [(n_dense, lt(False))] + ([(n_moe, lt(True))] if n_moe else [])

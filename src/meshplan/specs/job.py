@@ -64,6 +64,11 @@ class JobSpec:
     reduce_dtype_bytes: float = 4.0
     """Bytes per element of gradient reduction (FSDP2 MixedPrecisionPolicy.reduce_dtype; fp32 = 4)."""
     flash_attention: bool = True
+    compiled: bool = False
+    """The transformer blocks run under torch.compile: Inductor fuses each chain of elementwise ops (norms
+    with their residual adds, rotary, the activation, casts) into one kernel, so their memory traffic is
+    the fused minimum instead of the stack's ``elementwise_passes`` (eager PyTorch moves about 2.7x that,
+    measured on an H200, docs/measure.md). Stacks with hand-fused kernels (Megatron-core) are there already."""
     flop_convention: str = "palm"
     """Attention FLOPs for MFU: 'palm' (non-causal, 12·L·h_q·S per token) or 'causal' (half)."""
     moe_capacity_factor: float = 1.0

@@ -229,6 +229,12 @@ def _loss(row: dict[str, str]) -> tuple[str, tuple[str, ...]]:
                      "with the model since PR #1033 (2025-04-01)",)
 
 
+def _compiled(row: dict[str, str]) -> bool:
+    """JobSpec.compiled: the torchtitan rows that say they ran torch.compile ("FSDP+compile", "torch.compile");
+    the others, and every other stack's rows, ran eager blocks or the stack's own fused kernels."""
+    return row.get("source_group") == "torchtitan" and "compile" in row.get("notes", "").lower()
+
+
 def _reduce_dtype_bytes(row: dict[str, str], precision: str) -> tuple[float, tuple[str, ...]]:
     """(JobSpec.reduce_dtype_bytes, imputed note): 2 where the row's launcher is read to reduce in bf16
     (BF16_GRAD_RULES), else fp32's 4."""
@@ -408,7 +414,7 @@ def scenario_from_row(idx: int, row: dict[str, str]) -> Scenario:
                       fp8_param_gather=precision == "fp8" and "fp8 fsdp all-gather" in row["precision"].lower(),
                       loss=loss, reduce_dtype_bytes=reduce_bytes,
                       flash_attention=not (row.get("flash_attention") or "").lower().startswith("n"),
-                      software=_software(row))
+                      compiled=_compiled(row), software=_software(row))
     except SpecError as exc:
         raise Skip(f"job: {exc}") from None
     plan, imputed = _plan(row, model, cluster.n_gpus)
