@@ -56,6 +56,7 @@ def test_plan_overrides_json(capsys):
     assert d["scenario"]["n_gpus"] == 32 and d["scenario"]["global_batch_tokens"] == 2 * 2**20
     assert d["recommended"]["feasible"] is True
     assert d["conditions"] == [] and d["conditions_swept"] is False
+    assert (d["scenario"]["software"], d["scenario"]["compiled"]) == ("generic", False)
 
 
 def test_plan_without_conditions_does_not_claim_the_plan_holds(capsys):
@@ -121,6 +122,9 @@ def test_model_spec_file(capsys, tmp_path):
     f.write_text('name="tiny"\nn_layers=4\nhidden=512\nn_heads=8\nn_kv_heads=8\nffn_hidden=2048\nvocab=32000\n')
     code, out, _ = run(capsys, "evaluate", "--model", str(f), "--plan", "dp_shard=64", "--json")
     assert code == 0 and json.loads(out)["model"] == "tiny"
+    f.write_text(f.read_text() + 'attention_window = 128\nglobal_attention_every = 2\ngated_mlp = "no"\n')
+    code, _, err = run(capsys, "evaluate", "--model", str(f), "--plan", "dp_shard=64")
+    assert code == 2 and "model.gated_mlp: must be true or false" in err
 
 
 def test_job_spec_file(capsys, tmp_path):
@@ -136,3 +140,6 @@ def test_job_spec_file(capsys, tmp_path):
     assert code == 2 and "optimiser" in err and "allowed" in err
     code, _, err = run(capsys, "evaluate", "--job", str(tmp_path / "missing.toml"), "--plan", "dp_shard=64")
     assert code == 2 and "not found" in err
+    bad.write_text('compiled = "yes"\n')  # a string is not a switch
+    code, _, err = run(capsys, "evaluate", "--job", str(bad), "--plan", "dp_shard=64")
+    assert code == 2 and "job.compiled: must be true or false" in err

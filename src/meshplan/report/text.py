@@ -80,9 +80,12 @@ def ranked_table(estimates: list[Estimate], top: int) -> list[str]:
 
 def plan_text(a: PlanAnalysis, *, top: int = 10) -> str:
     r = a.result
-    lines = [f"meshplan plan: {a.model.name} on {a.cluster.name}, {a.cluster.n_nodes} nodes x "
+    lines = [f"meshplan plan: {a.model.name} on {a.cluster.name}, {a.cluster.n_nodes} "
+             f"node{'s' if a.cluster.n_nodes != 1 else ''} x "
              f"{a.cluster.gpus_per_node} GPUs, {a.job.global_batch_tokens:,} tokens per step, sequence "
-             f"{a.job.seq_len}, {a.job.optimizer}, {a.job.precision}",
+             f"{a.job.seq_len}, {a.job.optimizer}, {a.job.precision}"
+             + (f", {a.job.software}" if a.job.software != "generic" else "")
+             + (", torch.compile" if a.job.compiled else ""),
              f"searched {r.n_plans + r.n_pruned:,} plans ({r.n_configurations:,} configurations with micro-batch "
              f"sizes and recompute modes) in {r.elapsed_s:.2f} s: {r.n_plans:,} evaluated, {len(r.feasible):,} of "
              f"them fit in memory; {r.n_pruned:,} option variants pruned (provably outside the tie band, or "

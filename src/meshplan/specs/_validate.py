@@ -30,6 +30,11 @@ def fraction(field: str, value: object, *, allow_zero: bool = False) -> None:
         raise SpecError(field, f"must be a number in {interval}, got {value!r}")
 
 
+def boolean(field: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise SpecError(field, f"must be true or false, got {value!r}")
+
+
 def one_of(field: str, value: object, allowed: Iterable[str]) -> None:
     allowed = tuple(allowed)
     if value not in allowed:

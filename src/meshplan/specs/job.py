@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.errors import SpecError
-from meshplan.specs._validate import fraction, one_of, positive_int, positive_number
+from meshplan.specs._validate import boolean, fraction, one_of, positive_int, positive_number
 from meshplan.units import GiB
 
 OPTIMIZERS = ("adamw", "adamw-bf16-moments", "adam-8bit", "sgd-momentum", "sgd", "adafactor")
@@ -89,6 +89,8 @@ class JobSpec:
         one_of("job.software", self.software, SOFTWARE)
         one_of("job.loss", self.loss, LOSSES)
         positive_number("job.reduce_dtype_bytes", self.reduce_dtype_bytes)
+        for f in ("fp8_param_gather", "flash_attention", "compiled"):
+            boolean(f"job.{f}", getattr(self, f))
         if self.fp8_param_gather and self.precision != "fp8":
             raise SpecError("job.fp8_param_gather", "needs precision='fp8'")
         positive_number("job.moe_capacity_factor", self.moe_capacity_factor)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.errors import SpecError
-from meshplan.specs._validate import non_negative_int, one_of, positive_int, positive_number
+from meshplan.specs._validate import boolean, non_negative_int, one_of, positive_int, positive_number
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,6 +87,8 @@ class ModelSpec:
                   "qk_rope_head_dim", "v_head_dim", "attention_window", "global_attention_every"):
             non_negative_int(f"model.{f}", getattr(self, f))
         one_of("model.norm", self.norm, ("rmsnorm", "layernorm"))
+        for f in ("gated_mlp", "tied_embeddings", "linear_bias"):
+            boolean(f"model.{f}", getattr(self, f))
         if self.head_dim is not None:
             positive_int("model.head_dim", self.head_dim)
         elif self.hidden % self.n_heads:
