@@ -134,6 +134,7 @@ def test_job_spec_file(capsys, tmp_path):
     code, out, _ = run(capsys, "evaluate", "--job", str(job), "--plan", "dp_shard=64", "--json")
     d = json.loads(out)
     assert code == 0 and d["global_batch_tokens"] == 4194304  # defaults still apply
+    assert "software stack: megatron" in d["notes"]
     bad = tmp_path / "bad.toml"
     bad.write_text('optimiser = "adamw"\n')
     code, _, err = run(capsys, "evaluate", "--job", str(bad), "--plan", "dp_shard=64")

@@ -220,9 +220,10 @@ def test_compiled_blocks_move_the_fused_minimum_of_elementwise_traffic():
     from meshplan.cost.step import evaluate, step_time_lower_bound_s
     m, c = load_model("llama-3-8b"), load_cluster("h100-sxm")
     job = JobSpec(global_batch_tokens=8 * 2 * 8192, seq_len=8192, software="torchtitan")
-    plan = parse_plan("dp_shard=8,mbs=2,recompute=none")
+    plan = parse_plan("dp_shard=8,mbs=1,recompute=full")
     eager_params = replace(ComputeParams(), elementwise_passes=2.7)
     eager = evaluate(m, c, job, plan, compute=eager_params)
+    assert eager.feasible
     compiled = evaluate(m, c, replace(job, compiled=True), plan, compute=eager_params)
     fused = evaluate(m, c, job, plan, compute=replace(eager_params, elementwise_passes=1.0))
     assert compiled.step_time_s < eager.step_time_s

@@ -117,6 +117,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         from meshplan.uncertainty import attach_band
 
         est = attach_band(est, accelerator=cluster.accelerator.name, software=job.software, moe=model.is_moe)
+    if job.software != "generic" or job.compiled:
+        est = replace(est, notes=[*est.notes, f"software stack: {job.software}"
+                                  + (", torch.compile'd blocks (job.compiled)" if job.compiled else "")])
     if args.profile_notes:
         est = replace(est, notes=[*est.notes, *args.profile_notes])
     print(json.dumps(estimate_dict(est), indent=2) if args.json else estimate_text(est))

@@ -229,10 +229,19 @@ def _loss(row: dict[str, str]) -> tuple[str, tuple[str, ...]]:
                      "with the model since PR #1033 (2025-04-01)",)
 
 
-def _compiled(row: dict[str, str]) -> bool:
-    """JobSpec.compiled: the torchtitan rows that say they ran torch.compile ("FSDP+compile", "torch.compile");
-    the others, and every other stack's rows, ran eager blocks or the stack's own fused kernels."""
-    return row.get("source_group") == "torchtitan" and "compile" in row.get("notes", "").lower()
+def _compiled(row: dict[str, str]) -> tuple[bool, tuple[str, ...]]:
+    """(JobSpec.compiled, imputed note): the torchtitan rows that say they ran torch.compile ("FSDP+compile",
+    "torch.compile") are compiled, those that say "eager" are not; the torchtitan rows that say neither are
+    taken as eager, torchtitan's default (``training.compile = false``), and list it. Other stacks' rows run
+    eager blocks or the stack's own fused kernels."""
+    if row.get("source_group") != "torchtitan":
+        return False, ()
+    notes = row.get("notes", "").lower()
+    if "compile" in notes:
+        return True, ()
+    if "eager" in notes:
+        return False, ()
+    return False, ("compiled=false: the row does not say; torchtitan's training.compile defaults to false",)
 
 
 def _reduce_dtype_bytes(row: dict[str, str], precision: str) -> tuple[float, tuple[str, ...]]:
@@ -409,16 +418,17 @@ def scenario_from_row(idx: int, row: dict[str, str]) -> Scenario:
     precision = _precision(row)
     loss, loss_note = _loss(row)
     reduce_bytes, reduce_note = _reduce_dtype_bytes(row, precision)
+    compiled, compiled_note = _compiled(row)
     try:
         job = JobSpec(global_batch_tokens=gbs * seq, seq_len=seq, precision=precision,
                       fp8_param_gather=precision == "fp8" and "fp8 fsdp all-gather" in row["precision"].lower(),
                       loss=loss, reduce_dtype_bytes=reduce_bytes,
                       flash_attention=not (row.get("flash_attention") or "").lower().startswith("n"),
-                      compiled=_compiled(row), software=_software(row))
+                      compiled=compiled, software=_software(row))
     except SpecError as exc:
         raise Skip(f"job: {exc}") from None
     plan, imputed = _plan(row, model, cluster.n_gpus)
-    imputed = (*imputed, *loss_note, *reduce_note)
+    imputed = (*imputed, *loss_note, *reduce_note, *compiled_note)
     if "gpt-oss" in row["model"].lower():
         imputed = (*imputed, f"attention_window={model.attention_window}, global_attention_every="
                              f"{model.global_attention_every} from Megatron-Bridge's gpt_oss_bridge.py "
