@@ -188,3 +188,17 @@ def test_the_grand_teton_h100_is_the_part_torchtitan_describes():
     assert all(835.5 / 989.4 < a.bf16_flop_per_s / sxm.bf16_flop_per_s < 1 for a in gt)
     assert all(a.fp8_flop_per_s / a.bf16_flop_per_s == pytest.approx(sxm.fp8_flop_per_s / sxm.bf16_flop_per_s)
                for a in gt)
+
+
+def test_measured_parameters_are_set_not_fitted():
+    """torchtitan's eager elementwise traffic is the 2.7x measured on an H200 (calibrate.MEASURED): the fit
+    starts from it, never searches it, and the catalog carries it."""
+    from meshplan.calibration import compute_params_for
+    from meshplan.validation import calibrate as cal
+    from meshplan.validation.validate import load_scenarios, read_rows
+
+    rows = [r for r in load_scenarios(read_rows(SHARED)) if r.scenario is not None]
+    assert not any((p.scope, p.key) in cal.MEASURED for p in cal.parameter_space(rows))
+    assert any(p.key == "elementwise_passes" for p in cal.parameter_space(rows))  # other stacks' still fitted
+    assert cal.empty_state()["software"]["torchtitan"] == {"elementwise_passes": 2.7}
+    assert compute_params_for("h100-sxm", "torchtitan").elementwise_passes == 2.7
