@@ -108,7 +108,11 @@ def test_torchtitan_pipeline_defaults_fill_what_the_row_leaves_out():
 
 
 def test_only_torchtitan_commits_after_the_compiled_loss_fuse_it():
-    from meshplan.validation.rows import _loss
+    from meshplan.validation.rows import _compiled
+    from meshplan.validation.rows import _loss as loss_of
+
+    def _loss(row):  # as scenario_from_row calls it: on the row's own torch.compile setting
+        return loss_of(row, _compiled(row)[0])
 
     assert _loss(_titan()) == ("auto", ())  # December 2024: eager loss
     loss, said = _loss(_titan(software="torchtitan e7c0cae, torch 2.8.0a0 (NGC 25.05)"))

@@ -108,15 +108,15 @@ def empty_state() -> State:
     """The tables a fit starts from: the MEASURED parameters, nothing fitted."""
     state: State = {"global": {}, "accelerator": {}, "software": {}, "stack": {}}
     for (scope, key), value in MEASURED.items():
-        kind, _, name = scope.partition(":")
-        (state[kind].setdefault(name, {}) if name else state[kind])[key] = value
+        _table(state, scope)[key] = value
     return state
 
 
-def _get(state: State, p: Param) -> dict:
-    if p.scope == "global":
+def _table(state: State, scope: str) -> dict:
+    """The table of ``state`` a parameter of ``scope`` lives in (Param.scope)."""
+    if scope == "global":
         return state["global"]
-    kind, name = p.scope.split(":")
+    kind, name = scope.split(":")
     return state[kind].setdefault(name, {})
 
 
@@ -173,7 +173,7 @@ def fit(rows: list[RowResult], *, rounds: int = MAX_ROUNDS, tol: float = TOLERAN
             subset = [r for r in rows if _affects(p, r)]
             if not subset:
                 continue
-            table = _get(state, p)
+            table = _table(state, p.scope)
             start = table.get(p.key, getattr(defaults, p.key))
 
             def loss(x: float, table: dict = table, p: Param = p, subset: list = subset) -> float:

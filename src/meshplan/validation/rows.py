@@ -217,13 +217,12 @@ it in fp32 (bf16_mixed(): grad_reduce_in_fp32=True; Megatron-Bridge training/mix
 benchmark launchers named here turn it off. Launchers not read keep fp32."""
 
 
-def _loss(row: dict[str, str]) -> tuple[str, tuple[str, ...]]:
+def _loss(row: dict[str, str], compiled: bool) -> tuple[str, tuple[str, ...]]:
     """(JobSpec.loss, imputed note) of a row: the stack's own ('auto'), except torchtitan rows run with
-    torch.compile at a commit that compiles the loss (TORCHTITAN_COMPILED_LOSS)."""
+    torch.compile (``compiled``, from _compiled) at a commit that compiles the loss (TORCHTITAN_COMPILED_LOSS)."""
     sw = row.get("software", "")
     commit = next((c for c in TORCHTITAN_COMPILED_LOSS if c in sw), None)
-    text = (row.get("notes", "") + " " + sw).lower()
-    if row.get("source_group") != "torchtitan" or commit is None or "compile" not in text:
+    if not compiled or commit is None:
         return "auto", ()
     return "fused", (f"loss=fused: torchtitan {commit} ({TORCHTITAN_COMPILED_LOSS[commit]}) compiles the loss "
                      "with the model since PR #1033 (2025-04-01)",)
@@ -416,9 +415,9 @@ def scenario_from_row(idx: int, row: dict[str, str]) -> Scenario:
     if not gbs:
         raise Skip("global batch size not published")
     precision = _precision(row)
-    loss, loss_note = _loss(row)
-    reduce_bytes, reduce_note = _reduce_dtype_bytes(row, precision)
     compiled, compiled_note = _compiled(row)
+    loss, loss_note = _loss(row, compiled)
+    reduce_bytes, reduce_note = _reduce_dtype_bytes(row, precision)
     try:
         job = JobSpec(global_batch_tokens=gbs * seq, seq_len=seq, precision=precision,
                       fp8_param_gather=precision == "fp8" and "fp8 fsdp all-gather" in row["precision"].lower(),
