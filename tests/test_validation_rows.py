@@ -36,10 +36,11 @@ def test_recipe_entries_are_well_formed():
     text = resources.files("meshplan.validation").joinpath("moe_recipes.toml").read_text()
     entries = tomllib.loads(text)["recipe"]
     allowed = {"model", "gpu", "releases", "precision", "pp", "vpp", "ep", "mbs", "ep_dispatch", "ep_overlap",
-               "source"}
+               "cuda_graphs", "source"}
     for e in entries:
         assert set(e) <= allowed, set(e) - allowed
         assert e.get("ep_dispatch", "alltoall") in EP_DISPATCH and isinstance(e["ep_overlap"], bool)
+        assert isinstance(e.get("cuda_graphs", False), bool)
         assert e.get("precision", "bf16") in ("bf16", "fp8", "mxfp8")
         assert e["releases"] and e["source"] and e["ep"] >= 2
     assert len({e["source"] for e in entries}) == len(entries)
@@ -206,3 +207,21 @@ def test_measured_parameters_are_set_not_fitted():
     assert any(p.key == "elementwise_passes" for p in cal.parameter_space(rows))  # other stacks' still fitted
     assert cal.empty_state()["software"]["torchtitan"] == {"elementwise_passes": 2.7}
     assert compute_params_for("h100-sxm", "torchtitan").elementwise_passes == 2.7
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED), reason="shared data not beside the repository")
+def test_cuda_graphs_only_where_a_recipe_or_the_token_drop_tables_say_so():
+    """The 25.09 token-drop rows and the recipes that capture the whole iteration run CUDA graphs; the
+    imputed note names the source; every other MoE row launches from the host."""
+    from meshplan.validation.rows import TOKEN_DROP_GRAPHS
+    from meshplan.validation.validate import load_scenarios, read_rows
+
+    rows = read_rows(SHARED)
+    results = [r for r in load_scenarios(rows) if r.scenario is not None]
+    graphed = {r.row for r in results if r.scenario.job.cuda_graphs}
+    token_drop = {r.row for r in results if "tokendrop" in rows[r.row]["notes"].lower()}
+    by_recipe = {r.row for r in results if any("cuda_graphs=true from" in n for n in r.scenario.imputed)}
+    assert token_drop and by_recipe and graphed == token_drop | by_recipe
+    assert all(TOKEN_DROP_GRAPHS in r.scenario.imputed for r in results if r.row in token_drop)
+    assert all(r.scenario.model.is_moe and r.source_group == "NeMo / Megatron-Bridge"
+               for r in results if r.row in graphed)

@@ -20,7 +20,8 @@ FIELDS = ("gemm_scale", "kernel_scale", "attention_kernel_scale", "gemm_half_dim
           "fp8_gemm_efficiency", "attention_efficiency", "attention_half_len", "memory_efficiency",
           "overlap_efficiency", "comm_slowdown", "step_overhead_s", "layer_overhead_s", "elementwise_passes",
           "moe_gemm_efficiency", "moe_permute_passes", "causal_attention_fraction", "zero3_overlap_efficiency",
-          "zero3_collective_efficiency", "moe_layer_overhead_s")
+          "zero3_collective_efficiency", "moe_layer_overhead_s", "moe_layer_host_s",
+          "moe_expert_host_s")
 # accelerators that share a calibration: the same GPU silicon with different memory, power or node
 # (A100 40/80 GB; Hopper H100/H200; Blackwell B200/GB200; Blackwell Ultra B300/GB300)
 FAMILY = {"h200": "h100-sxm", "a100-40gb": "a100-80gb", "gb200": "b200", "b300": "gb300"}

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from meshplan.cost.estimate import Estimate
 from meshplan.cost.simplified import evaluate_simplified
-from meshplan.cost.step import evaluate
+from meshplan.cost.step import HOST_BOUND, evaluate
 from meshplan.errors import SpecError
 from meshplan.search.conditions import Condition, find_conditions
 from meshplan.search.rank import TIE_BAND
@@ -45,6 +45,8 @@ def binding_resource(est: Estimate) -> str:
         parts.append(f"exposed communication {exposed / step:.0%}" + (f" (mostly {worst[0][8:]})" if worst else ""))
     if est.time_breakdown.get("pipeline bubble", 0.0) > 0.005 * step:
         parts.append(f"pipeline bubble {est.time_breakdown['pipeline bubble'] / step:.0%}")
+    if est.time_breakdown.get(HOST_BOUND, 0.0) > 0.005 * step:
+        parts.append(f"MoE layers waiting for the host's kernel launches {est.time_breakdown[HOST_BOUND] / step:.0%}")
     parts.append(f"memory {format_gib(est.memory.peak_bytes)} of {format_gib(est.memory.capacity_bytes)}")
     return "; ".join(parts)
 
@@ -95,6 +97,14 @@ def measure_first(best: Estimate, conditions: list[Condition]) -> list[Measureme
         "a profiler trace of one step: exposed NCCL time per collective and the per-rank step-time spread",
         f"the model predicts {format_seconds(best.comm_time_s(exposed=True))} of exposed communication per step; "
         "a spread between ranks above a few percent means stragglers (a slow node or NIC) that no plan fixes"))
+    host = best.time_breakdown.get(HOST_BOUND, 0.0)
+    if host > 0.005 * best.step_time_s:
+        out.append(Measurement(
+            "the host's launch time per MoE layer: in a profiler trace, the GPU idle between a MoE layer's "
+            "kernels while the CPU launches them",
+            f"the model charges {format_seconds(host)} per step ({host / best.step_time_s:.0%}) for the GPU waiting "
+            "on the host (a calibrated launch time per MoE layer); CUDA graphs with a static expert capacity "
+            "(job.cuda_graphs) or a larger micro-batch hide it, and a faster host CPU shortens it"))
     out.append(Measurement(
         "peak memory per rank (torch.cuda.max_memory_allocated)",
         f"predicted {format_gib(best.memory.peak_bytes)} of {format_gib(best.memory.capacity_bytes)}; with more "

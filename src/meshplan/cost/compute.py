@@ -92,6 +92,22 @@ class ComputeParams:
     whose layers run as CUDA graphs without a synchronisation, need it as much as the dropless ones (without
     it they come out 7-33 % fast), so it is not host time alone. Fitted on Megatron-core rows (the only MoE
     rows), applied to every stack's MoE layers."""
+    moe_layer_host_s: float = 0.0
+    """Host time to issue one MoE layer's kernels, forward and backward, per micro-batch, when the layer
+    is not captured in a CUDA graph (JobSpec.cuda_graphs) [s]. The GPU cannot run the layers faster than
+    the host launches them, so a stage's MoE layers take at least this long each, communication inside
+    them included (cost.step: "host-bound MoE launches"): a floor, not an addition, reached by small
+    layers at small micro-batches. Megatron-Bridge's GPT-OSS recipe says why: "the legacy grouped MLP path
+    syncs tokens_per_expert to the host every layer, which serializes the CPU behind the GPU"
+    (perf_recipes/gpt_oss/gb300/gpt_oss.py@007282e). Qwen3-30B-A3B at micro-batch 1 took 9.2 and 8.8 ms per
+    layer on B200 (Megatron-Bridge 25.11, 26.02) and 9.5 and 9.7 ms on H100 (26.04, 26.06), which has 2.3x
+    less compute: the host's pace, not the GPU's; the same layers captured in CUDA graphs (25.09 token-drop
+    recipe) took 4.7 ms on B200. Fitted on the published runs (docs/calibration.md)."""
+    moe_expert_host_s: float = 0.0
+    """Host time added to ``moe_layer_host_s`` per local expert [s]: Transformer Engine's grouped linear
+    layers launch and allocate per expert GEMM (``torch.empty`` twice per GEMM, TransformerEngine#1499;
+    per-expert casts and splits), so the launch time grows with the experts a rank holds. Fitted on the
+    published runs."""
     moe_permute_passes: float = 4.0
     """Memory passes over each routed token copy (permute, unpermute, their gradients: 4 at least)."""
     causal_attention_fraction: float = 0.5

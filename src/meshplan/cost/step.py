@@ -163,6 +163,10 @@ _RANK = {w: i for i, w in enumerate(WINDOW_ORDER)}
 
 
 SHARDED_DP_AXES = ("dp_shard", "edp")
+LAYER_AXES = ("tp", "cp", "ep")
+"""Axes whose collectives the transformer layers issue themselves (between their kernels)."""
+HOST_BOUND = "host-bound MoE launches"
+"""Breakdown key: the time a stage's MoE layers wait for the host to launch their kernels."""
 """The mesh axes that shard data-parallel state (dense and expert parameters): their traffic is what an
 implementation's own prefetching hides (``_set_exposure``) and what ZeRO-3's collective efficiency slows."""
 
@@ -517,16 +521,45 @@ def _stage_ledger(c: _StageCtx) -> list[CommEntry]:
     return comm_ledger(c.model, c.cluster, c.job, plan, c.groups, st)
 
 
+def _host_waits_s(c: _StageCtx, compute: ComputeParams, ledger: list[CommEntry], fwd_s: float,
+                  bwd_s: float) -> tuple[float, float]:
+    """Per micro-batch, how long stage ``c.s``'s layers wait for the host to launch their kernels, forward
+    and backward [s]. The host launches a MoE layer in ComputeParams.moe_layer_host_s plus moe_expert_host_s
+    per local expert, a third of it for the forward and two thirds for the backward (the backward runs two
+    GEMMs per forward one), a recomputed forward again a third in the backward. Each phase waits for what its
+    launches take beyond its kernels (``fwd_s``, ``bwd_s``) and the communication that always stalls them;
+    a recomputed layer therefore costs its launches when the host sets the pace. 0 when the layers are
+    captured in CUDA graphs (JobSpec.cuda_graphs)."""
+    per_layer = compute.moe_layer_host_s + compute.moe_expert_host_s * c.model.n_experts / c.plan.ep
+    if not c.n_moe or c.job.cuda_graphs or per_layer <= 0.0:
+        return 0.0, 0.0
+    stalls = {"forward": 0.0, "backward": 0.0}
+    for x in ledger:
+        if x.axis in LAYER_AXES and x.window == "none" and x.phase in stalls:
+            stalls[x.phase] += x.time_s / c.m
+    host_f = c.n_moe * per_layer / 3.0
+    host_b = (2.0 * c.n_moe + c.recomputed[1]) * per_layer / 3.0
+    return (max(0.0, host_f - fwd_s - stalls["forward"]), max(0.0, host_b - bwd_s - stalls["backward"]))
+
+
 def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) -> StageDetail:
     """Communication ledger, exposure and the stage's step time [s]."""
     plan, m = c.plan, c.m
     lf, lb, t_w, t_r, attn, hf, hb = times
-    t_f, t_b = lf + hf, lb + hb
     ledger = _stage_ledger(c)
     if plan.sharding == "zero3" and compute.zero3_collective_efficiency < 1.0:
         eff = compute.zero3_collective_efficiency
         ledger = [replace(e, time_s=e.time_s / eff, edge_s=e.edge_s / eff) if e.axis in SHARDED_DP_AXES else e
                   for e in ledger]
+    bwd = lb + t_w + t_r
+    wait_f, wait_b = _host_waits_s(c, compute, ledger, lf, bwd)
+    r_share = t_r / bwd if bwd else 0.0
+    if wait_f:  # the phase runs at the host's pace: its parts stretched alike, bubble and windows with them
+        lf *= 1.0 + wait_f / lf
+    if wait_b:
+        k = 1.0 + wait_b / bwd
+        lb, t_w, t_r = lb * k, t_w * k, t_r * k
+    t_f, t_b = lf + hf, lb + hb
     attn_passes = 1.0 + 2.5 + sum(c.recomputed) / (c.n_dense + c.n_moe)
     whole = m * (t_f + t_b + t_w + t_r)  # every compute of the step
     windows = {
@@ -543,6 +576,10 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) 
     for x in ledger:
         key = f"exposed {x.collective} ({x.axis})"
         breakdown[key] = breakdown.get(key, 0.0) + x.exposed_s
+    if wait_f or wait_b:
+        breakdown["compute"] -= m * (wait_f + wait_b * (1.0 - r_share))
+        breakdown["recompute"] -= m * wait_b * r_share
+        breakdown[HOST_BOUND] = m * (wait_f + wait_b)
     breakdown["pipeline bubble"] = bubble
     breakdown["optimizer step"] = opt
     breakdown["comm contention"] = compute.comm_slowdown * hidden

@@ -92,7 +92,7 @@ def plan_analysis_dict(a: Any, *, top: int | None = None) -> dict[str, Any]:
             "inter_node_bytes_per_s": a.cluster.inter.nic_bytes_per_s,
             "global_batch_tokens": a.job.global_batch_tokens, "seq_len": a.job.seq_len,
             "optimizer": a.job.optimizer, "precision": a.job.precision, "software": a.job.software,
-            "compiled": a.job.compiled,
+            "compiled": a.job.compiled, "cuda_graphs": a.job.cuda_graphs,
         },
         "n_plans": r.n_plans,
         "n_pruned": r.n_pruned,

@@ -69,6 +69,13 @@ class JobSpec:
     with their residual adds, rotary, the activation, casts) into one kernel, so their memory traffic is
     the fused minimum instead of the stack's ``elementwise_passes`` (eager PyTorch moves about 2.7x that,
     measured on an H200, docs/measure.md). Stacks with hand-fused kernels (Megatron-core) are there already."""
+    cuda_graphs: bool = False
+    """The transformer layers are captured in CUDA graphs and replayed (Megatron-core's
+    ``--enable-cuda-graph`` or ``--cuda-graph-scope full_iteration``, Transformer Engine's
+    ``make_graphed_callables``): the host launches one graph instead of each kernel, so MoE layers are not
+    held to the host's pace (ComputeParams.moe_layer_host_s). A MoE layer is captured whole only with
+    static shapes: tokens dropped and padded to a capacity, or a fixed per-rank expert capacity; a dropless
+    dispatcher that waits on the host for its token counts keeps its experts outside the graph."""
     flop_convention: str = "palm"
     """Attention FLOPs for MFU: 'palm' (non-causal, 12·L·h_q·S per token) or 'causal' (half)."""
     moe_capacity_factor: float = 1.0
@@ -89,7 +96,7 @@ class JobSpec:
         one_of("job.software", self.software, SOFTWARE)
         one_of("job.loss", self.loss, LOSSES)
         positive_number("job.reduce_dtype_bytes", self.reduce_dtype_bytes)
-        for f in ("fp8_param_gather", "flash_attention", "compiled"):
+        for f in ("fp8_param_gather", "flash_attention", "compiled", "cuda_graphs"):
             boolean(f"job.{f}", getattr(self, f))
         if self.fp8_param_gather and self.precision != "fp8":
             raise SpecError("job.fp8_param_gather", "needs precision='fp8'")

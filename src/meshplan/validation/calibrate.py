@@ -75,6 +75,8 @@ GLOBAL_PARAMS = [
     Param("zero3_overlap_efficiency", "global", 0.0, 1.0),
     Param("zero3_collective_efficiency", "global", 0.1, 1.0),
     Param("moe_layer_overhead_s", "global", 0.0, 0.01),
+    Param("moe_layer_host_s", "global", 0.0, 0.03),
+    Param("moe_expert_host_s", "global", 0.0, 0.002),
 ]
 
 

@@ -1,7 +1,8 @@
 """What the published tables leave out and the recipe files of the same release state: the MoE token
-dispatcher and the expert-parallel overlap of NeMo / Megatron-Bridge runs (moe_recipes.toml, each entry
-with the file and commit it was read from). A row takes an entry only when its model, GPU, release,
-precision and layout all match the entry's; every other row keeps meshplan's defaults.
+dispatcher, the expert-parallel overlap and full-iteration CUDA graphs of NeMo / Megatron-Bridge runs
+(moe_recipes.toml, each entry with the file and commit it was read from). A row takes an entry only when
+its model, GPU, release, precision and layout all match the entry's; every other row keeps meshplan's
+defaults.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ class RecipeSettings(NamedTuple):
     ep_dispatch: str | None
     """None where the recipe file leaves the dispatcher to the library default (not read)."""
     ep_overlap: bool
+    cuda_graphs: bool
+    """The recipe captures the whole iteration in a CUDA graph (JobSpec.cuda_graphs); False where the file
+    does not say so."""
     source: str
 
 
@@ -49,5 +53,6 @@ def moe_recipe(row: dict[str, str], layout: dict[str, int]) -> RecipeSettings | 
         if (row.get("model") == r["model"] and row.get("gpu_type", "").startswith(r["gpu"])
                 and release in r["releases"] and r.get("precision", precision) == precision
                 and all(layout.get(k) == r[k] for k in _LAYOUT_KEYS if k in r)):
-            return RecipeSettings(r.get("ep_dispatch"), bool(r["ep_overlap"]), r["source"])
+            return RecipeSettings(r.get("ep_dispatch"), bool(r["ep_overlap"]), bool(r.get("cuda_graphs", False)),
+                                  r["source"])
     return None

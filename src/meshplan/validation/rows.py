@@ -16,7 +16,7 @@ from meshplan.catalog import load_cluster, load_model
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.units import GiB
-from meshplan.validation.recipes import moe_recipe
+from meshplan.validation.recipes import RecipeSettings, moe_recipe
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +285,8 @@ def _torchtitan_pipeline(row: dict[str, str], dp: int, pp: int, vpp: int | None,
     return vpp, mbs, (f"{', '.join(said)} from {TORCHTITAN_PIPELINE}",) if said else ()
 
 
-def _plan(row: dict[str, str], model: ModelSpec, n_gpus: int) -> tuple[Plan, tuple[str, ...]]:
+def _plan(row: dict[str, str], model: ModelSpec,
+          n_gpus: int) -> tuple[Plan, tuple[str, ...], RecipeSettings | None]:
     tp, pp, cp, ep = (_i(row, k, 1) or 1 for k in ("tp", "pp", "cp", "ep"))
     dp = _i(row, "dp") or n_gpus // (tp * pp * cp)
     if tp * pp * cp * dp != n_gpus:
@@ -351,14 +352,33 @@ def _plan(row: dict[str, str], model: ModelSpec, n_gpus: int) -> tuple[Plan, tup
         raise Skip(f"plan: {exc}") from None
     recipe = moe_recipe(row, {"pp": pp, "vpp": v if schedule == "interleaved" else 0, "ep": ep, "mbs": mbs or 0})
     if recipe is None:
-        return plan, imputed
+        return plan, imputed, None
     settings = {"ep_overlap": recipe.ep_overlap} | ({"ep_dispatch": recipe.ep_dispatch} if recipe.ep_dispatch else {})
     try:
         plan = replace(plan, **settings)
     except SpecError as exc:  # a recipe meshplan's plan checks refuse: keep the defaults, say so
-        return plan, (*imputed, f"recipe {recipe.source} not applied: {exc}")
+        return plan, (*imputed, f"recipe {recipe.source} not applied: {exc}"), None
     said = ", ".join(f"{k}={str(v).lower()}" for k, v in settings.items())
-    return plan, (*imputed, f"{said} from {recipe.source}")
+    said += ", cuda_graphs=true" if recipe.cuda_graphs else ""
+    return plan, (*imputed, f"{said} from {recipe.source}"), recipe
+
+
+TOKEN_DROP_GRAPHS = ("cuda_graphs=true: Megatron-Bridge 25.09's token-drop MoE runs capture each layer in a CUDA "
+                     "graph, which dropping and padding to capacity make possible (static shapes; the 25.09 "
+                     "workload yamls set cuda_graphs, e.g. scripts/performance/configs/qwen3/"
+                     "qwen3_30b_a3b_llm_pretrain.yaml@48b5204)")
+
+
+def _cuda_graphs(row: dict[str, str], recipe: RecipeSettings | None) -> tuple[bool, tuple[str, ...]]:
+    """(JobSpec.cuda_graphs, imputed note): NeMo / Megatron-Bridge MoE rows whose recipe captures the whole
+    iteration (moe_recipes.toml; its note is the recipe's), and the 25.09 token-drop rows. Every other row
+    launches its MoE layers from the host: the dropless dispatcher waits on the host for its token counts,
+    and the 25.11-26.04 recipes capture attention and the router, not the experts."""
+    if recipe is not None and recipe.cuda_graphs:
+        return True, ()
+    if row.get("source_group") == "NeMo / Megatron-Bridge" and "tokendrop" in row.get("notes", "").lower():
+        return True, (TOKEN_DROP_GRAPHS,)
+    return False, ()
 
 
 def _measured_tokens(row: dict[str, str], model: ModelSpec) -> tuple[float, str]:
@@ -418,16 +438,17 @@ def scenario_from_row(idx: int, row: dict[str, str]) -> Scenario:
     compiled, compiled_note = _compiled(row)
     loss, loss_note = _loss(row, compiled)
     reduce_bytes, reduce_note = _reduce_dtype_bytes(row, precision)
+    plan, imputed, recipe = _plan(row, model, cluster.n_gpus)
+    graphs, graphs_note = _cuda_graphs(row, recipe)
     try:
         job = JobSpec(global_batch_tokens=gbs * seq, seq_len=seq, precision=precision,
                       fp8_param_gather=precision == "fp8" and "fp8 fsdp all-gather" in row["precision"].lower(),
                       loss=loss, reduce_dtype_bytes=reduce_bytes,
                       flash_attention=not (row.get("flash_attention") or "").lower().startswith("n"),
-                      compiled=compiled, software=_software(row))
+                      compiled=compiled, cuda_graphs=graphs, software=_software(row))
     except SpecError as exc:
         raise Skip(f"job: {exc}") from None
-    plan, imputed = _plan(row, model, cluster.n_gpus)
-    imputed = (*imputed, *loss_note, *reduce_note, *compiled_note)
+    imputed = (*imputed, *loss_note, *reduce_note, *compiled_note, *graphs_note)
     if "gpt-oss" in row["model"].lower():
         imputed = (*imputed, f"attention_window={model.attention_window}, global_attention_every="
                              f"{model.global_attention_every} from Megatron-Bridge's gpt_oss_bridge.py "
