@@ -28,7 +28,8 @@ def test_a_slow_host_sets_the_pace_of_small_moe_layers():
     assert slow.step_time_s >= host
     layers = sum(v for k, v in slow.time_breakdown.items()
                  if k in ("compute", "recompute", HOST_BOUND) or k.startswith("exposed all_to_all"))
-    # the layers, a2a included, take what the host takes, not more (an addition would add 5 %; the LM head is apart)
+    # the layers, a2a included, take what the host takes, not more (an addition would add 5 %; the LM head's
+    # compute, counted in "compute" but not launched by the MoE layers, is the rest)
     assert abs(layers - host) < 0.01 * host
     assert "waiting for the host" in binding_resource(slow)
     assert any("launch" in m.what for m in measure_first(slow, []))
@@ -42,7 +43,7 @@ def test_a_fast_host_changes_nothing():
     """A launch time below the layers' own GPU time is hidden: the floor is not an addition."""
     free = _est(0.0, seq=4096)
     per_layer = free.time_breakdown["compute"] / free.n_microbatches / MOE.n_layers
-    assert _est(0.2 * per_layer, seq=4096).step_time_s == free.step_time_s
+    assert _est(0.5 * per_layer, seq=4096).step_time_s == free.step_time_s
 
 
 def test_dense_models_are_not_host_bound():
@@ -64,11 +65,27 @@ def test_step_time_grows_with_the_host_time_and_never_falls_below_the_free_step(
 def test_the_simulated_step_names_the_host_wait_too():
     from meshplan.sim.simulate import simulate
 
-    est = _est(0.05, plan=parse_plan("ep=4,dp_shard=4,pp=2,mbs=1,recompute=none,sharding=megatron"))
-    sim = simulate(est, slowdown=0.0, step_overhead_s=0.0)
-    assert sim.breakdown[HOST_BOUND] > 0.5 * sim.step_time_s
-    assert abs(sum(sim.breakdown.values()) - sim.step_time_s) < 1e-6 * sim.step_time_s
-    assert abs(sim.step_time_s / est.step_time_s - 1) < 0.1
+    for rc in ("none", "full"):
+        est = _est(0.05, plan=parse_plan(f"ep=4,dp_shard=4,pp=2,mbs=1,recompute={rc},sharding=megatron"))
+        sim = simulate(est, slowdown=0.0, step_overhead_s=0.0)
+        assert sim.breakdown[HOST_BOUND] > 0.5 * sim.step_time_s
+        assert abs(sum(sim.breakdown.values()) - sim.step_time_s) < 1e-6 * sim.step_time_s
+        assert abs(sim.step_time_s / est.step_time_s - 1) < 0.1
+        # the wait is taken from compute and recomputation as the closed form takes it
+        closed = est.time_breakdown
+        for k in ("compute", "recompute", HOST_BOUND):
+            if closed.get(k):
+                assert abs(sim.breakdown[k] / closed[k] - sim.step_time_s / est.step_time_s) < 0.1
+
+
+def test_recomputed_forwards_stall_the_backward_not_the_forward():
+    """The expert all-to-alls of recomputed forwards run in the backward (their ledger entry is the
+    forward's): the forward, host-bound alike with and without recomputation, keeps its length."""
+    def forward_s(rc: str) -> float:
+        est = _est(0.05, plan=parse_plan(f"ep=8,dp_shard=8,mbs=1,recompute={rc},sharding=megatron"))
+        assert est.time_breakdown[HOST_BOUND] > 0.0
+        return est.stages[0].t_f_s
+    assert abs(forward_s("full") / forward_s("none") - 1) < 1e-9
 
 
 def test_ranks_holding_more_experts_launch_for_longer():

@@ -222,6 +222,8 @@ def test_cuda_graphs_only_where_a_recipe_or_the_token_drop_tables_say_so():
     token_drop = {r.row for r in results if "tokendrop" in rows[r.row]["notes"].lower()}
     by_recipe = {r.row for r in results if any("cuda_graphs=true from" in n for n in r.scenario.imputed)}
     assert token_drop and by_recipe and graphed == token_drop | by_recipe
+    assert (len(token_drop), len(by_recipe), len(graphed)) == (10, 8, 18)
+    assert all("NeMo 25.09" in rows[i]["software"] for i in token_drop)
     assert all(TOKEN_DROP_GRAPHS in r.scenario.imputed for r in results if r.row in token_drop)
     assert all(r.scenario.model.is_moe and r.source_group == "NeMo / Megatron-Bridge"
                for r in results if r.row in graphed)

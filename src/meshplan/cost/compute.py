@@ -82,27 +82,25 @@ class ComputeParams:
     moe_gemm_efficiency: float = 0.7
     """Expert (grouped) GEMMs over dense GEMMs of the same shape."""
     moe_layer_overhead_s: float = 0.0
-    """Fixed time per MoE layer forward per micro-batch (also in its recomputation): the host-side work the
-    roofline does not see. Megatron-core's token dispatchers wait for the tokens per expert on the host
-    (``token_dispatcher.py``: the all-to-all dispatcher copies its splits to the host and synchronises at
-    its ``cuda_sync_point``, before the expert-parallel all-to-all when dropless, with no sync only when
-    tokens are dropped and padded to capacity; the grouped GEMM takes the counts as a host list), so the
-    GPU idles while the host launches what follows; the router's top-k, auxiliary loss and token
-    bookkeeping add small kernels. Not separated by dispatcher or token dropping: the 25.09 token-drop rows,
-    whose layers run as CUDA graphs without a synchronisation, need it as much as the dropless ones (without
-    it they come out 7-33 % fast), so it is not host time alone. Fitted on Megatron-core rows (the only MoE
-    rows), applied to every stack's MoE layers."""
+    """Fixed time per MoE layer forward per micro-batch (also in its recomputation), added to the kernels:
+    the router's top-k, auxiliary loss and token bookkeeping, small kernels the roofline does not see. It
+    applies with CUDA graphs too: the 25.09 token-drop rows, whose layers ran as graphs, need it. The host
+    synchronisation of the dropless dispatchers (``token_dispatcher.py``: the all-to-all dispatcher copies
+    its splits to the host at its ``cuda_sync_point``; the grouped GEMM takes the counts as a host list) is
+    ``moe_layer_host_s``, a floor. Fitted on Megatron-core rows (the only MoE rows), applied to every
+    stack's MoE layers."""
     moe_layer_host_s: float = 0.0
     """Host time to issue one MoE layer's kernels, forward and backward, per micro-batch, when the layer
     is not captured in a CUDA graph (JobSpec.cuda_graphs) [s]. The GPU cannot run the layers faster than
-    the host launches them, so a stage's MoE layers take at least this long each, communication inside
-    them included (cost.step: "host-bound MoE launches"): a floor, not an addition, reached by small
-    layers at small micro-batches. Megatron-Bridge's GPT-OSS recipe says why: "the legacy grouped MLP path
-    syncs tokens_per_expert to the host every layer, which serializes the CPU behind the GPU"
-    (perf_recipes/gpt_oss/gb300/gpt_oss.py@007282e). Qwen3-30B-A3B at micro-batch 1 took 9.2 and 8.8 ms per
-    layer on B200 (Megatron-Bridge 25.11, 26.02) and 9.5 and 9.7 ms on H100 (26.04, 26.06), which has 2.3x
-    less compute: the host's pace, not the GPU's; the same layers captured in CUDA graphs (25.09 token-drop
-    recipe) took 4.7 ms on B200. Fitted on the published runs (docs/calibration.md)."""
+    the host launches them, so each phase of a stage takes at least its MoE layers' launches, its kernels
+    and in-layer communication included (cost.step._host_waits_s, "host-bound MoE launches"): a floor,
+    not an addition, reached by small layers at small micro-batches. Megatron-Bridge's GPT-OSS recipe
+    says why: "the legacy grouped MLP path syncs tokens_per_expert to the host every layer, which
+    serializes the CPU behind the GPU" (perf_recipes/gpt_oss/gb300/gpt_oss.py@007282e). Qwen3-30B-A3B at
+    micro-batch 1 took 9.2 and 8.8 ms per layer (from the published tokens/s) on B200 (Megatron-Bridge
+    25.11, 26.02) and 9.5 and 9.7 ms on H100 (26.04, 26.06), which has 2.3x less compute: the host's pace,
+    not the GPU's; the same layers captured in CUDA graphs (25.09 token-drop recipe) took 4.7 ms on B200.
+    Fitted on the published runs (docs/calibration.md)."""
     moe_expert_host_s: float = 0.0
     """Host time added to ``moe_layer_host_s`` per local expert [s]: Transformer Engine's grouped linear
     layers launch and allocate per expert GEMM (``torch.empty`` twice per GEMM, TransformerEngine#1499;

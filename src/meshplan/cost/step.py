@@ -163,12 +163,15 @@ _RANK = {w: i for i, w in enumerate(WINDOW_ORDER)}
 
 
 SHARDED_DP_AXES = ("dp_shard", "edp")
-LAYER_AXES = ("tp", "cp", "ep")
-"""Axes whose collectives the transformer layers issue themselves (between their kernels)."""
-HOST_BOUND = "host-bound MoE launches"
-"""Breakdown key: the time a stage's MoE layers wait for the host to launch their kernels."""
 """The mesh axes that shard data-parallel state (dense and expert parameters): their traffic is what an
 implementation's own prefetching hides (``_set_exposure``) and what ZeRO-3's collective efficiency slows."""
+LAYER_AXES = ("tp", "cp", "ep")
+"""Axes whose collectives the transformer layers issue themselves (between their kernels)."""
+RECOMPUTE_LUMPED = ("ep", "cp")
+"""Axes whose forward ledger entry also counts the recomputed forwards' calls (comm.py: the expert
+all-to-alls, Ulysses' all-to-alls); tensor parallelism and ring attention list those under the backward."""
+HOST_BOUND = "host-bound MoE launches"
+"""Breakdown key: the time a stage's MoE layers wait for the host to launch their kernels."""
 
 
 def _set_exposure(entries: list[CommEntry], windows: dict[str, float], overlap: float,
@@ -526,17 +529,26 @@ def _host_waits_s(c: _StageCtx, compute: ComputeParams, ledger: list[CommEntry],
     """Per micro-batch, how long stage ``c.s``'s layers wait for the host to launch their kernels, forward
     and backward [s]. The host launches a MoE layer in ComputeParams.moe_layer_host_s plus moe_expert_host_s
     per local expert, a third of it for the forward and two thirds for the backward (the backward runs two
-    GEMMs per forward one), a recomputed forward again a third in the backward. Each phase waits for what its
-    launches take beyond its kernels (``fwd_s``, ``bwd_s``) and the communication that always stalls them;
-    a recomputed layer therefore costs its launches when the host sets the pace. 0 when the layers are
+    GEMMs per forward one), a fully recomputed forward again a third in the backward. Each phase waits for
+    what its launches take beyond its kernels (``fwd_s``, ``bwd_s``: every layer of the stage, dense ones
+    included, which run while the host launches) and the in-layer communication that always stalls them;
+    a recomputed layer therefore costs its launches when the host sets the pace. Not modelled: dense
+    layers' own launches, and those of op-level (SAC) or selective recomputation. 0 when the layers are
     captured in CUDA graphs (JobSpec.cuda_graphs)."""
     per_layer = compute.moe_layer_host_s + compute.moe_expert_host_s * c.model.n_experts / c.plan.ep
     if not c.n_moe or c.job.cuda_graphs or per_layer <= 0.0:
         return 0.0, 0.0
     stalls = {"forward": 0.0, "backward": 0.0}
+    r_dense, r_moe = c.recomputed
     for x in ledger:
         if x.axis in LAYER_AXES and x.window == "none" and x.phase in stalls:
-            stalls[x.phase] += x.time_s / c.m
+            t = x.time_s / c.m
+            if x.phase == "forward" and x.axis in RECOMPUTE_LUMPED and r_dense + r_moe:
+                # the recomputed forwards' share runs in the backward
+                r, n = (r_moe, c.n_moe) if x.axis == "ep" else (r_dense + r_moe, c.n_dense + c.n_moe)
+                stalls["backward"] += t * r / (n + r)
+                t *= n / (n + r)
+            stalls[x.phase] += t
     host_f = c.n_moe * per_layer / 3.0
     host_b = (2.0 * c.n_moe + c.recomputed[1]) * per_layer / 3.0
     return (max(0.0, host_f - fwd_s - stalls["forward"]), max(0.0, host_b - bwd_s - stalls["backward"]))

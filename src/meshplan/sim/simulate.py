@@ -91,7 +91,7 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
         br = dict(s.breakdown)
         br["optimizer step"] = s.detail.optimizer_s
         br["step overhead"] = step_overhead_s
-        return SimResult(s.makespan_s + s.detail.optimizer_s + step_overhead_s, _ordered(br, s.detail), sims)
+        return SimResult(s.makespan_s + s.detail.optimizer_s + step_overhead_s, _ordered(br, s.detail, m), sims)
     first, last = sims[0], sims[-1]
     per_stage = [first if s < plan.pp - 1 else last for s in range(plan.pp)]
     # the W share of the backward chunk, for zero-bubble schedules
@@ -123,18 +123,20 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
     br["optimizer step"] = sim.detail.optimizer_s
     br["step overhead"] = step_overhead_s
     step = ends[crit] + sim.tail_s + sim.detail.optimizer_s + step_overhead_s
-    return SimResult(step, _ordered(br, sim.detail), sims, tasks)
+    return SimResult(step, _ordered(br, sim.detail, m), sims, tasks)
 
 
-def _ordered(br: dict[str, float], detail: StageDetail) -> dict[str, float]:
-    """``br`` in the closed form's order, with the share of compute that the closed form attributes to the
-    host's kernel launches (cost.step.HOST_BOUND: the simulator runs the layers at that pace) named so."""
+def _ordered(br: dict[str, float], detail: StageDetail, m: int) -> dict[str, float]:
+    """``br`` in the closed form's order, with the share of compute and of recomputation that the closed
+    form attributes to the host's kernel launches (cost.step.HOST_BOUND: the simulator runs the stretched
+    layers) named so."""
     wait = detail.breakdown.get(HOST_BOUND, 0.0)
     if wait > 0.0:
-        closed = {k: detail.breakdown.get(k, 0.0) for k in ("compute", "recompute")}
-        for k, v in closed.items():  # the simulated compute holds closed-form compute plus its share of waits
-            share = wait * v / (closed["compute"] + closed["recompute"]) if v else 0.0
-            moved = br.get(k, 0.0) * share / (v + share) if v + share else 0.0
+        closed_r = detail.breakdown.get("recompute", 0.0)
+        wait_r = max(0.0, m * detail.t_r_s - closed_r)  # the recomputation's stretch, per step
+        for k, closed, w in (("compute", detail.breakdown.get("compute", 0.0), wait - wait_r),
+                             ("recompute", closed_r, wait_r)):
+            moved = br.get(k, 0.0) * w / (closed + w) if closed + w > 0.0 else 0.0
             br[k] = br.get(k, 0.0) - moved
             br[HOST_BOUND] = br.get(HOST_BOUND, 0.0) + moved
     keys = ["compute", "recompute", HOST_BOUND, *sorted(k for k in br if k.startswith("exposed")),

@@ -357,7 +357,7 @@ def _plan(row: dict[str, str], model: ModelSpec,
     try:
         plan = replace(plan, **settings)
     except SpecError as exc:  # a recipe meshplan's plan checks refuse: keep the defaults, say so
-        return plan, (*imputed, f"recipe {recipe.source} not applied: {exc}"), None
+        return plan, (*imputed, f"recipe {recipe.source} not applied: {exc}"), recipe
     said = ", ".join(f"{k}={str(v).lower()}" for k, v in settings.items())
     said += ", cuda_graphs=true" if recipe.cuda_graphs else ""
     return plan, (*imputed, f"{said} from {recipe.source}"), recipe
@@ -376,7 +376,8 @@ def _cuda_graphs(row: dict[str, str], recipe: RecipeSettings | None) -> tuple[bo
     and the 25.11-26.04 recipes capture attention and the router, not the experts."""
     if recipe is not None and recipe.cuda_graphs:
         return True, ()
-    if row.get("source_group") == "NeMo / Megatron-Bridge" and "tokendrop" in row.get("notes", "").lower():
+    if (row.get("source_group") == "NeMo / Megatron-Bridge" and "tokendrop" in row.get("notes", "").lower()
+            and "NeMo 25.09" in row.get("software", "")):
         return True, (TOKEN_DROP_GRAPHS,)
     return False, ()
 
