@@ -550,7 +550,7 @@ def _host_waits_s(c: _StageCtx, compute: ComputeParams, ledger: list[CommEntry],
                 t *= n / (n + r)
             stalls[x.phase] += t
     host_f = c.n_moe * per_layer / 3.0
-    host_b = (2.0 * c.n_moe + c.recomputed[1]) * per_layer / 3.0
+    host_b = (2.0 * c.n_moe + r_moe) * per_layer / 3.0
     return (max(0.0, host_f - fwd_s - stalls["forward"]), max(0.0, host_b - bwd_s - stalls["backward"]))
 
 

@@ -127,21 +127,29 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
 
 
 def _ordered(br: dict[str, float], detail: StageDetail, m: int) -> dict[str, float]:
-    """``br`` in the closed form's order, with the share of compute and of recomputation that the closed
-    form attributes to the host's kernel launches (cost.step.HOST_BOUND: the simulator runs the stretched
-    layers) named so."""
-    wait = detail.breakdown.get(HOST_BOUND, 0.0)
-    if wait > 0.0:
-        closed_r = detail.breakdown.get("recompute", 0.0)
-        wait_r = max(0.0, m * detail.t_r_s - closed_r)  # the recomputation's stretch, per step
-        for k, closed, w in (("compute", detail.breakdown.get("compute", 0.0), wait - wait_r),
-                             ("recompute", closed_r, wait_r)):
-            moved = br.get(k, 0.0) * w / (closed + w) if closed + w > 0.0 else 0.0
-            br[k] = br.get(k, 0.0) - moved
-            br[HOST_BOUND] = br.get(HOST_BOUND, 0.0) + moved
+    """``br`` in the closed form's order, the host's wait named as the closed form names it."""
+    br = _host_wait_named(br, detail, m)
     keys = ["compute", "recompute", HOST_BOUND, *sorted(k for k in br if k.startswith("exposed")),
             "pipeline bubble", "comm contention", "other", "optimizer step", "step overhead"]
     return {k: br[k] for k in keys if k in br and math.isfinite(br[k])}
+
+
+def _host_wait_named(br: dict[str, float], detail: StageDetail, m: int) -> dict[str, float]:
+    """``br`` with the share of compute and of recomputation that the closed form attributes to the host's
+    kernel launches (cost.step.HOST_BOUND) moved there: the simulator runs the stretched layers, so its
+    compute and recomputation include the wait."""
+    wait = detail.breakdown.get(HOST_BOUND, 0.0)
+    if wait <= 0.0:
+        return br
+    br = dict(br)
+    closed_r = detail.breakdown.get("recompute", 0.0)
+    wait_r = max(0.0, m * detail.t_r_s - closed_r)  # the recomputation's stretch, per step
+    for k, closed, w in (("compute", detail.breakdown.get("compute", 0.0), wait - wait_r),
+                         ("recompute", closed_r, wait_r)):
+        moved = br.get(k, 0.0) * w / (closed + w) if closed + w > 0.0 else 0.0
+        br[k] = br.get(k, 0.0) - moved
+        br[HOST_BOUND] = br.get(HOST_BOUND, 0.0) + moved
+    return br
 
 
 def refine(est: Estimate, *, slowdown: float, step_overhead_s: float) -> Estimate:

@@ -90,6 +90,20 @@ def _rows(rows: list[int]) -> str:
     return "rows " + ", ".join(map(str, rows))
 
 
+def _repeats(rep: dict, cv: bool) -> list[str]:
+    """The rows that repeat a configuration (validation.repeats): the model's error on them against the
+    least any rescaling of its predictions per configuration could reach."""
+    if not rep:
+        return []
+    out = ["", "rows that repeat a configuration (another release, date, global batch or FP8 scaling recipe)"
+           + (", cross-validated" if cv else "") + ":",
+           f"  {'':<28} {'rows':>4} {'configs':>7}  {'MAPE':>6}  {'floor':>6}  (floor: the best one factor per "
+           "configuration can do)"]
+    out += [f"  {g:<28} {v['rows']:>4} {v['configurations']:>7}  {v['mape']:6.1%}  {v['floor_mape']:6.1%}"
+            for g, v in rep.items()]
+    return out
+
+
 def text_report(results: list[RowResult], fit: dict, cv: dict | None, group_cv: dict | None) -> str:
     lines = [f"meshplan validate: {fit['rows']} rows, {fit['modelled']} modelled, {fit['skipped']} skipped",
              "", "tokens/s per GPU, predicted against measured (error = predicted/measured - 1):",
@@ -103,6 +117,7 @@ def text_report(results: list[RowResult], fit: dict, cv: dict | None, group_cv: 
     lines += [f"  {k:<28} {_fmt(v)}" for k, v in main["by_source_group"].items()]
     lines += ["", "by accelerator" + (" (cross-validated)" if cv else "") + ":"]
     lines += [f"  {k:<28} {_fmt(v)}" for k, v in main["by_gpu"].items()]
+    lines += _repeats(main["repeated_configurations"], cv is not None)
     errs = [r.cv_error if cv else r.error for r in results]
     errs = [e for e in errs if e is not None]
     lines += ["", "absolute error histogram:", *_histogram(errs)]

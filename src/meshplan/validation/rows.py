@@ -357,7 +357,8 @@ def _plan(row: dict[str, str], model: ModelSpec,
     try:
         plan = replace(plan, **settings)
     except SpecError as exc:  # a recipe meshplan's plan checks refuse: keep the defaults, say so
-        return plan, (*imputed, f"recipe {recipe.source} not applied: {exc}"), recipe
+        kept = "; cuda_graphs=true from it kept" if recipe.cuda_graphs else ""
+        return plan, (*imputed, f"recipe {recipe.source}'s plan settings not applied: {exc}{kept}"), recipe
     said = ", ".join(f"{k}={str(v).lower()}" for k, v in settings.items())
     said += ", cuda_graphs=true" if recipe.cuda_graphs else ""
     return plan, (*imputed, f"{said} from {recipe.source}"), recipe

@@ -13,6 +13,7 @@ from meshplan.cost.compute import ComputeParams
 from meshplan.cost.estimate import Estimate
 from meshplan.cost.step import evaluate
 from meshplan.errors import SpecError
+from meshplan.validation.repeats import config_key, repeat_floor
 from meshplan.validation.rows import Scenario, Skip, impute_virtual_stages, scenario_from_row
 
 REQUIRED_COLUMNS = ("model", "n_layers", "hidden", "n_heads", "vocab", "seq_len", "gpu_type", "n_gpus", "tp", "pp",
@@ -130,6 +131,9 @@ def summary(results: list[RowResult], *, use_cv: bool) -> dict[str, object]:
         by_group[r.source_group].append(err(r))  # type: ignore[arg-type]
         by_gpu[r.scenario.cluster.accelerator.name].append(err(r))  # type: ignore[union-attr, arg-type]
     mem = [r.memory_error for r in results if r.memory_error is not None]
+    repeats = repeat_floor((r.source_group, config_key(r.scenario), r.measured_tokens_per_s_per_gpu,  # type: ignore[arg-type]
+                            (r.cv_predicted_tokens_per_s_per_gpu if use_cv else r.predicted_tokens_per_s_per_gpu))
+                           for r in modelled)
     return {
         "rows": len(results),
         "modelled": len(modelled),
@@ -137,6 +141,7 @@ def summary(results: list[RowResult], *, use_cv: bool) -> dict[str, object]:
         "tokens_per_s_per_gpu": summarise([err(r) for r in modelled]),  # type: ignore[misc]
         "by_source_group": {k: summarise(v) for k, v in sorted(by_group.items())},
         "by_gpu": {k: summarise(v) for k, v in sorted(by_gpu.items())},
+        "repeated_configurations": repeats,
         "peak_memory": summarise(mem),
         "predicted_not_to_fit": [r.row for r in results if r.predicted_feasible is False],
     }
