@@ -193,6 +193,12 @@ TORCHTITAN_COMPILED_LOSS = {"e7c0cae": "2025-06-13"}
 the December 2024 rows (9dec370) ran before it, with the eager loss."""
 
 
+NEMO2_PERF_FP8 = ("NeMo 2.0's performance scripts of early 2025 set grad_reduce_in_fp32 = False for FP8 runs: "
+                  "scripts/performance/llm/pretrain_gpt3_175b.py @013fdca7 (recipe.trainer.plugins = "
+                  "bf16_with_fp8_mixed(); recipe.trainer.plugins.grad_reduce_in_fp32 = False), the same block in "
+                  "the Mixtral and Llama 3 scripts, later scripts/performance/utils.py set_primary_perf_configs")
+"""The NeMo 25.02 and 25.04 user-guide tables (B200, GB200; every row FP8) ran these scripts."""
+
 BF16_GRAD_RULES: tuple[tuple[str, str, str | None, str], ...] = (
     ("dgxc-benchmarking v25.04", "Llama-3.1", "fp8",
      "dgxc-benchmarking v25.04 llama3.1/pretrain_llama31.py @741c886: FP8 runs set grad_reduce_in_fp32 = False "
@@ -205,6 +211,8 @@ BF16_GRAD_RULES: tuple[tuple[str, str, str | None, str], ...] = (
     ("dgxc-benchmarking v25.05.01", "Grok-1", None,
      "dgxc-benchmarking v25.05.01 grok1/launch.sh @60d6fd3 runs NeMo's performance script "
      "pretrain_grok1_314b.py (@01b83a7, the nearest stored version): grad_reduce_in_fp32 = False for BF16 and FP8"),
+    ("NeMo 25.02", "", "fp8", NEMO2_PERF_FP8),
+    ("NeMo 25.04", "", "fp8", NEMO2_PERF_FP8),
     ("Megatron-Bridge", "", None,
      "Megatron-Bridge's performance scripts set grad_reduce_in_fp32 = False for every model: the 25.09 workload "
      "yamls (mixed_precision: grad_reduce_in_fp32: false), the per-family set_*_common_configs of "
