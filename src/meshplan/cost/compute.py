@@ -326,6 +326,15 @@ def lm_head_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParam
     return gemm + loss / 2, 2 * gemm + loss / 2
 
 
+def mtp_projection_time_s(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams, *, tokens: float,
+                          tp: int, precision: str) -> float:
+    """Forward time of one multi-token-prediction depth's projection of the concatenated normed hidden state
+    and embedding, [T, 2D] x [2D, D / t] (Megatron-core's ``eh_proj``, column-parallel) [s]; its backward
+    runs the shape twice."""
+    peak, e_max, hd = gemm_curve(accel, params, precision)
+    return gemm_time_s(tokens, model.hidden / tp, 2 * model.hidden, peak_flop_per_s=peak, e_max=e_max, half_dim=hd)
+
+
 def optimizer_step_time_s(*, n_params_local: float, bytes_touched_per_param: float, accel: AcceleratorSpec,
                           params: ComputeParams) -> float:
     """Optimizer update, memory-bound [s]: every local parameter's states read and written once."""

@@ -20,21 +20,54 @@ from __future__ import annotations
 import functools
 
 from meshplan.specs import ModelSpec
+from meshplan.specs.layout import layers_per_stage, parse_layout
+
+MTP_CHUNK_SLOTS = 3
+"""Layers the last model chunk gives up per multi-token-prediction depth, for its MTP layer and the loss:
+NVIDIA's DeepSeek-V3 layouts split 61 layers as if there were 64 (4, 8 and 16 chunks: ``Et*16|t*16|t*16|
+t*13mL``, ``Et*8|(t*8|)*6t*5mL``, ``Et*4|(t*4|)*14tmL``, Megatron-Bridge
+src/megatron/bridge/recipes/deepseek/deepseek_v3.py @05d003f; 32 chunks on H100: ``Et|(tt|)*30mL``,
+perf_recipes/deepseek/h100/deepseek_v3.py @2e7ec2a)."""
+
+
+def mtp_chunk_layers(n_layers: int, mtp_layers: int, chunks: int) -> list[int]:
+    """Decoder layers per model chunk of a model with MTP, without a layout: every chunk but the last holds
+    k = ceil((L + 3·mtp) / chunks) (MTP_CHUNK_SLOTS), the last what remains; where (chunks - 1)·k exceeds
+    L, the first chunks hold one fewer. Reproduces every DeepSeek-V3 layout of NVIDIA's recipes."""
+    k = -(-(n_layers + MTP_CHUNK_SLOTS * mtp_layers) // chunks)
+    sizes = [k] * (chunks - 1) + [0]
+    over = sum(sizes) - n_layers
+    for i in range(max(0, over)):
+        sizes[i % (chunks - 1)] -= 1
+    sizes[-1] += max(0, -over)
+    return sizes
 
 
 @functools.lru_cache(maxsize=1024)
-def stage_layers(model: ModelSpec, pp: int) -> list[tuple[int, int]]:
-    """(dense layers, MoE layers) on each stage; the remainder goes to the first stages, and the
-    leading dense layers of an MoE model are taken in order."""
-    base, extra = divmod(model.n_layers, pp)
+def stage_layers(model: ModelSpec, pp: int, layout: str = "", chunks: int = 1) -> list[tuple[int, int]]:
+    """(dense layers, MoE layers) on each stage, the model's multi-token-prediction layers (ModelSpec.mtp_layers,
+    of the last decoder layer's kind) counted on the last. With a ``layout`` (Plan.layout) each stage holds
+    the layers of its chunks (``chunks`` per rank, chunk c on rank c mod pp); without one, a model with MTP
+    takes mtp_chunk_layers over pp x ``chunks`` chunks, and other models split evenly, the remainder to the
+    first stages. The leading dense layers of an MoE model are taken in order."""
+    if layout:
+        counts = layers_per_stage(parse_layout(layout), pp)
+    elif model.mtp_layers and pp > 1:
+        sizes = mtp_chunk_layers(model.n_layers, model.mtp_layers, pp * chunks)
+        counts = [sum(sizes[s::pp]) for s in range(pp)]
+    else:
+        base, extra = divmod(model.n_layers, pp)
+        counts = [base + (1 if s < extra else 0) for s in range(pp)]
     out: list[tuple[int, int]] = []
     start = 0
     dense_end = model.n_layers - model.n_moe_layers
-    for s in range(pp):
-        n = base + (1 if s < extra else 0)
+    for n in counts:
         dense = max(0, min(start + n, dense_end) - start)
         out.append((dense, n - dense))
         start += n
+    if model.mtp_layers:
+        d, e = out[-1]
+        out[-1] = (d, e + model.mtp_layers) if model.n_moe_layers else (d + model.mtp_layers, e)
     return out
 
 

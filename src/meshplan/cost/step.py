@@ -28,6 +28,7 @@ from meshplan.cost.compute import (
     LayerTimes,
     layer_times,
     lm_head_times,
+    mtp_projection_time_s,
     optimizer_step_time_s,
 )
 from meshplan.cost.estimate import OTHER_MICROBATCH, CommEntry, Estimate, FlopReport, MemoryReport, StageDetail
@@ -126,15 +127,19 @@ def recomputed_layers(recompute: str | None, recompute_layers: int | None, n_den
     return min(n, n_dense), n - min(n, n_dense)
 
 
-def _local_params(counts: ParamCounts, plan: Plan, s: int, n_dense: int, n_moe: int, tied_copy: bool
-                  ) -> tuple[Unit, ...]:
+def _local_params(model: ModelSpec, counts: ParamCounts, plan: Plan, s: int, n_dense: int, n_moe: int,
+                  tied_copy: bool) -> tuple[Unit, ...]:
     """FSDP units of stage ``s`` with their parameters on one rank (matrices split by TP, experts by EP)."""
-    return _units(counts, plan.tp, plan.ep, plan.expert_tp, plan.pp, s, n_dense, n_moe, tied_copy)
+    mtp = (model.mtp_layers, model.hidden) if model.mtp_layers else (0, 0)
+    return _units(counts, plan.tp, plan.ep, plan.expert_tp, plan.pp, s, n_dense, n_moe, tied_copy, *mtp)
 
 
 @functools.lru_cache(maxsize=8192)
 def _units(counts: ParamCounts, t: int, ep: int, etp: int, pp: int, s: int, n_dense: int, n_moe: int,
-           tied_copy: bool) -> tuple[Unit, ...]:
+           tied_copy: bool, mtp: int = 0, hidden: int = 0) -> tuple[Unit, ...]:
+    """``_local_params``; ``mtp`` MTP depths (their layers counted in ``n_dense`` / ``n_moe``) add to the last
+    stage's root their 2D -> D projections and, under a pipeline, a copy of the embedding, which the MTP
+    module looks the shifted tokens up in (Megatron-core keeps it on the last stage as it does a tied one)."""
     dense = (counts.attention_per_layer + counts.dense_mlp_per_layer) / t + counts.norms_per_layer
     moe = ((counts.attention_per_layer + counts.shared_experts_per_moe_layer) / t + counts.norms_per_layer
            + counts.router_per_moe_layer)
@@ -145,6 +150,8 @@ def _units(counts: ParamCounts, t: int, ep: int, etp: int, pp: int, s: int, n_de
     if s == pp - 1:
         head = counts.lm_head if counts.lm_head else (counts.lm_head_matmul if tied_copy else 0)
         root += head / t + counts.final_norm
+        if mtp:
+            root += mtp * 2 * hidden * hidden / t + (counts.embedding / t if pp > 1 else 0.0)
     units = [Unit("block", dense, n_dense, "dp_shard"), Unit("MoE block (non-expert)", moe, n_moe, "dp_shard"),
              Unit("experts", experts, n_moe, "edp"), Unit("root (embedding / LM head)", root, 1, "dp_shard",
                                                            root=True)]
@@ -342,7 +349,9 @@ def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, 
     return ((act(False, False), act(True, False)), a_moe,
             mem.full_recompute_bytes_per_token(hidden=model.hidden, tp=tp, sp=sp),
             (mem.sac_activation_bytes_per_token(model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp), sac_m),
-            mem.logits_bytes_per_token(vocab=model.vocab, tp=tp, loss=job.loss_impl) if last else 0.0,
+            # the main loss's and each MTP depth's saved logits, all alive until the backward
+            (1 + model.mtp_layers) * mem.logits_bytes_per_token(vocab=model.vocab, tp=tp, loss=job.loss_impl)
+            if last else 0.0,
             model.hidden * 2.0 / (tp if sp else 1) if first else 0.0)
 
 
@@ -501,6 +510,9 @@ def _stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute
     hf = hb = 0.0
     if last:
         hf, hb = lm_head_times(model, accelerator, compute, tokens=tokens, tp=tp, loss=job.loss_impl)
+        if model.mtp_layers:  # each MTP depth: its 2D -> D projection, and the head and loss again
+            pf = mtp_projection_time_s(model, accelerator, compute, tokens=tokens, tp=tp, precision=job.precision)
+            hf, hb = (model.mtp_layers * (hf + pf) + hf, model.mtp_layers * (hb + 2 * pf) + hb)
     return t_f, t_b, t_w, t_r, attn, hf, hb
 
 
@@ -629,9 +641,9 @@ class _PlanShared(NamedTuple):
 def _plan_shared(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan
                  ) -> _PlanShared:
     groups = axis_groups(plan, cluster)
-    layout = stage_layers(model, plan.pp)
+    layout = stage_layers(model, plan.pp, plan.layout, _round_robin_chunks(plan.schedule, plan.vpp))
     stages = sorted({0, plan.pp - 1})
-    units = {s: _local_params(counts, plan, s, *layout[s], tied_copy=plan.pp > 1) for s in stages}
+    units = {s: _local_params(model, counts, plan, s, *layout[s], tied_copy=plan.pp > 1) for s in stages}
     static = {s: _static_memory(_StageCtx(model, counts, cluster, job, plan, groups, s, *layout[s], 1, units[s]))
               for s in stages}
     return _PlanShared(groups, layout, units, static)
@@ -784,8 +796,8 @@ def _compute_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan:
     and the optimizer step, all of which are non-negative."""
     m = _micro_batches(job, plan.dp, mbs)
     return (_shape_bound_s(model, cluster.accelerator, compute, job, plan.tp, plan.cp, plan.ep, plan.expert_tp,
-                           plan.pp, plan.schedule, plan.vpp, plan.sequence_parallel, plan.context_impl != "a2a", mbs,
-                           recompute, m, recompute_layers)
+                           plan.pp, plan.schedule, plan.vpp, plan.layout, plan.sequence_parallel,
+                           plan.context_impl != "a2a", mbs, recompute, m, recompute_layers)
             + _critical_comm_s(model, cluster, job, plan, mbs, m, recompute, recompute_layers))
 
 
@@ -800,27 +812,33 @@ def _critical_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan:
     return _critical_comm_cached(model, cluster, job, plan.tp, plan.sequence_parallel, plan.async_tp,
                                  plan.sharding == "megatron", plan.cp, plan.context_impl, plan.ep, plan.expert_tp,
                                  plan.ep_dispatch,
-                                 plan.ep_overlap, plan.pp, mbs, m, recompute, recompute_layers, plan)
+                                 plan.ep_overlap, plan.pp, plan.layout, mbs, m, recompute, recompute_layers, plan)
 
 
 @cache_by_identity(n_specs=3, n_unkeyed=1)
 def _critical_comm_cached(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, tp: int, sp: bool, async_tp: bool,
                           megatron: bool, cp: int, context_impl: str, ep: int, etp: int, ep_dispatch: str | None,
-                          ep_overlap: bool, pp: int, mbs: int, m: int, recompute: str, recompute_layers: int | None,
-                          plan: Plan) -> float:
+                          ep_overlap: bool, pp: int, layout: str, mbs: int, m: int, recompute: str,
+                          recompute_layers: int | None, plan: Plan) -> float:
     """``_critical_comm_s``, memoised on the plan fields the TP, CP and EP ledgers read (their groups do not
     depend on data parallelism): plans that differ only in data-parallel layout or sharding share it."""
     groups = axis_groups(plan, cluster)
-    layout = stage_layers(model, pp)
+    stages = stage_layers(model, pp, layout, _round_robin_chunks(plan.schedule, plan.vpp))
     least = float("inf")
     for s in sorted({0, pp - 1}):
-        n_dense, n_moe = layout[s]
+        n_dense, n_moe = stages[s]
         st = StageTraffic(units=(), n_layers=n_dense + n_moe, n_moe_layers=n_moe, has_embedding=s == 0,
                           has_lm_head=s == pp - 1, tokens=mbs * job.seq_len / cp, m=m,
                           recomputed=recomputed_layers(recompute, recompute_layers, n_dense, n_moe))
         least = min(least, sum(e.time_s for e in comm_ledger(model, cluster, job, plan, groups, st)
                                if e.window == "none"))
     return least
+
+
+def _round_robin_chunks(schedule: str, vpp: int) -> int:
+    """Model chunks per rank that pipeline.stage_layers places round-robin: the interleaved schedule's
+    virtual stages (ZB-V's V-shaped pair is split as one chunk per rank)."""
+    return vpp if schedule == "interleaved" else 1
 
 
 def _micro_batches(job: JobSpec, dp: int, mbs: int) -> int:
@@ -830,15 +848,15 @@ def _micro_batches(job: JobSpec, dp: int, mbs: int) -> int:
 
 @cache_by_identity(n_specs=4)
 def _shape_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: ComputeParams, job: JobSpec, tp: int,
-                   cp: int, ep: int, etp: int, pp: int, schedule: str, vpp: int, sp: bool, cp_chunked: bool, mbs: int,
-                   recompute: str, m: int, recompute_layers: int | None) -> float:
+                   cp: int, ep: int, etp: int, pp: int, schedule: str, vpp: int, layout: str, sp: bool,
+                   cp_chunked: bool, mbs: int, recompute: str, m: int, recompute_layers: int | None) -> float:
     """``_compute_bound_s`` on the plan fields it reads (memoised: plans that differ in sharding or in
     their communication options share it)."""
-    layout = stage_layers(model, pp)
+    stages = stage_layers(model, pp, layout, _round_robin_chunks(schedule, vpp))
     tokens = mbs * job.seq_len / cp
     worst = 0.0
     for s in (0,) if pp == 1 else (0, pp - 1):
-        n_dense, n_moe = layout[s]
+        n_dense, n_moe = stages[s]
         t_f, t_b, t_w, t_r, _, hf, hb = _stage_compute_times(
             model, accelerator, compute, job, tokens, tp, cp, ep, etp, sp, cp_chunked, n_dense, n_moe, s == pp - 1,
             recompute, recomputed_layers(recompute, recompute_layers, n_dense, n_moe))
@@ -860,20 +878,20 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec
     """
     b = plan.mbs or micro_batch_sizes(job, plan.dp)[0]
     return (_shape_lower_bound_s(model, cluster.accelerator, compute, job, plan.dp, plan.tp, plan.cp, plan.ep,
-                                 plan.expert_tp, plan.pp, plan.schedule, plan.vpp, plan.sequence_parallel,
-                                 plan.context_impl != "a2a", plan.mbs)
+                                 plan.expert_tp, plan.pp, plan.schedule, plan.vpp, plan.layout,
+                                 plan.sequence_parallel, plan.context_impl != "a2a", plan.mbs)
             + _critical_comm_s(model, cluster, job, plan, b, _micro_batches(job, plan.dp, b), "none", None))
 
 
 @cache_by_identity(n_specs=4)
 def _shape_lower_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: ComputeParams, job: JobSpec,
-                         dp: int, tp: int, cp: int, ep: int, etp: int, pp: int, schedule: str, vpp: int, sp: bool,
-                         cp_chunked: bool, mbs: int | None) -> float:
+                         dp: int, tp: int, cp: int, ep: int, etp: int, pp: int, schedule: str, vpp: int,
+                         layout: str, sp: bool, cp_chunked: bool, mbs: int | None) -> float:
     """``step_time_lower_bound_s`` on the plan fields it reads (memoised: option variants that change
     only communication or memory share it)."""
     sizes = [mbs] if mbs else micro_batch_sizes(job, dp)
-    return min(_shape_bound_s(model, accelerator, compute, job, tp, cp, ep, etp, pp, schedule, vpp, sp, cp_chunked, b,
-                              "none", _micro_batches(job, dp, b), None) for b in sizes)
+    return min(_shape_bound_s(model, accelerator, compute, job, tp, cp, ep, etp, pp, schedule, vpp, layout, sp,
+                              cp_chunked, b, "none", _micro_batches(job, dp, b), None) for b in sizes)
 
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *, mfu: float | None = None,
@@ -919,7 +937,8 @@ def recompute_options(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[
     modes = ["none", "sac", "full"] if job.flash_attention else ["none", "selective", "sac", "full"]
     if plan.ep_overlap:  # Megatron's all-to-all overlap runs without full recomputation
         return modes[:-1], 0
-    return modes, max(d + e for d, e in stage_layers(model, plan.pp)) - 1
+    return modes, max(d + e for d, e in stage_layers(model, plan.pp, plan.layout,
+                                                   _round_robin_chunks(plan.schedule, plan.vpp))) - 1
 
 
 def _bisect(ok: Callable[[int], bool], lo: int, hi: int) -> int | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
+from meshplan.specs.layout import parse_layout
 
 
 def _divisors(n: int) -> str:
@@ -42,6 +43,14 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
     # Model chunks need not hold equal layer counts (Megatron's pipeline_model_parallel_layout and its
     # account_for_embedding/loss_in_pipeline_split, torchtitan's per-stage module lists), but each needs one.
     chunks = plan.pp * plan.model_chunks
+    if plan.layout:
+        listed = parse_layout(plan.layout)
+        if sum(c.layers for c in listed) != model.n_layers:
+            raise SpecError("plan.layout", f"lists {sum(c.layers for c in listed)} decoder layers (t); "
+                                           f"{model.name} has n_layers={model.n_layers}")
+        if sum(c.mtp for c in listed) != model.mtp_layers:
+            raise SpecError("plan.layout", f"lists {sum(c.mtp for c in listed)} MTP layers (m); {model.name} has "
+                                           f"mtp_layers={model.mtp_layers}")
     if plan.model_chunks > 1 and model.n_layers < chunks:
         raise SpecError("plan.vpp", f"pp x chunks = {plan.pp} x {plan.model_chunks} model chunks for "
                                     f"n_layers={model.n_layers}; each chunk needs a layer")

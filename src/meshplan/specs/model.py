@@ -74,6 +74,12 @@ class ModelSpec:
     """With a window, every n-th layer attends over the whole sequence and the others over the window
     (0: every layer windowed). GPT-OSS: 2 (sliding and full layers alternate, Megatron-core
     ``window_attn_skip_freq=2``); Gemma 3: 6 (five local layers to one global)."""
+    mtp_layers: int = 0
+    """Multi-token prediction depth (DeepSeek-V3: 1, its ``num_nextn_predict_layers``). Megatron-core's MTP
+    module, per depth, on the last pipeline stage: an embedding lookup of the shifted tokens, two norms, a
+    2D -> D projection, one transformer layer of the last decoder layer's kind, and the LM head and loss
+    again (megatron/core/transformer/multi_token_prediction.py). Its time and memory count on the last
+    stage; model FLOPs (MFU) leave it out, as published MFU does."""
     nominal_params: float | None = None
     """The parameter count the model is known by, if it differs from the exact count."""
     source: str = ""
@@ -84,7 +90,7 @@ class ModelSpec:
             positive_int(f"model.{f}", getattr(self, f))
         for f in ("learned_pos_emb", "n_experts", "top_k", "expert_ffn_hidden", "n_shared_experts",
                   "n_dense_layers", "n_expert_groups", "topk_groups", "q_lora_rank", "kv_lora_rank",
-                  "qk_rope_head_dim", "v_head_dim", "attention_window", "global_attention_every"):
+                  "qk_rope_head_dim", "v_head_dim", "attention_window", "global_attention_every", "mtp_layers"):
             non_negative_int(f"model.{f}", getattr(self, f))
         one_of("model.norm", self.norm, ("rmsnorm", "layernorm"))
         for f in ("gated_mlp", "tied_embeddings", "linear_bias"):

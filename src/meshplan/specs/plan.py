@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields, replace
 
 from meshplan.errors import SpecError
 from meshplan.specs._validate import one_of, positive_int
+from meshplan.specs.layout import parse_layout
 
 DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")
 RECOMPUTE = ("none", "selective", "sac", "full")
@@ -101,6 +102,11 @@ class Plan:
     """MoE token dispatch across the ep ranks: 'alltoall' (NCCL all-to-all: every routed copy of a token
     travels to its expert's rank) or 'deepep' (DeepEP / HybridEP: a token crosses the network once per
     destination node and is fanned out over NVLink there). None: the framework's own (alltoall)."""
+    layout: str = ""
+    """Decoder layers per model chunk as Megatron-core's --pipeline-model-parallel-layout string (specs.layout:
+    e.g. 'Et*4|(t*4|)*14tmL', 16 chunks, the last holding one layer, the MTP layer and the loss), pp x
+    chunks of them, chunk c on pipeline rank c mod pp. Empty: layers split evenly, the remainder to the
+    first ranks, MTP layers with the loss on the last rank."""
     ep_overlap: bool = False
     """Hide the MoE all-to-all of one micro-batch behind the compute of another (Megatron-core
     --overlap-moe-expert-parallel-comm: merged forward and backward of consecutive micro-batches). Needs
@@ -156,10 +162,21 @@ class Plan:
                                                     f"got {self.ep_dispatch}")
         if self.ep_overlap:
             self._check_ep_overlap()
+        if self.layout:
+            self._check_layout()
         if self.vpp > 1 and self.schedule != "interleaved":
             raise SpecError("plan.vpp", f"virtual stages need schedule=interleaved; got schedule={self.schedule}")
         if self.schedule == "interleaved" and self.pp > 1 and self.vpp < 2:
             raise SpecError("plan.vpp", "schedule=interleaved needs vpp >= 2")
+
+    def _check_layout(self) -> None:
+        chunks = parse_layout(self.layout)
+        if self.schedule == "zb-v":
+            raise SpecError("plan.layout", "places chunks round-robin over the ranks; ZB-V's V-shaped placement "
+                                           "takes no layout (leave it empty)")
+        if len(chunks) != self.pp * self.model_chunks:
+            raise SpecError("plan.layout", f"has {len(chunks)} chunks; pp x chunks per rank = {self.pp} x "
+                                           f"{self.model_chunks} = {self.pp * self.model_chunks} needed")
 
     def _check_ep_overlap(self) -> None:
         """Megatron-core's conditions for --overlap-moe-expert-parallel-comm (TransformerConfig.__post_init__,
@@ -327,6 +344,8 @@ def _parse_value(key: str, raw: str) -> object:
         raise SpecError(f"plan.{key}", f"must be true or false; got {raw!r}")
     if "int" in str(ftype):
         return _int(key, raw)
+    if key == "layout":  # case matters: E and L, t and m
+        return raw.strip()
     return low
 
 

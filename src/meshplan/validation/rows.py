@@ -134,7 +134,8 @@ def _model(row: dict[str, str], idx: int) -> ModelSpec:
     if "kimi" in low:
         base = load_model("deepseek-v3")
         return replace(base, name=name, n_heads=heads, n_kv_heads=heads, n_experts=384, vocab=vocab,
-                       n_dense_layers=1, n_expert_groups=0, topk_groups=0, nominal_params=None)  # no group limit
+                       n_dense_layers=1, n_expert_groups=0, topk_groups=0, mtp_layers=0,
+                       nominal_params=None)  # no group limit; Kimi-K2 has no MTP (num_nextn_predict_layers = 0)
     if moe:
         n_exp, top = int(moe.group(1)), int(moe.group(2))
         shared = 1 if re.search(r"\+\s*1 shared", notes) else 0

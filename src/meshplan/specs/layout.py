@@ -1,0 +1,62 @@
+"""Megatron-core's pipeline layout strings (``--pipeline-model-parallel-layout``).
+
+A layout lists the model chunks in order, separated by ``|``: chunk c runs on pipeline rank c mod pp
+(the interleaved schedule's assignment). In a chunk, ``E`` is the embedding, ``t`` one decoder layer,
+``m`` one multi-token-prediction layer and ``L`` the LM head and loss; ``x*n`` repeats a symbol and
+``(...)*n`` a group, which may span chunks. DeepSeek-V3's layout for 16 chunks in Megatron-Bridge:
+``Et*4|(t*4|)*14tmL`` (src/megatron/bridge/recipes/deepseek/deepseek_v3.py, ``pipeline_model_parallel_layout``
+map). meshplan reads the decoder layers per chunk; the embedding must open the first chunk's list if it is
+given, and the MTP layers and the loss must sit in the last chunk (Megatron-core runs MTP on the last stage).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from meshplan.errors import SpecError
+
+_GROUP = re.compile(r"\(([^()]*)\)\*(\d+)")
+_SYMBOL = re.compile(r"([EtmL])\*(\d+)")
+_SYMBOLS = set("EtmL|")
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One model chunk of a layout: decoder layers, and what else it holds."""
+
+    layers: int
+    embedding: bool
+    mtp: int
+    loss: bool
+
+
+def parse_layout(text: str, field: str = "plan.layout") -> tuple[Chunk, ...]:
+    """The chunks of a layout string; SpecError naming ``field`` if it is malformed."""
+    s = text.replace(" ", "")
+    for _ in range(64):  # innermost groups first
+        expanded = _GROUP.sub(lambda g: g.group(1) * int(g.group(2)), s)
+        if expanded == s:
+            break
+        s = expanded
+    s = _SYMBOL.sub(lambda g: g.group(1) * int(g.group(2)), s)
+    bad = sorted(set(s) - _SYMBOLS)
+    if bad or not s:
+        raise SpecError(field, f"{text!r} is not a Megatron pipeline layout: use E (embedding), t (decoder "
+                               f"layer), m (MTP layer), L (loss), | between chunks, x*n and (...)*n repeats"
+                               + (f"; unexpected {''.join(bad)!r}" if bad else ""))
+    chunks = tuple(Chunk(layers=c.count("t"), embedding="E" in c, mtp=c.count("m"), loss="L" in c)
+                   for c in s.split("|"))
+    if any(c.embedding for c in chunks[1:]) or s.count("E") > 1:
+        raise SpecError(field, f"{text!r}: the embedding (E) belongs to the first chunk, once")
+    if any(c.mtp or c.loss for c in chunks[:-1]) or s.count("L") > 1:
+        raise SpecError(field, f"{text!r}: MTP layers (m) and the loss (L) belong to the last chunk")
+    return chunks
+
+
+def layers_per_stage(chunks: tuple[Chunk, ...], pp: int) -> list[int]:
+    """Decoder layers on each pipeline rank: chunk c runs on rank c mod pp."""
+    out = [0] * pp
+    for c, chunk in enumerate(chunks):
+        out[c % pp] += chunk.layers
+    return out

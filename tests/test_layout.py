@@ -1,0 +1,91 @@
+"""Pipeline layouts (Megatron's --pipeline-model-parallel-layout) and multi-token prediction (DeepSeek-V3)."""
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshplan import JobSpec, load_cluster, load_model
+from meshplan.cost.pipeline import mtp_chunk_layers, stage_layers
+from meshplan.cost.step import evaluate
+from meshplan.errors import SpecError
+from meshplan.specs.layout import layers_per_stage, parse_layout
+from meshplan.specs.plan import Plan, parse_plan
+
+# NVIDIA's DeepSeek-V3 layouts (Megatron-Bridge recipes/deepseek/deepseek_v3.py; perf_recipes h100)
+NVIDIA = {4: "Et*16|t*16|t*16|t*13mL", 8: "Et*8|(t*8|)*6t*5mL", 16: "Et*4|(t*4|)*14tmL", 32: "Et|(tt|)*30mL"}
+
+
+def test_layout_strings_expand_to_their_chunks():
+    chunks = parse_layout(NVIDIA[16])
+    assert len(chunks) == 16 and [c.layers for c in chunks] == [4] * 15 + [1]
+    assert chunks[0].embedding and not chunks[1].embedding
+    assert chunks[-1].mtp == 1 and chunks[-1].loss
+    assert layers_per_stage(chunks, 8) == [8] * 7 + [5]  # chunk c on rank c mod pp
+    assert [c.layers for c in parse_layout(NVIDIA[32])] == [1] + [2] * 30 + [0]
+
+
+@pytest.mark.parametrize("text, says", [("Et*4|X", "unexpected 'X'"), ("t|Et", "first chunk"),
+                                        ("tmt|t", "last chunk"), ("tL|t", "last chunk"), ("", "not a Megatron")])
+def test_malformed_layouts_name_the_field(text, says):
+    with pytest.raises(SpecError, match=says) as e:
+        parse_layout(text)
+    assert e.value.field == "plan.layout"
+
+
+def test_the_default_split_of_a_model_with_mtp_is_nvidias():
+    for chunks, text in NVIDIA.items():
+        assert mtp_chunk_layers(61, 1, chunks) == [c.layers for c in parse_layout(text)]
+
+
+def test_plan_checks_the_chunk_count_and_keeps_the_case():
+    p = parse_plan("pp=8,vpp=2,schedule=interleaved,sharding=megatron,layout=Et*4|(t*4|)*14tmL")
+    assert p.layout == "Et*4|(t*4|)*14tmL" and parse_plan(p.to_string()) == p
+    with pytest.raises(SpecError, match="16 chunks; pp x chunks per rank = 8 x 1"):
+        Plan(pp=8, sharding="megatron", layout=NVIDIA[16])
+    with pytest.raises(SpecError, match="ZB-V"):
+        Plan(pp=4, schedule="zb-v", layout="Et*16|t*16|t*16|t*13mL")
+
+
+DSV3 = load_model("deepseek-v3")
+JOB = JobSpec(global_batch_tokens=1024 * 4096, seq_len=4096)
+CLUSTER = load_cluster("b200", nodes=32)
+
+
+def test_a_layout_must_list_the_models_layers_and_mtp():
+    base = "pp=16,ep=8,dp_shard=16,sharding=megatron,mbs=1,layout="
+    with pytest.raises(SpecError, match="lists 0 MTP layers"):
+        evaluate(DSV3, CLUSTER, JOB, parse_plan(base + "Et*4|(t*4|)*14tL"))
+    with pytest.raises(SpecError, match="lists 60 decoder layers"):
+        evaluate(DSV3, CLUSTER, JOB, parse_plan(base + "Et*4|(t*4|)*14mL"))
+
+
+@settings(max_examples=12, deadline=None)
+@given(pp_vpp=st.sampled_from([(4, 1), (8, 1), (4, 2), (16, 1), (8, 2), (4, 4), (8, 4)]))
+def test_nvidias_layout_written_out_is_the_default(pp_vpp):
+    """A model with MTP and no layout splits as NVIDIA's recipes do; writing the layout changes nothing."""
+    pp, vpp = pp_vpp
+    sched = f",schedule=interleaved,vpp={vpp}" if vpp > 1 else ""
+    text = f"pp={pp},ep=8,dp_shard={256 // pp},sharding=megatron,mbs=1{sched}"
+    sizes = mtp_chunk_layers(61, 1, pp * vpp)
+    chunks = [f"t*{n}" if n else "" for n in sizes]
+    layout = "E" + chunks[0] + "|" + "|".join(chunks[1:-1]) + "|" + chunks[-1] + "mL"
+    a = evaluate(DSV3, CLUSTER, JOB, parse_plan(text))
+    b = evaluate(DSV3, CLUSTER, JOB, parse_plan(text + ",layout=" + layout))
+    assert a.step_time_s == pytest.approx(b.step_time_s) and a.memory.peak_bytes == pytest.approx(b.memory.peak_bytes)
+
+
+def test_mtp_costs_a_layer_a_projection_and_the_head_again_on_the_last_stage():
+    plain = replace(DSV3, mtp_layers=0)
+    plan = parse_plan("ep=8,dp_shard=256,sharding=megatron,mbs=1,recompute=full")
+    with_mtp, without = evaluate(DSV3, CLUSTER, JOB, plan), evaluate(plain, CLUSTER, JOB, plan)
+    assert with_mtp.flops.model_flop_per_step == without.flops.model_flop_per_step  # MFU leaves it out
+    s1, s0 = with_mtp.stages[-1], without.stages[-1]
+    assert s1.n_layers == s0.n_layers + 1
+    assert s1.head_f_s > 2 * s0.head_f_s - 1e-12  # the head again, and the projection
+    assert with_mtp.step_time_s > without.step_time_s
+    assert with_mtp.memory.peak_bytes > without.memory.peak_bytes
+    assert stage_layers(DSV3, 1) == [(3, 59)]  # 58 MoE layers and the MTP layer
+    with pytest.raises(SpecError, match=r"model\.mtp_layers"):
+        replace(DSV3, mtp_layers=-1)
