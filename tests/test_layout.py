@@ -27,7 +27,7 @@ def test_layout_strings_expand_to_their_chunks():
 
 
 @pytest.mark.parametrize("text, says", [("Et*4|X", "unexpected 'X'"), ("t|Et", "first chunk"),
-                                        ("tmt|t", "last chunk"), ("tL|t", "last chunk"), ("", "not a Megatron")])
+                                        ("tL|t", "last chunk"), ("", "not a Megatron")])
 def test_malformed_layouts_name_the_field(text, says):
     with pytest.raises(SpecError, match=says) as e:
         parse_layout(text)
@@ -46,6 +46,17 @@ def test_plan_checks_the_chunk_count_and_keeps_the_case():
         Plan(pp=8, sharding="megatron", layout=NVIDIA[16])
     with pytest.raises(SpecError, match="ZB-V"):
         Plan(pp=4, schedule="zb-v", layout="Et*16|t*16|t*16|t*13mL")
+
+
+def test_plan_runs_mtp_on_the_last_rank_and_a_layer_on_every_other():
+    megatron = {"sharding": "megatron", "schedule": "interleaved"}
+    # Megatron's own example: commas are cosmetic; its MTP chunk (30 of 32) runs on rank 14 of 16
+    assert len(parse_layout("Et*3|(tt|)*29,m|L")) == 32
+    with pytest.raises(SpecError, match=r"MTP layers \(m\) on the last pipeline rank"):
+        Plan(pp=16, vpp=2, layout="Et*3|(tt|)*29,m|L", **megatron)
+    with pytest.raises(SpecError, match=r"rank\(s\) \[1\] without a decoder layer"):
+        Plan(pp=2, sharding="megatron", layout="Et*32|L")
+    assert Plan(pp=2, sharding="megatron", layout="Et*61|mL").layout  # a last rank of MTP and loss alone
 
 
 DSV3 = load_model("deepseek-v3")
@@ -89,3 +100,16 @@ def test_mtp_costs_a_layer_a_projection_and_the_head_again_on_the_last_stage():
     assert stage_layers(DSV3, 1) == [(3, 59)]  # 58 MoE layers and the MTP layer
     with pytest.raises(SpecError, match=r"model\.mtp_layers"):
         replace(DSV3, mtp_layers=-1)
+
+
+def test_a_middle_stage_heavier_than_the_first_bounds_the_step_and_the_simulator_agrees():
+    """PP=8 x VP=4 with MTP splits 1, 2, ..., 2, 0 over 32 chunks: ranks 1-6 hold 8 layers, rank 0 seven."""
+    from meshplan.sim.simulate import refine
+
+    plan = parse_plan("pp=8,ep=32,dp_shard=32,sharding=megatron,mbs=1,schedule=interleaved,vpp=4")
+    assert [d + e for d, e in stage_layers(DSV3, 8, "", 4)] == [7, 8, 8, 8, 8, 8, 8, 7]
+    est = evaluate(DSV3, CLUSTER, JobSpec(global_batch_tokens=4096 * 4096, seq_len=4096), plan)
+    assert [s.stage for s in est.stages] == [0, 1, 7]
+    assert max(est.stages, key=lambda s: s.time_s).stage == 1
+    sim = refine(est, slowdown=0.27, step_overhead_s=0.03)
+    assert sim.step_time_s == pytest.approx(est.step_time_s, rel=0.05)

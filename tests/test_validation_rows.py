@@ -228,3 +228,14 @@ def test_cuda_graphs_only_where_a_recipe_or_the_token_drop_tables_say_so():
     assert all(TOKEN_DROP_GRAPHS in r.scenario.imputed for r in results if r.row in token_drop)
     assert all(r.scenario.model.is_moe and r.source_group == "NeMo / Megatron-Bridge"
                for r in results if r.row in graphed)
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED), reason="shared data not beside the repository")
+def test_deepseek_rows_run_mtp_unless_their_table_says_without():
+    """Every DeepSeek-V3 recipe runs one MTP layer; the 25.11 tables name four runs "DeepSeekV3 (w/o MTP)"."""
+    from meshplan.validation.validate import load_scenarios, read_rows
+
+    mtp = {r.row: r.scenario.model.mtp_layers for r in load_scenarios(read_rows(SHARED))
+           if r.scenario is not None and r.model.startswith("DeepSeek-V3")}
+    assert sorted(k for k, v in mtp.items() if v == 0) == [86, 87, 89, 90]
+    assert len(mtp) == 15 and all(v == 1 for k, v in mtp.items() if k not in (86, 87, 89, 90))

@@ -642,7 +642,7 @@ def _plan_shared(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, jo
                  ) -> _PlanShared:
     groups = axis_groups(plan, cluster)
     layout = stage_layers(model, plan.pp, plan.layout, _round_robin_chunks(plan.schedule, plan.vpp))
-    stages = sorted({0, plan.pp - 1})
+    stages = bounding_stages(layout)
     units = {s: _local_params(model, counts, plan, s, *layout[s], tied_copy=plan.pp > 1) for s in stages}
     static = {s: _static_memory(_StageCtx(model, counts, cluster, job, plan, groups, s, *layout[s], 1, units[s]))
               for s in stages}
@@ -668,11 +668,20 @@ def _batch_reasons(job: JobSpec, plan: Plan) -> tuple[list[str], int]:
     return reasons, m
 
 
+def bounding_stages(layout: list[tuple[int, int]]) -> list[int]:
+    """The stages that bound the step and the memory: the first (embedding), the last (LM head, MTP) and,
+    where a layout or MTP's split gives a middle stage more layers than the first, the busiest of those."""
+    pp = len(layout)
+    middle = max(range(1, pp - 1), key=lambda s: (sum(layout[s]), -s), default=None)
+    extra = [middle] if middle is not None and sum(layout[middle]) > sum(layout[0]) else []
+    return sorted({0, *extra, pp - 1})
+
+
 def _stage_ctxs(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan, m: int,
                 shared: _PlanShared) -> list[_StageCtx]:
-    """The stages that bound the step: the first (embedding) and the last (LM head)."""
+    """The stages that bound the step (bounding_stages)."""
     return [_StageCtx(model, counts, cluster, job, plan, shared.groups, s, *shared.layout[s], m, shared.units[s])
-            for s in sorted({0, plan.pp - 1})]
+            for s in sorted(shared.units)]
 
 
 def _peak_memory(ctxs: list[_StageCtx], shared: _PlanShared) -> MemoryReport:
@@ -723,7 +732,7 @@ def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec,
     fraction = 1.0
     if plan.recompute == "full" and plan.recompute_layers is not None:  # the blocks' share that is re-run
         fraction = sum(sum(recomputed_layers("full", plan.recompute_layers, *lay)) for lay in shared.layout
-                       ) / model.n_layers
+                       ) / sum(d + e for d, e in shared.layout)  # MTP layers counted on both sides
     flops = _flops(model, counts, job.seq_len, job.flop_convention, plan.recompute or "none", job.flash_attention,
                    tokens, fraction)
     peak = cluster.accelerator.peak_flop_per_s(job.precision)
@@ -812,18 +821,19 @@ def _critical_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan:
     return _critical_comm_cached(model, cluster, job, plan.tp, plan.sequence_parallel, plan.async_tp,
                                  plan.sharding == "megatron", plan.cp, plan.context_impl, plan.ep, plan.expert_tp,
                                  plan.ep_dispatch,
-                                 plan.ep_overlap, plan.pp, plan.layout, mbs, m, recompute, recompute_layers, plan)
+                                 plan.ep_overlap, plan.pp, plan.layout, _round_robin_chunks(plan.schedule, plan.vpp),
+                                 mbs, m, recompute, recompute_layers, plan)
 
 
 @cache_by_identity(n_specs=3, n_unkeyed=1)
 def _critical_comm_cached(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, tp: int, sp: bool, async_tp: bool,
                           megatron: bool, cp: int, context_impl: str, ep: int, etp: int, ep_dispatch: str | None,
-                          ep_overlap: bool, pp: int, layout: str, mbs: int, m: int, recompute: str,
+                          ep_overlap: bool, pp: int, layout: str, chunks: int, mbs: int, m: int, recompute: str,
                           recompute_layers: int | None, plan: Plan) -> float:
     """``_critical_comm_s``, memoised on the plan fields the TP, CP and EP ledgers read (their groups do not
     depend on data parallelism): plans that differ only in data-parallel layout or sharding share it."""
     groups = axis_groups(plan, cluster)
-    stages = stage_layers(model, pp, layout, _round_robin_chunks(plan.schedule, plan.vpp))
+    stages = stage_layers(model, pp, layout, chunks)
     least = float("inf")
     for s in sorted({0, pp - 1}):
         n_dense, n_moe = stages[s]

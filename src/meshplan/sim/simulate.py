@@ -93,7 +93,8 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
         br["step overhead"] = step_overhead_s
         return SimResult(s.makespan_s + s.detail.optimizer_s + step_overhead_s, _ordered(br, s.detail, m), sims)
     first, last = sims[0], sims[-1]
-    per_stage = [first if s < plan.pp - 1 else last for s in range(plan.pp)]
+    middle = next((x for x in sims[1:-1]), first)  # the busiest middle stage, where it outweighs the first
+    per_stage = [first if s == 0 else last if s == plan.pp - 1 else middle for s in range(plan.pp)]
     # the W share of the backward chunk, for zero-bubble schedules
     f_s = [x.chunk_f_s for x in per_stage]
     w_frac = [x.detail.t_w_s / max(1e-30, x.detail.t_b_s + x.detail.t_w_s + x.detail.t_r_s) for x in per_stage]
@@ -108,11 +109,12 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
                                         chunks=1 if interleaved else plan.model_chunks, f_s=f_s, b_s=b_s, w_s=w_s,
                                         p2p_s=p2p_s)
     ends = [max(t.end_s for t in tasks if t.stage == s) for s in range(plan.pp)]
+    busies = [sum(t.dur_s for t in tasks if t.stage == s) for s in range(plan.pp)]
+    if interleaved:  # each stage's idle time shrinks by v; the busiest stage, not the last to end, is critical
+        ends = [b + (e - b) / plan.vpp for b, e in zip(busies, ends, strict=True)]
     crit = max(range(plan.pp), key=lambda s: ends[s] + per_stage[s].tail_s)
     sim = per_stage[crit]
-    busy = sum(t.dur_s for t in tasks if t.stage == crit)
-    if interleaved:
-        ends[crit] = busy + (ends[crit] - busy) / plan.vpp
+    busy = busies[crit]
     chunk_terms = {k: v for k, v in sim.breakdown.items()}
     chunk_total = sum(chunk_terms.values()) - sim.tail_s
     br = {k: v * busy / chunk_total for k, v in chunk_terms.items()} if chunk_total > 0 else {}

@@ -5,8 +5,10 @@ A layout lists the model chunks in order, separated by ``|``: chunk c runs on pi
 ``m`` one multi-token-prediction layer and ``L`` the LM head and loss; ``x*n`` repeats a symbol and
 ``(...)*n`` a group, which may span chunks. DeepSeek-V3's layout for 16 chunks in Megatron-Bridge:
 ``Et*4|(t*4|)*14tmL`` (src/megatron/bridge/recipes/deepseek/deepseek_v3.py, ``pipeline_model_parallel_layout``
-map). meshplan reads the decoder layers per chunk; the embedding must open the first chunk's list if it is
-given, and the MTP layers and the loss must sit in the last chunk (Megatron-core runs MTP on the last stage).
+map). meshplan reads the decoder layers per chunk; the embedding must be in the first chunk and the loss in
+the last, and meshplan runs MTP layers on the last pipeline rank only (Plan checks that their chunks are
+there; Megatron also allows them elsewhere). Commas are cosmetic, as in Megatron, but a plan string
+cannot carry them (its items are comma-separated).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class Chunk:
 
 def parse_layout(text: str, field: str = "plan.layout") -> tuple[Chunk, ...]:
     """The chunks of a layout string; SpecError naming ``field`` if it is malformed."""
-    s = text.replace(" ", "")
+    s = text.replace(" ", "").replace(",", "")  # Megatron treats commas as cosmetic
     for _ in range(64):  # innermost groups first
         expanded = _GROUP.sub(lambda g: g.group(1) * int(g.group(2)), s)
         if expanded == s:
@@ -49,8 +51,8 @@ def parse_layout(text: str, field: str = "plan.layout") -> tuple[Chunk, ...]:
                    for c in s.split("|"))
     if any(c.embedding for c in chunks[1:]) or s.count("E") > 1:
         raise SpecError(field, f"{text!r}: the embedding (E) belongs to the first chunk, once")
-    if any(c.mtp or c.loss for c in chunks[:-1]) or s.count("L") > 1:
-        raise SpecError(field, f"{text!r}: MTP layers (m) and the loss (L) belong to the last chunk")
+    if any(c.loss for c in chunks[:-1]) or s.count("L") > 1:
+        raise SpecError(field, f"{text!r}: the loss (L) belongs to the last chunk, once")
     return chunks
 
 

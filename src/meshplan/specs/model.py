@@ -79,7 +79,8 @@ class ModelSpec:
     module, per depth, on the last pipeline stage: an embedding lookup of the shifted tokens, two norms, a
     2D -> D projection, one transformer layer of the last decoder layer's kind, and the LM head and loss
     again (megatron/core/transformer/multi_token_prediction.py). Its time and memory count on the last
-    stage; model FLOPs (MFU) leave it out, as published MFU does."""
+    stage. meshplan's model FLOPs (MFU) leave it out; Megatron's own FLOP count includes it, so an MFU
+    Megatron reports for such a model reads higher than meshplan's for the same step time."""
     nominal_params: float | None = None
     """The parameter count the model is known by, if it differs from the exact count."""
     source: str = ""

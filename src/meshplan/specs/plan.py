@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields, replace
 
 from meshplan.errors import SpecError
 from meshplan.specs._validate import one_of, positive_int
-from meshplan.specs.layout import parse_layout
+from meshplan.specs.layout import layers_per_stage, parse_layout
 
 DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")
 RECOMPUTE = ("none", "selective", "sac", "full")
@@ -105,8 +105,10 @@ class Plan:
     layout: str = ""
     """Decoder layers per model chunk as Megatron-core's --pipeline-model-parallel-layout string (specs.layout:
     e.g. 'Et*4|(t*4|)*14tmL', 16 chunks, the last holding one layer, the MTP layer and the loss), pp x
-    chunks of them, chunk c on pipeline rank c mod pp. Empty: layers split evenly, the remainder to the
-    first ranks, MTP layers with the loss on the last rank."""
+    chunks of them, chunk c on pipeline rank c mod pp; no commas (plan strings are comma-separated). Empty:
+    layers split evenly, the remainder to the first ranks, except that a model with MTP layers splits as
+    NVIDIA's DeepSeek-V3 recipes do (cost.pipeline.mtp_chunk_layers), its MTP layers on the last rank. The
+    interleaved schedule's bubble and memory are modelled as for equal chunks."""
     ep_overlap: bool = False
     """Hide the MoE all-to-all of one micro-batch behind the compute of another (Megatron-core
     --overlap-moe-expert-parallel-comm: merged forward and backward of consecutive micro-batches). Needs
@@ -177,6 +179,13 @@ class Plan:
         if len(chunks) != self.pp * self.model_chunks:
             raise SpecError("plan.layout", f"has {len(chunks)} chunks; pp x chunks per rank = {self.pp} x "
                                            f"{self.model_chunks} = {self.pp * self.model_chunks} needed")
+        if any(c.mtp for i, c in enumerate(chunks) if i % self.pp != self.pp - 1):
+            raise SpecError("plan.layout", "meshplan runs MTP layers (m) on the last pipeline rank: put them in a "
+                                           f"chunk c with c mod pp = {self.pp - 1}")
+        empty = [r for r, n in enumerate(layers_per_stage(chunks, self.pp)) if n == 0]
+        if empty and not (empty == [self.pp - 1] and any(c.mtp for c in chunks)):
+            raise SpecError("plan.layout", f"leaves pipeline rank(s) {empty} without a decoder layer (t); meshplan "
+                                           "needs one on every rank but a last rank that holds MTP layers")
 
     def _check_ep_overlap(self) -> None:
         """Megatron-core's conditions for --overlap-moe-expert-parallel-comm (TransformerConfig.__post_init__,

@@ -28,10 +28,10 @@ the software release (what the repeats measure)."""
 
 
 def config_key(sc: Scenario) -> Hashable:
-    """What makes two rows the same configuration: model, accelerator, GPU count, plan (recipe settings
-    included) and every job setting but the global batch and the software release."""
+    """What makes two rows the same configuration: model (its whole spec), accelerator, GPU count, plan
+    (recipe settings included) and every job setting but the global batch and the software release."""
     job = tuple((f.name, getattr(sc.job, f.name)) for f in fields(sc.job) if f.name not in VARYING_JOB_FIELDS)
-    return sc.model.name, sc.cluster.accelerator.name, sc.cluster.n_gpus, sc.plan, job
+    return sc.model, sc.cluster.accelerator.name, sc.cluster.n_gpus, sc.plan, job
 
 
 def best_scale_error_sum(pairs: list[tuple[float, float]]) -> float:

@@ -121,7 +121,8 @@ def _model(row: dict[str, str], idx: int) -> ModelSpec:
         raise Skip("hybrid Mamba/attention stack: Mamba layers are not modelled")
     if low.startswith("deepseek-v3"):
         base = load_model("deepseek-v3")
-        return replace(base, name=name, nominal_params=None)
+        mtp = 0 if "w/o mtp" in notes.lower() else base.mtp_layers  # the 25.11 tables' "DeepSeekV3 (w/o MTP)"
+        return replace(base, name=name, nominal_params=None, mtp_layers=mtp)
     L, h, heads = _i(row, "n_layers"), _i(row, "hidden"), _i(row, "n_heads")
     kv = _i(row, "n_kv_heads", heads)
     ffn = _i(row, "ffn_hidden", 4 * h if h else None)
