@@ -113,3 +113,11 @@ def test_a_middle_stage_heavier_than_the_first_bounds_the_step_and_the_simulator
     assert max(est.stages, key=lambda s: s.time_s).stage == 1
     sim = refine(est, slowdown=0.27, step_overhead_s=0.03)
     assert sim.step_time_s == pytest.approx(est.step_time_s, rel=0.05)
+
+
+def test_the_search_offers_interleaving_to_a_model_with_mtp():
+    """61 layers divide into no power-of-two chunk count; NVIDIA's interleaved layouts split them anyway."""
+    from meshplan.search.space import Space, _pipeline_options
+
+    assert ("interleaved", 2) in set(_pipeline_options(DSV3, 8, Space()))
+    assert ("interleaved", 2) not in set(_pipeline_options(replace(DSV3, mtp_layers=0), 8, Space()))

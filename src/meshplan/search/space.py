@@ -151,9 +151,11 @@ def _pipeline_options(model: ModelSpec, pp: int, space: Space) -> Iterator[tuple
         if schedule == "interleaved":
             for v in range(2, space.max_vpp + 1):
                 # equal chunks, or equal once the embedding and the loss count as a layer each (Megatron's
-                # --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split)
+                # --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split); a model
+                # with MTP splits any chunk count as NVIDIA's layouts do (cost.pipeline.mtp_chunk_layers)
                 chunks = pp * v
-                if model.n_layers >= chunks and (model.n_layers % chunks == 0 or (model.n_layers + 2) % chunks == 0):
+                even = model.n_layers % chunks == 0 or (model.n_layers + 2) % chunks == 0
+                if model.n_layers >= chunks and (even or model.mtp_layers):
                     yield schedule, v
         elif schedule == "zb-v":
             if model.n_layers % (2 * pp) == 0:
