@@ -22,7 +22,7 @@ def test_layout_strings_expand_to_their_chunks():
     assert len(chunks) == 16 and [c.layers for c in chunks] == [4] * 15 + [1]
     assert chunks[0].embedding and not chunks[1].embedding
     assert chunks[-1].mtp == 1 and chunks[-1].loss
-    assert layers_per_stage(chunks, 8) == [8] * 7 + [5]  # chunk c on rank c mod pp
+    assert layers_per_stage([c.layers for c in chunks], 8) == [8] * 7 + [5]  # chunk c on rank c mod pp
     assert [c.layers for c in parse_layout(NVIDIA[32])] == [1] + [2] * 30 + [0]
 
 

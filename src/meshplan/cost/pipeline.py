@@ -51,10 +51,9 @@ def stage_layers(model: ModelSpec, pp: int, layout: str = "", chunks: int = 1) -
     takes mtp_chunk_layers over pp x ``chunks`` chunks, and other models split evenly, the remainder to the
     first stages. The leading dense layers of an MoE model are taken in order."""
     if layout:
-        counts = layers_per_stage(parse_layout(layout), pp)
+        counts = layers_per_stage([c.layers for c in parse_layout(layout)], pp)
     elif model.mtp_layers and pp > 1:
-        sizes = mtp_chunk_layers(model.n_layers, model.mtp_layers, pp * chunks)
-        counts = [sum(sizes[s::pp]) for s in range(pp)]
+        counts = layers_per_stage(mtp_chunk_layers(model.n_layers, model.mtp_layers, pp * chunks), pp)
     else:
         base, extra = divmod(model.n_layers, pp)
         counts = [base + (1 if s < extra else 0) for s in range(pp)]

@@ -641,7 +641,7 @@ class _PlanShared(NamedTuple):
 def _plan_shared(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan
                  ) -> _PlanShared:
     groups = axis_groups(plan, cluster)
-    layout = stage_layers(model, plan.pp, plan.layout, _round_robin_chunks(plan.schedule, plan.vpp))
+    layout = _plan_stage_layers(model, plan)
     stages = bounding_stages(layout)
     units = {s: _local_params(model, counts, plan, s, *layout[s], tied_copy=plan.pp > 1) for s in stages}
     static = {s: _static_memory(_StageCtx(model, counts, cluster, job, plan, groups, s, *layout[s], 1, units[s]))
@@ -851,6 +851,11 @@ def _round_robin_chunks(schedule: str, vpp: int) -> int:
     return vpp if schedule == "interleaved" else 1
 
 
+def _plan_stage_layers(model: ModelSpec, plan: Plan) -> list[tuple[int, int]]:
+    """pipeline.stage_layers for ``plan``: its stages, layout and round-robin chunks."""
+    return stage_layers(model, plan.pp, plan.layout, _round_robin_chunks(plan.schedule, plan.vpp))
+
+
 def _micro_batches(job: JobSpec, dp: int, mbs: int) -> int:
     """Micro-batches per step of each data-parallel replica (as ``_batch_reasons`` counts them)."""
     return max(1, max(1, job.global_batch_seqs // dp) // mbs)
@@ -947,8 +952,7 @@ def recompute_options(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[
     modes = ["none", "sac", "full"] if job.flash_attention else ["none", "selective", "sac", "full"]
     if plan.ep_overlap:  # Megatron's all-to-all overlap runs without full recomputation
         return modes[:-1], 0
-    return modes, max(d + e for d, e in stage_layers(model, plan.pp, plan.layout,
-                                                   _round_robin_chunks(plan.schedule, plan.vpp))) - 1
+    return modes, max(d + e for d, e in _plan_stage_layers(model, plan)) - 1
 
 
 def _bisect(ok: Callable[[int], bool], lo: int, hi: int) -> int | None:

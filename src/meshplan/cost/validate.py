@@ -45,11 +45,12 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
     chunks = plan.pp * plan.model_chunks
     if plan.layout:
         listed = parse_layout(plan.layout)
-        if sum(c.layers for c in listed) != model.n_layers:
-            raise SpecError("plan.layout", f"lists {sum(c.layers for c in listed)} decoder layers (t); "
-                                           f"{model.name} has n_layers={model.n_layers}")
-        if sum(c.mtp for c in listed) != model.mtp_layers:
-            raise SpecError("plan.layout", f"lists {sum(c.mtp for c in listed)} MTP layers (m); {model.name} has "
+        layers, mtp = sum(c.layers for c in listed), sum(c.mtp for c in listed)
+        if layers != model.n_layers:
+            raise SpecError("plan.layout", f"lists {layers} decoder layers (t); {model.name} has "
+                                           f"n_layers={model.n_layers}")
+        if mtp != model.mtp_layers:
+            raise SpecError("plan.layout", f"lists {mtp} MTP layers (m); {model.name} has "
                                            f"mtp_layers={model.mtp_layers}")
     if plan.model_chunks > 1 and model.n_layers < chunks:
         raise SpecError("plan.vpp", f"pp x chunks = {plan.pp} x {plan.model_chunks} model chunks for "

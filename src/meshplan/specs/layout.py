@@ -14,6 +14,7 @@ cannot carry them (its items are comma-separated).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from meshplan.errors import SpecError
@@ -56,9 +57,7 @@ def parse_layout(text: str, field: str = "plan.layout") -> tuple[Chunk, ...]:
     return chunks
 
 
-def layers_per_stage(chunks: tuple[Chunk, ...], pp: int) -> list[int]:
-    """Decoder layers on each pipeline rank: chunk c runs on rank c mod pp."""
-    out = [0] * pp
-    for c, chunk in enumerate(chunks):
-        out[c % pp] += chunk.layers
-    return out
+def layers_per_stage(chunk_layers: Sequence[int], pp: int) -> list[int]:
+    """Decoder layers on each pipeline rank, from the layers of each model chunk: chunk c runs on rank
+    c mod pp."""
+    return [sum(chunk_layers[s::pp]) for s in range(pp)]

@@ -182,7 +182,7 @@ class Plan:
         if any(c.mtp for i, c in enumerate(chunks) if i % self.pp != self.pp - 1):
             raise SpecError("plan.layout", "meshplan runs MTP layers (m) on the last pipeline rank: put them in a "
                                            f"chunk c with c mod pp = {self.pp - 1}")
-        empty = [r for r, n in enumerate(layers_per_stage(chunks, self.pp)) if n == 0]
+        empty = [r for r, n in enumerate(layers_per_stage([c.layers for c in chunks], self.pp)) if n == 0]
         if empty and not (empty == [self.pp - 1] and any(c.mtp for c in chunks)):
             raise SpecError("plan.layout", f"leaves pipeline rank(s) {empty} without a decoder layer (t); meshplan "
                                            "needs one on every rank but a last rank that holds MTP layers")
