@@ -198,9 +198,35 @@ def test_ep_overlap_leaves_warm_up_exposed_and_shares_its_link():
     starved = evaluate_plan(load_model("mixtral-8x7b"), cluster, job,
                             parse_plan("ep=8,dp_shard=16,mbs=1,recompute=sac,sharding=megatron,ep_overlap=true"))
     windows = sum(e.time_s - e.exposed_s for e in starved.comm if e.link == "inter_node")
-    compute = starved.time_breakdown["compute"] + starved.time_breakdown["recompute"]
-    assert windows <= compute * (1 + 1e-9)  # never more hidden on a link than there is compute
+    compute = sum(starved.time_breakdown[k] for k in ("compute", "recompute", "comm contention"))
+    assert windows <= compute * (1 + 1e-9)  # never more hidden on a link than there is (slowed) compute
     assert sum(e.exposed_s for e in _a2a(slow)) < sum(e.exposed_s for e in _a2a(starved))
+
+
+def test_contention_runs_inside_traffic_that_exceeds_compute():
+    """Where overlapped traffic exceeds the compute that hides it, the slowed compute runs inside the
+    traffic's time: the step is the traffic's, whatever the slowdown (as in the simulator). Where compute
+    exceeds the traffic, the slowdown lengthens the step by its share of the hidden traffic."""
+    from dataclasses import replace
+
+    from meshplan.calibration import compute_params_for
+    from meshplan.cost.step import evaluate as evaluate_plan
+    job = JobSpec(global_batch_tokens=1_048_576, seq_len=4096)
+    plan = parse_plan("ep=8,dp_shard=16,mbs=1,recompute=sac,sharding=megatron,ep_overlap=true")
+    base = compute_params_for("h100-sxm", "megatron")
+
+    def step(gb_per_s: float, slowdown: float):
+        cluster = load_cluster("h100-sxm", nodes=4, gpus_per_node=4, inter_node_gb_per_s=gb_per_s)
+        return evaluate_plan(load_model("mixtral-8x7b"), cluster, job, plan,
+                             compute=replace(base, comm_slowdown=slowdown))
+
+    starved = [step(3, s) for s in (0.0, 0.2)]
+    assert starved[1].step_time_s == pytest.approx(starved[0].step_time_s, rel=1e-9)
+    assert starved[1].time_breakdown["comm contention"] > 0
+    fast = [step(400, s) for s in (0.0, 0.2)]
+    hidden = sum(e.time_s - e.exposed_s for e in fast[1].comm)
+    assert sum(e.exposed_s - e.edge_s for e in fast[1].comm if e.overlappable) == pytest.approx(0.0, abs=1e-12)
+    assert fast[1].step_time_s - fast[0].step_time_s == pytest.approx(0.2 * hidden, rel=1e-6)
 
 
 def test_ep_overlap_hides_all_to_all_behind_another_micro_batch():

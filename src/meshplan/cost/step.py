@@ -9,7 +9,8 @@ Each collective is hidden behind the compute window it can overlap (``CommEntry.
 window's length times ``overlap_efficiency``, per link, less what traffic of an overlapping window on the
 same link already hid there (``_set_exposure``); what does not fit, plus the parts no compute can cover
 (``edge_s``), is exposed, and excess on different links in the same phase overlaps (``_overlap_links``).
-Hidden traffic slows compute by ``comm_slowdown`` of its time.
+Hidden traffic slows compute by ``comm_slowdown`` of its time, and that slower compute hides as much more
+of the excess (``_absorb_contention``).
 """
 
 from __future__ import annotations
@@ -248,6 +249,21 @@ def _expose(group: list[CommEntry], capacity: float) -> None:
     share = excess / hideable if hideable > 0 else 0.0
     for e in group:
         e.exposed_s = e.edge_s + (e.time_s - e.edge_s) * share
+
+
+def _absorb_contention(entries: list[CommEntry], slowed_s: float) -> None:
+    """Hidden traffic slows the compute that hides it by ``slowed_s`` in all; that longer compute hides
+    as much more of the traffic its windows could not (the exposed part beyond the edges), so the step
+    pays max(contention, excess), not their sum. Where traffic exceeds compute (expert all-to-alls
+    overlapped with another micro-batch), the step is the traffic's time and the slowed compute runs
+    inside it, as the simulator has it; where compute exceeds traffic, nothing changes."""
+    excess = sum(e.exposed_s - e.edge_s for e in entries if e.overlappable)
+    if excess <= 0.0 or slowed_s <= 0.0:
+        return
+    keep = 1.0 - min(slowed_s, excess) / excess
+    for e in entries:
+        if e.overlappable:
+            e.exposed_s = e.edge_s + (e.exposed_s - e.edge_s) * keep
 
 
 class _StaticMemory(NamedTuple):
@@ -596,6 +612,7 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) 
     bubble = bubble_time_s(schedule=plan.schedule, pp=plan.pp, vpp=plan.vpp, t_f_s=t_f, t_b_s=t_b + t_r, t_w_s=t_w)
     opt = _optimizer_s(c, compute)
     hidden = sum(x.time_s - x.exposed_s for x in ledger)
+    _absorb_contention(ledger, compute.comm_slowdown * hidden)
     breakdown: dict[str, float] = {"compute": m * (t_f + t_b + t_w), "recompute": m * t_r}
     for x in ledger:
         key = f"exposed {x.collective} ({x.axis})"
