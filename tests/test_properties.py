@@ -204,7 +204,7 @@ def test_combination_bound_never_exceeds_its_step_time(model, cluster, job, data
     b = data.draw(st.sampled_from(micro_batch_sizes(job, plan.dp)))
     rc = data.draw(st.sampled_from(recompute_options(model, job, plan)[0]))
     compute = compute_params_for(cluster.accelerator.name, job.software)
-    est = evaluate(model, cluster, job, replace(plan, mbs=b, recompute=rc), compute=compute)
+    est = evaluate(model, cluster, job, replace(plan, mbs=b).with_recompute(rc), compute=compute)
     assert _compute_bound_s(model, cluster, job, plan, compute, b, rc) <= est.step_time_s * (1 + 1e-9)
 
 
@@ -246,7 +246,7 @@ def test_evaluate_finds_the_fastest_recomputation_that_fits(model, cluster, job,
     plan = replace(plan, mbs=data.draw(st.sampled_from(micro_batch_sizes(job, plan.dp))))
     chosen = evaluate(model, cluster, job, plan)
     modes, partial = recompute_options(model, job, plan)
-    tried = [replace(plan, recompute=rc) for rc in modes]
+    tried = [plan.with_recompute(rc) for rc in modes]
     tried += [replace(plan, recompute="full", recompute_layers=n) for n in range(1, partial + 1)]
     times = [e.step_time_s for e in (evaluate(model, cluster, job, p) for p in tried) if e.feasible]
     if times:

@@ -239,3 +239,39 @@ def test_deepseek_rows_run_mtp_unless_their_table_says_without():
            if r.scenario is not None and r.model.startswith("DeepSeek-V3")}
     assert sorted(k for k, v in mtp.items() if v == 0) == [86, 87, 89, 90]
     assert len(mtp) == 15 and all(v == 1 for k, v in mtp.items() if k not in (86, 87, 89, 90))
+
+
+def test_recompute_entries_are_well_formed():
+    from meshplan.specs.plan import RECOMPUTE_MODULES
+    text = resources.files("meshplan.validation").joinpath("moe_recipes.toml").read_text()
+    entries = tomllib.loads(text)["recompute"]
+    allowed = {"model", "gpu", "releases", "precision", "pp", "vpp", "ep", "mbs", "modules", "source"}
+    for e in entries:
+        assert set(e) <= allowed, set(e) - allowed
+        assert all(m in RECOMPUTE_MODULES for m in e.get("modules", "").split("+") if m)
+        assert e["releases"] and e["source"]
+    assert len({e["source"] for e in entries}) == len(entries)
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED), reason="shared data not beside the repository")
+def test_recipe_recomputation_reaches_its_rows_or_says_why_not():
+    """Every [[recompute]] entry applies to a row; a row whose recipe recomputation meshplan's memory
+    model does not fit keeps meshplan's choice and says so; Megatron-Bridge rows run TE's loss."""
+    from meshplan.validation.validate import load_scenarios, read_rows
+
+    results = [r for r in load_scenarios(read_rows(SHARED)) if r.scenario is not None]
+    text = resources.files("meshplan.validation").joinpath("moe_recipes.toml").read_text()
+    sources = {e["source"] for e in tomllib.loads(text)["recompute"]}
+    notes = {r.row: " | ".join(r.scenario.imputed) for r in results}
+    assert {s for n in notes.values() for s in sources if s in n} == sources
+    by_row = {r.row: r.scenario for r in results}
+    assert by_row[80].plan.recompute_modules == "mla_up_proj" and by_row[80].plan.recompute == "selective"
+    assert by_row[150].plan.recompute == "none"  # Qwen3: no recomputation
+    for r in results:
+        if "recompute chosen by meshplan" in notes[r.row]:
+            assert r.scenario.plan.recompute is None and "GiB over" in notes[r.row]
+        elif "the recipe's modules=" in notes[r.row]:
+            assert r.scenario.plan.recompute == "selective" and r.scenario.plan.recompute_modules
+        assert (r.scenario.job.loss == "te") == ("loss=te from" in notes[r.row])
+    te = [r for r in results if r.scenario.job.loss == "te"]
+    assert te and all(r.source_group == "NeMo / Megatron-Bridge" for r in te)

@@ -204,6 +204,14 @@ class LayerTimes:
     bwd_weight_s: float
     attention_fwd_s: float
     gemm_fwd_s: float
+    mla_up_fwd_s: float = 0.0
+    """MLA's up-projection GEMMs (q and kv), forward."""
+    mlp_fwd_s: float = 0.0
+    """A dense layer's MLP (GEMMs and activation), or an MoE layer's shared experts, forward."""
+    norm_fwd_s: float = 0.0
+    """One norm over the layer's tokens (sequence-parallel share), forward."""
+    routed_act_fwd_s: float = 0.0
+    """The activation function over every routed copy, forward."""
 
 
 def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams, *, tokens: float,
@@ -229,12 +237,16 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     def g(m: float, n: float, k: float) -> float:
         return gemm_time_s(m, n, k, peak_flop_per_s=peak, e_max=e_max, half_dim=hd)
 
+    mla_up = 0.0
     if model.is_mla:
         q_out = model.n_heads * model.qk_head_dim
         kv_out = model.n_heads * (model.d_head + model.value_head_dim)
         r_q, r_kv = model.q_lora_rank, model.kv_lora_rank
-        attn_proj = (g(tokens, r_q, D) + g(tokens, q_out / t, r_q) if r_q else g(tokens, q_out / t, D))
-        attn_proj += g(tokens, r_kv + model.qk_rope_head_dim, D) + g(tokens, kv_out / t, r_kv)
+        # the region Megatron's mla_up_proj re-runs: the q up-projection (or, without a q latent, the q
+        # projection itself) and the kv up-projection
+        mla_up = (g(tokens, q_out / t, r_q) if r_q else g(tokens, q_out / t, D)) + g(tokens, kv_out / t, r_kv)
+        attn_proj = mla_up + (g(tokens, r_q, D) if r_q else 0.0)
+        attn_proj += g(tokens, r_kv + model.qk_rope_head_dim, D)
     else:
         attn_proj = g(tokens, (model.q_dim + 2 * model.kv_dim) / t, D)
     attn_proj += g(tokens, D, model.q_dim / t)
@@ -243,11 +255,11 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
         f = model.expert_ffn_hidden
         fe = f / expert_tp
         mlp = local_experts * (g(expert_tokens, n_in * fe, D) + g(expert_tokens, D, fe)) / params.moe_gemm_efficiency
-        mlp += model.n_shared_experts * (g(tokens, n_in * f / t, D) + g(tokens, D, f / t))
-        mlp += g(tokens, model.n_experts, D)  # router
+        own_mlp = model.n_shared_experts * (g(tokens, n_in * f / t, D) + g(tokens, D, f / t))
+        mlp += own_mlp + g(tokens, model.n_experts, D)  # shared experts, router
     else:
         f = model.ffn_hidden
-        mlp = g(tokens, n_in * f / t, D) + g(tokens, D, f / t)
+        mlp = own_mlp = g(tokens, n_in * f / t, D) + g(tokens, D, f / t)
     gemm_fwd = attn_proj + mlp
     kv_len = seq_len  # every local query attends over the whole (gathered or ring-passed) sequence
     attn_flop = 2.0 * tokens * kv_len * model.n_heads * (model.qk_head_dim + model.value_head_dim) / t
@@ -293,23 +305,56 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     ew_bytes = BF16_BYTES * tokens * per_token * params.elementwise_passes
     if moe:  # token permutation to experts and back: each copy written and read, dispatch and combine
         ew_bytes += BF16_BYTES * params.moe_permute_passes * expert_tokens * local_experts * D
-    ew_fwd = ew_bytes / (accel.hbm_bytes_per_s * params.memory_efficiency)
+    hbm = accel.hbm_bytes_per_s * params.memory_efficiency
+    ew_fwd = ew_bytes / hbm
     over = params.layer_overhead_s
     host_sync = params.moe_layer_overhead_s if moe else 0.0
+    ew_s = BF16_BYTES * tokens * params.elementwise_passes / hbm  # per element of each token
+    act = 3 if model.gated_mlp else 2
+    own_f = (model.n_shared_experts * model.expert_ffn_hidden if moe else model.ffn_hidden) / t
     return LayerTimes(
         fwd_s=gemm_fwd + attn_fwd + ew_fwd + over / 3 + host_sync,
         bwd_input_s=gemm_fwd + attn_bwd + 2 * ew_fwd + over / 3,
         bwd_weight_s=gemm_fwd + over / 3,
         attention_fwd_s=attn_fwd,
         gemm_fwd_s=gemm_fwd,
+        mla_up_fwd_s=mla_up,
+        mlp_fwd_s=own_mlp + ew_s * act * own_f,
+        norm_fwd_s=ew_s * 2 * D / (t if sequence_parallel else 1.0),
+        routed_act_fwd_s=(BF16_BYTES * params.elementwise_passes * act * model.expert_ffn_hidden / expert_tp
+                          * expert_tokens * local_experts / hbm) if moe else 0.0,
     )
 
 
-LOSS_TRAFFIC_BYTES_PER_LOGIT = {"eager": 14.0, "vocab_parallel": 14.0, "fused": 6.0}
+def selective_recompute_s(lt: LayerTimes, modules: frozenset[str], *, moe_layer: bool, mla: bool) -> float:
+    """Forward time one layer re-runs under Megatron-core's selective recomputation of ``modules`` [s]:
+    the norms whose outputs 'layernorm' discards (an MoE layer's pre-MLP norm, MLA's input norm), the
+    routed copies' activation ('moe_act'), MLA's up-projections ('mla_up_proj'), a dense layer's MLP and
+    its norm ('mlp'), an MoE layer's shared experts ('shared_experts'); the attention core ('core_attn') is
+    the caller's (nothing with FlashAttention, which recomputes its scores anyway). Not charged: the
+    sequence-parallel all-gather and reduce-scatter a recomputed MLP repeats under TP. The memory side:
+    memory.selective_freed_bytes_per_token."""
+    t = 0.0
+    if "layernorm" in modules:
+        t += lt.norm_fwd_s * ((1 if moe_layer else 0) + (1 if mla else 0))
+    if "moe_act" in modules and moe_layer:
+        t += lt.routed_act_fwd_s
+    if "mla_up_proj" in modules:
+        t += lt.mla_up_fwd_s
+    if "mlp" in modules and not moe_layer:  # with its norm, fused into the first linear under TE
+        t += lt.mlp_fwd_s + lt.norm_fwd_s
+    if "shared_experts" in modules and moe_layer:
+        t += lt.mlp_fwd_s
+    return t
+
+
+LOSS_TRAFFIC_BYTES_PER_LOGIT = {"eager": 14.0, "vocab_parallel": 14.0, "fused": 6.0, "te": 6.0}
 """HBM traffic of the cross-entropy per logit, forward and backward [bytes] (key: JobSpec.loss_impl).
 Eager: read the bf16 logits, write and read their fp32 upcast, the softmax and the fp32 gradient
 (2 + 4 + 4 + 4); Megatron's vocab-parallel loss is charged the same. Fused: read the bf16 logits forward,
-read them again and write their bf16 gradient backward (2 + 2 + 2)."""
+read them again and write their bf16 gradient backward (2 + 2 + 2). Transformer Engine's the same: an online
+softmax reads the logits forward; backward reads them and writes the gradient over them in place (2 + 2 + 2;
+transformer_engine/pytorch/triton/cross_entropy.py @02965d2)."""
 
 
 def lm_head_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams, *, tokens: float, tp: int,

@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from meshplan.cost.params import ParamCounts
 from meshplan.specs import ModelSpec
+from meshplan.specs.plan import recompute_modules_of
 
 
 def matmul_flop_per_token_fwd(counts: ParamCounts) -> float:
@@ -73,12 +74,27 @@ def recompute_flop_per_token(model: ModelSpec, counts: ParamCounts, *, seq_len: 
 
     'full' re-runs each block's forward (matmuls of the blocks and attention; the LM head is not
     checkpointed); 'selective' re-runs the attention core only, which FlashAttention already recomputes
-    in its backward (so 0 extra with FlashAttention, by the convention of [1] and torchtitan).
+    in its backward (so 0 extra with FlashAttention, by the convention of [1] and torchtitan), and with
+    Megatron's modules ('selective:mlp+...', Plan.recompute_key) the matmuls of those it names: MLA's
+    up-projections, the dense layers' MLPs, the MoE layers' shared experts (norms and activations: none).
     """
     attn = attention_flop_per_token_fwd(model, seq_len=seq_len, causal=causal)
-    if recompute == "selective" and not flash_attention:  # unfused attention computes every score, window or not
-        return attention_flop_per_token_fwd(replace(model, attention_window=0, global_attention_every=0),
-                                            seq_len=seq_len, causal=causal)
+    if recompute.startswith("selective"):
+        modules = recompute_modules_of(recompute)
+        extra = 0.0
+        if "core_attn" in modules and not flash_attention:  # unfused attention computes every score
+            extra += attention_flop_per_token_fwd(replace(model, attention_window=0, global_attention_every=0),
+                                                  seq_len=seq_len, causal=causal)
+        if "mla_up_proj" in modules and model.is_mla:
+            extra += 2.0 * model.n_layers * model.n_heads * (  # without a q latent, the q projection itself
+                (model.q_lora_rank or model.hidden) * model.qk_head_dim
+                + model.kv_lora_rank * (model.d_head + model.value_head_dim))
+        n_in = 3 if model.gated_mlp else 2  # matrices per MLP
+        if "mlp" in modules:
+            extra += 2.0 * (model.n_layers - model.n_moe_layers) * n_in * model.hidden * model.ffn_hidden
+        if "shared_experts" in modules:
+            extra += 2.0 * model.n_moe_layers * model.n_shared_experts * n_in * model.hidden * model.expert_ffn_hidden
+        return extra
     if recompute == "full":
         return matmul_flop_per_token_fwd(counts) - 2.0 * counts.lm_head_matmul + attn
     if recompute == "sac":  # every other matmul of the blocks is recomputed

@@ -104,31 +104,85 @@ def layer_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: i
     for its own backward (2 + 1 bytes), and an MoE layer's MLP input, which the router (a bf16 GEMM)
     saves. Norm inputs, Q/K/V, the first MLP output and MLA's latents stay bf16.
     """
+    return sum(activation_parts_per_token(
+        model, ffn_hidden=ffn_hidden, tp=tp, sp=sp, flash_attention=flash_attention, seq_len=seq_len,
+        moe_tokens_factor=moe_tokens_factor, moe_ffn_hidden=moe_ffn_hidden, n_shared=n_shared,
+        expert_tp=expert_tp, fp8_inputs=fp8_inputs).values())
+
+
+def activation_parts_per_token(model: ModelSpec, *, ffn_hidden: int, tp: int, sp: bool, flash_attention: bool,
+                               seq_len: int, moe_tokens_factor: float = 0.0, moe_ffn_hidden: int = 0,
+                               n_shared: int = 0, expert_tp: int = 1, fp8_inputs: bool = False
+                               ) -> dict[str, float]:
+    """``layer_activation_bytes_per_token`` by the tensor that holds it, each on the rank's share of the
+    tokens [bytes/token]: 'norm_inputs', 'qkv_input', 'mlp_input' (the two norms' outputs), 'qkv' (Q, K, V
+    as attention saves them), 'attn_out', 'mla_latents', 'mlp' (a dense layer's MLP; an MoE layer's shared
+    experts), 'routed_act1' (each routed copy's first expert-GEMM output), 'routed_act2' (the activation
+    output, the second GEMM's input), 'routed_io' (dispatched inputs and combined outputs), 'scores'
+    (unfused attention's softmax output). Megatron's selective recomputation frees some of them
+    (selective_freed_bytes_per_token)."""
     D = model.hidden
     t = float(tp)
     g = 1.0 if fp8_inputs else 2.0  # bytes per element of a GEMM input saved by its linear alone
     moe_layer = bool(moe_tokens_factor)
-    replicated = 4.0 * D + g * D + (2.0 if moe_layer else g) * D
-    attn = 2.0 * model.n_heads * model.qk_head_dim + 2.0 * model.n_kv_heads * model.qk_head_dim
-    attn += 2.0 * model.n_kv_heads * model.value_head_dim
+    rep = t if sp else 1.0  # norms and the GEMM inputs they feed: split only under sequence parallelism
+    parts = {"norm_inputs": 4.0 * D / rep, "qkv_input": g * D / rep, "mlp_input": (2.0 if moe_layer else g) * D / rep}
+    qkv = 2.0 * model.n_heads * model.qk_head_dim + 2.0 * model.n_kv_heads * model.qk_head_dim
+    qkv += 2.0 * model.n_kv_heads * model.value_head_dim
+    parts["qkv"] = qkv / t
     # the attention output: the projection's input; FlashAttention also keeps it in bf16 for its backward
-    attn += (2.0 + (1.0 if fp8_inputs else 0.0) if flash_attention else g) * model.n_heads * model.value_head_dim
+    parts["attn_out"] = (2.0 + (1.0 if fp8_inputs else 0.0) if flash_attention else g) * model.q_dim / t
     if model.is_mla:  # MLA also stores its compressed latents (q and kv) for the up-projections
-        attn += 2.0 * (model.q_lora_rank + model.kv_lora_rank)
-    act_per_f = (4.0 if model.gated_mlp else 2.0) + g  # first output (both halves if gated), second input
-    mlp = act_per_f * ffn_hidden
-    routed = 0.0  # per token of the micro-batch, on this rank
-    if moe_tokens_factor:
-        mlp = n_shared * act_per_f * moe_ffn_hidden
-        act, io = moe_tokens_factor * act_per_f * moe_ffn_hidden, moe_tokens_factor * (g + 2.0) * D
+        parts["mla_latents"] = 2.0 * (model.q_lora_rank + model.kv_lora_rank) / t
+    act1 = 4.0 if model.gated_mlp else 2.0  # the first output (both halves if gated)
+    parts["mlp"] = (n_shared * (act1 + g) * moe_ffn_hidden if moe_layer else (act1 + g) * ffn_hidden) / t
+    if moe_layer:
+        f = moe_tokens_factor * moe_ffn_hidden
+        io = moe_tokens_factor * (g + 2.0) * D
         if expert_tp > 1:  # every token's copies, 1/t of their FFN
-            routed = act / t + io
+            parts.update(routed_act1=act1 * f / t, routed_act2=g * f / t, routed_io=io)
         else:  # whole experts on the rank's own tokens: 1/t of them with sequence parallelism, all without
-            routed = (act + io) / t if sp else act + io
-    sharded = attn + mlp
+            parts.update(routed_act1=act1 * f / rep, routed_act2=g * f / rep, routed_io=io / rep)
     if not flash_attention:
-        sharded += 2.0 * model.n_heads * seq_len
-    return (replicated / t if sp else replicated) + sharded / t + routed
+        parts["scores"] = 2.0 * model.n_heads * seq_len / t
+    return parts
+
+
+def selective_freed_bytes_per_token(parts: dict[str, float], modules: frozenset[str], *, moe_layer: bool,
+                                    mla: bool) -> float:
+    """Activation bytes per token a layer no longer holds under Megatron-core's selective recomputation of
+    ``modules`` (``--recompute-modules``; TransformerConfig.recompute_modules) [bytes/token], from its
+    ``activation_parts_per_token``:
+
+    - 'layernorm' discards the outputs of the norms that run on their own: an MoE layer's pre-MLP norm
+      (its output is the router's bf16 input) and MLA's input norm (whose consumers, the down-projections,
+      are told to save that bf16 output, set_for_recompute_input_layernorm, and it is then discarded, FP8
+      or not). Transformer Engine fuses the other norms into the next linear (LayerNormLinear), which saves
+      its input whatever the setting.
+    - 'moe_act': each routed copy's activation output (the second expert GEMM's input).
+    - 'mla_up_proj': Q, K and V after MLA's up-projections and rotary embedding.
+    - 'mlp': a dense layer's MLP internals and, the norm being fused into its first linear under
+      Transformer Engine, the norm's output (the checkpoint keeps only the residual input).
+    - 'shared_experts': an MoE layer's shared experts' internals.
+    - 'core_attn': nothing more than FlashAttention keeps anyway (unfused attention: its score matrix,
+      which the caller handles as before).
+
+    'layernorm', 'moe_act' and 'mla_up_proj' discard their outputs and recompute them before the backward
+    that needs them; 'mlp' and 'shared_experts' checkpoint the module (megatron/core/transformer/
+    transformer_config.py, recompute_modules)."""
+    freed = 0.0
+    if "layernorm" in modules:
+        freed += parts["mlp_input"] if moe_layer else 0.0
+        freed += parts["qkv_input"] if mla else 0.0
+    if "moe_act" in modules:
+        freed += parts.get("routed_act2", 0.0)
+    if "mla_up_proj" in modules and mla:
+        freed += parts["qkv"]
+    if "mlp" in modules and not moe_layer:
+        freed += parts["mlp"] + parts["mlp_input"]
+    if "shared_experts" in modules and moe_layer:
+        freed += parts["mlp"]
+    return freed
 
 
 def sac_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: int, sp: bool) -> float:
@@ -151,7 +205,7 @@ def full_recompute_bytes_per_token(*, hidden: int, tp: int, sp: bool) -> float:
     return 2.0 * hidden / (tp if sp else 1)
 
 
-LOSS_BYTES_PER_LOGIT = {"eager": 12.0, "vocab_parallel": 6.0, "fused": 4.0}
+LOSS_BYTES_PER_LOGIT = {"eager": 12.0, "vocab_parallel": 6.0, "fused": 4.0, "te": 2.0}
 """Loss working set per logit at its peak [bytes] (key: JobSpec.loss_impl). Eager PyTorch cross-entropy on fp32
 logits peaks in its backward: log_softmax's saved fp32 output (4), the fp32 gradient nll_loss hands it (4)
 and the fp32 input gradient log_softmax_backward allocates (4); the bf16 logits are freed by then. Measured:
@@ -161,7 +215,11 @@ kernel): the bf16 logits (2) and their bf16 gradient (2); torch.compile'd cross-
 fwd and ~d_input for fw+bw" (PyTorch's StrongerXi in Dao-AILab/quack#48, 2025-10). Megatron-core's
 vocab-parallel cross-entropy upcasts the bf16 logits once (2 + 4), takes the exponential and later the
 gradient in place in that fp32 copy, and hands back a bf16 gradient (4 + 2): 6 B
-(megatron/core/tensor_parallel/cross_entropy.py). Chunked losses are not modelled."""
+(megatron/core/tensor_parallel/cross_entropy.py). Transformer Engine's parallel_cross_entropy (Megatron-core's
+cross_entropy_fusion_impl 'te') saves the bf16 logits and three fp32 numbers per token (max, sum, target
+logit), and its backward writes the gradient over the logits in place: 2 B
+(transformer_engine/pytorch/cross_entropy.py and triton/cross_entropy.py @02965d2).
+Chunked losses are not modelled."""
 
 
 def logits_bytes_per_token(*, vocab: int, tp: int, loss: str = "eager") -> float:

@@ -31,6 +31,7 @@ from meshplan.cost.compute import (
     lm_head_times,
     mtp_projection_time_s,
     optimizer_step_time_s,
+    selective_recompute_s,
 )
 from meshplan.cost.estimate import OTHER_MICROBATCH, CommEntry, Estimate, FlopReport, MemoryReport, StageDetail
 from meshplan.cost.flops import model_flop_per_token, recompute_flop_per_token
@@ -46,6 +47,7 @@ from meshplan.cost.pipeline import (
 from meshplan.cost.validate import validate_plan
 from meshplan.memo import cache_by_identity
 from meshplan.specs import AcceleratorSpec, ClusterSpec, JobSpec, ModelSpec, Plan
+from meshplan.specs.plan import recompute_modules_of
 from meshplan.units import GiB, MiB, format_gib
 
 DDP_BUCKET_BYTES = 25 * MiB  # torch DDP default bucket_cap_mb=25
@@ -103,7 +105,7 @@ class _StageCtx:
 
     @property
     def recompute(self) -> str:
-        return self.plan.recompute or "none"
+        return self.plan.recompute_key
 
     @property
     def last(self) -> bool:
@@ -342,6 +344,21 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
 
 
 @cache_by_identity(n_specs=2)
+def _selective_freed(model: ModelSpec, job: JobSpec, tp: int, sp: bool, moe: bool, etp: int,
+                     modules: frozenset[str]) -> tuple[float, float]:
+    """Bytes per token a (dense, MoE) layer no longer holds under Megatron's selective ``modules``
+    (memory.selective_freed_bytes_per_token), memoised."""
+    def freed(moe_layer: bool) -> float:
+        parts = mem.activation_parts_per_token(
+            model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp, flash_attention=True, seq_len=job.seq_len,
+            moe_tokens_factor=model.top_k * job.moe_capacity_factor * job.moe_routing_imbalance if moe_layer else 0.0,
+            moe_ffn_hidden=model.expert_ffn_hidden, n_shared=model.n_shared_experts if moe_layer else 0,
+            expert_tp=etp, fp8_inputs=job.fp8_saves_fp8_inputs)
+        return mem.selective_freed_bytes_per_token(parts, modules, moe_layer=moe_layer, mla=model.is_mla)
+    return freed(False), freed(True) if moe else 0.0
+
+
+@cache_by_identity(n_specs=2)
 def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, moe: bool, first: bool, last: bool,
                              etp: int) -> tuple[tuple[float, float], tuple[float, float], float, tuple[float, float],
                                                 float, float]:
@@ -375,8 +392,14 @@ def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, floa
     """The terms the micro-batch size and recomputation set [bytes]: (activations held for backward,
     embedding output, recomputation working set, logits and loss)."""
     tokens, recompute = c.tokens, c.recompute
-    flash = c.job.flash_attention or recompute == "selective"
+    modules = recompute_modules_of(recompute)
+    flash = c.job.flash_attention or "core_attn" in modules
     a_dense, a_moe = st.a_dense[flash], st.a_moe[flash]
+    freed = (0.0, 0.0)
+    if modules - {"core_attn"}:
+        freed = _selective_freed(c.model, c.job, c.plan.tp, c.plan.sequence_parallel, c.n_moe > 0, c.plan.expert_tp,
+                                 modules)
+        a_dense, a_moe = a_dense - freed[0], a_moe - freed[1]
     held = in_flight_microbatches(schedule=c.plan.schedule, pp=c.plan.pp, m=c.m, vpp=c.plan.vpp, stage=c.s,
                                   ep_overlap=c.plan.ep_overlap, layers=c.n_dense + c.n_moe)
     working = 0.0
@@ -390,6 +413,8 @@ def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, floa
         working = tokens * (max(a_dense, a_moe) - max(st.sac))
     else:
         stored = tokens * (c.n_dense * a_dense + c.n_moe * a_moe)
+        if freed[0] or freed[1]:  # one layer's discarded tensors, re-created for its backward
+            working = tokens * max(freed[0] if c.n_dense else 0.0, freed[1] if c.n_moe else 0.0)
     return held * stored, held * tokens * st.embedding, working, tokens * st.logits
 
 
@@ -521,8 +546,12 @@ def _stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute
         t_r = recomputed[0] * kinds[0][1].fwd_s + (recomputed[1] * kinds[1][1].fwd_s if n_moe else 0.0)
     elif recompute == "sac":
         t_r = 0.5 * sum(n * x.gemm_fwd_s for n, x in kinds)
-    elif recompute == "selective" and not job.flash_attention:
-        t_r = attn
+    elif recompute.startswith("selective"):
+        modules = recompute_modules_of(recompute)
+        if "core_attn" in modules and not job.flash_attention:
+            t_r = attn
+        t_r += sum(n * selective_recompute_s(x, modules, moe_layer=moe, mla=model.is_mla)
+                   for (n, x), moe in zip(kinds, (False, True)[:len(kinds)], strict=True))
     hf = hb = 0.0
     if last:
         hf, hb = lm_head_times(model, accelerator, compute, tokens=tokens, tp=tp, loss=job.loss_impl)
@@ -750,7 +779,7 @@ def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec,
     if plan.recompute == "full" and plan.recompute_layers is not None:  # the blocks' share that is re-run
         fraction = sum(sum(recomputed_layers("full", plan.recompute_layers, *lay)) for lay in shared.layout
                        ) / sum(d + e for d, e in shared.layout)  # MTP layers counted on both sides
-    flops = _flops(model, counts, job.seq_len, job.flop_convention, plan.recompute or "none", job.flash_attention,
+    flops = _flops(model, counts, job.seq_len, job.flop_convention, plan.recompute_key, job.flash_attention,
                    tokens, fraction)
     peak = cluster.accelerator.peak_flop_per_s(job.precision)
     ctxs = _stage_ctxs(model, counts, cluster, job, plan, m, shared)
@@ -791,14 +820,17 @@ _PLAN_FIELDS = tuple(f.name for f in fields(Plan))
 
 
 def _with_choice(plan: Plan, mbs: int, recompute: str, recompute_layers: int | None) -> Plan:
-    """``replace(plan, mbs=..., recompute=..., recompute_layers=...)`` without re-validating the other
-    fields (a valid plan's): the hot path of the micro-batch and recompute search, whose values are
-    valid by construction (a divisor of the batch, a mode of RECOMPUTE, layers only with 'full')."""
+    """``replace(plan, mbs=..., recompute=..., recompute_modules=..., recompute_layers=...)`` from a
+    Plan.recompute_key without re-validating the other fields (a valid plan's): the hot path of the
+    micro-batch and recompute search, whose values are valid by construction (a divisor of the batch, a
+    mode of RECOMPUTE or a key of Megatron's modules, layers only with 'full')."""
     new = object.__new__(Plan)
     for name in _PLAN_FIELDS:
         object.__setattr__(new, name, getattr(plan, name))
     object.__setattr__(new, "mbs", mbs)
-    object.__setattr__(new, "recompute", recompute)
+    mode, _, modules = recompute.partition(":")  # a Plan.recompute_key: 'selective:layernorm+moe_act'
+    object.__setattr__(new, "recompute", mode)
+    object.__setattr__(new, "recompute_modules", modules)
     object.__setattr__(new, "recompute_layers", recompute_layers)
     return new
 
@@ -958,15 +990,33 @@ def _evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, 
     return _Choice(model, cluster, job, plan, compute, mfu, cutoff_s).choose(time_infeasible=time_infeasible)
 
 
+def megatron_selective_keys(model: ModelSpec, flash_attention: bool = True) -> list[str]:
+    """The selective recomputations evaluate offers a Megatron plan, least first (Plan.recompute_key): the
+    modules that discard cheap outputs (the norms that run on their own, the routed experts' activation,
+    MLA's up-projections), where the model has them; then those and the MLPs (dense layers' and shared
+    experts'); without FlashAttention each with core_attn too, as plain 'selective' before them. Each frees
+    a superset of the one before, as the choice's bisection needs."""
+    core = [] if flash_attention else ["core_attn"]
+    light = [m for m, has in (("layernorm", model.n_moe_layers > 0 or model.is_mla),
+                              ("moe_act", model.n_moe_layers > 0), ("mla_up_proj", model.is_mla)) if has]
+    heavy = light + [m for m, has in (("mlp", model.n_layers > model.n_moe_layers),
+                                      ("shared_experts", model.n_moe_layers > 0 and model.n_shared_experts > 0))
+                     if has]
+    keys = ["selective:" + "+".join(core + mods) for mods in (light, heavy) if mods]
+    return list(dict.fromkeys(keys))  # a model without dense layers or shared experts: one key
+
+
 def recompute_options(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[str], int]:
     """The recompute modes ``evaluate`` chooses among for ``plan``, least recomputation first, and the
     largest number of layers per stage it may recompute partially (full recomputation of the first 1..L-1
     layers of an L-layer stage, searched when nothing is fixed; 0: none)."""
     if plan.recompute:
-        return [plan.recompute], 0
+        return [plan.recompute_key], 0
     if plan.recompute_layers:
         return ["full"], 0
     modes = ["none", "sac", "full"] if job.flash_attention else ["none", "selective", "sac", "full"]
+    if plan.sharding == "megatron" or job.software == "megatron":  # Megatron-core has modules, not op-level SAC
+        modes[modes.index("sac"):modes.index("sac") + 1] = megatron_selective_keys(model, job.flash_attention)
     if plan.ep_overlap:  # Megatron's all-to-all overlap runs without full recomputation
         return modes[:-1], 0
     return modes, max(d + e for d, e in _plan_stage_layers(model, plan)) - 1
@@ -1144,4 +1194,4 @@ class _Choice:
         if self.best is not None or self.cutoff_s is not None:
             return self.best
         assert smallest is not None
-        return self.at(smallest.plan.recompute or "none", smallest.plan.mbs or 1)
+        return self.at(smallest.plan.recompute_key, smallest.plan.mbs or 1)

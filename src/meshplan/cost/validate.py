@@ -7,6 +7,7 @@ from __future__ import annotations
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.specs.layout import parse_layout
+from meshplan.specs.plan import RECOMPUTE_MODULES
 
 
 def _divisors(n: int) -> str:
@@ -71,6 +72,8 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
     if model.is_moe and plan.sharding == "megatron" and plan.tp > 1 and not plan.sequence_parallel:
         raise SpecError("plan.sp", "Megatron-core trains MoE layers with TP only under sequence parallelism "
                                    "(MoELayer raises otherwise): leave sp out or set sp=true")
+    if plan.recompute_modules:
+        _check_recompute_modules(model, job, plan)
     if plan.etp is not None and not model.is_moe:
         raise SpecError("plan.etp", f"{model.name} is dense; expert-TP applies to MoE models: leave etp out")
     if plan.pp > 1 and plan.sharding in ("zero2", "zero3"):
@@ -81,3 +84,19 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
         raise SpecError("plan.reshard_after_forward", f"must divide dp_shard x cp = {plan.shard_degree}")
     if plan.sharding != "fsdp" and raf not in (None, True):
         raise SpecError("plan.reshard_after_forward", "is an FSDP2 option; use sharding=fsdp")
+
+
+def _check_recompute_modules(model: ModelSpec, job: JobSpec, plan: Plan) -> None:
+    """Megatron-core's --recompute-modules need Megatron and the parts of the model they name."""
+    if job.software in ("torchtitan", "llm-foundry", "maxtext"):
+        raise SpecError("plan.recompute_modules", f"are Megatron-core's; the {job.software} stack has none: use "
+                                                  "recompute=none, sac or full")
+    needs = {"mla_up_proj": (model.is_mla, "multi-latent attention"),
+             "moe_act": (model.is_moe, "MoE layers"),
+             "shared_experts": (model.is_moe and model.n_shared_experts > 0, "shared experts")}
+    for module in plan.recompute_modules.split("+"):
+        has, what = needs.get(module, (True, ""))
+        if not has:
+            raise SpecError("plan.recompute_modules", f"{module} needs {what}, which {model.name} has not; "
+                                                      "allowed for it: " + ", ".join(
+                                                          m for m in RECOMPUTE_MODULES if needs.get(m, (True,))[0]))

@@ -95,12 +95,13 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
             variants.append(v)
             base_of.append(k)
     total = len(plans) + len(variants)
-    counted: dict[tuple[int, int, bool], int] = {}
+    counted: dict[tuple[int, int, bool, bool], int] = {}
 
     def configurations(p: Plan) -> int:
         """Micro-batch sizes x (recompute modes + partial recomputation layer counts) that evaluate chooses
-        among; for the search's plans (mbs and recompute unset) that depends on dp, pp and ep_overlap only."""
-        key = (p.dp, p.pp, p.ep_overlap)
+        among; for the search's plans (mbs and recompute unset) that depends on dp, pp, ep_overlap and
+        whether Megatron runs it (its selective modules instead of op-level SAC) only."""
+        key = (p.dp, p.pp, p.ep_overlap, p.sharding == "megatron")
         if key not in counted:
             modes, partial = recompute_options(model, job, p)
             counted[key] = (len(modes) + partial) * len(micro_batch_sizes(job, p.dp))

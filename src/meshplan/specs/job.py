@@ -12,7 +12,7 @@ OPTIMIZERS = ("adamw", "adamw-bf16-moments", "adam-8bit", "sgd-momentum", "sgd",
 PRECISIONS = ("bf16", "fp8")
 FLOP_CONVENTIONS = ("palm", "causal")
 SOFTWARE = ("generic", "megatron", "torchtitan", "llm-foundry", "maxtext")
-LOSSES = ("auto", "eager", "vocab_parallel", "fused")
+LOSSES = ("auto", "eager", "vocab_parallel", "fused", "te")
 STACK_LOSS = {"megatron": "vocab_parallel", "llm-foundry": "fused"}
 """The cross-entropy a stack runs unless told: Megatron-core's vocab-parallel cross-entropy
 (tensor_parallel/cross_entropy.py); llm-foundry's MPT defaults to flash_attn's fused one (``loss_fn:
@@ -60,7 +60,9 @@ class JobSpec:
     """The cross-entropy's implementation, for its memory (memory.LOSS_BYTES_PER_LOGIT) and time: 'eager'
     (PyTorch on fp32 logits), 'vocab_parallel' (Megatron-core's, softmax and gradient in place on one fp32
     copy), 'fused' (the upcast inside one kernel: torch.compile'd, as torchtitan does under
-    --training.compile since PR #1033 of 2025-04, or flash_attn's) or 'auto' (the stack's: STACK_LOSS)."""
+    --training.compile since PR #1033 of 2025-04, or flash_attn's), 'te' (Transformer Engine's
+    parallel_cross_entropy, Megatron-core's --cross-entropy-fusion-impl te: it keeps the bf16 logits and
+    writes their gradient over them in place) or 'auto' (the stack's: STACK_LOSS)."""
     reduce_dtype_bytes: float = 4.0
     """Bytes per element of gradient reduction (FSDP2 MixedPrecisionPolicy.reduce_dtype; fp32 = 4)."""
     flash_attention: bool = True

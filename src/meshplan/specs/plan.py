@@ -18,6 +18,8 @@ from meshplan.specs.layout import layers_per_stage, parse_layout
 
 DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")
 RECOMPUTE = ("none", "selective", "sac", "full")
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "shared_experts")
+"""Megatron-core's --recompute-modules that meshplan models (its 'moe', the whole MoE layer, is not)."""
 SHARDING = ("fsdp", "zero1", "zero2", "zero3", "megatron")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 CP_IMPLS = ("ring", "a2a", "allgather")
@@ -74,6 +76,11 @@ class Plan:
     """With recompute='full': recompute only the first this-many layers of each pipeline stage and keep
     the activations of the rest (Megatron --recompute-method block --recompute-num-layers N; torchtitan's
     layer AC with a period). None: every layer, or, when recompute is also None, the fewest that fit."""
+    recompute_modules: str = ""
+    """With recompute='selective': Megatron-core's --recompute-modules, '+'-separated (plan strings are
+    comma-separated), from RECOMPUTE_MODULES, e.g. 'layernorm+moe_act'. Empty: Megatron's default,
+    core_attn. What each frees and re-runs: memory.selective_freed_bytes_per_token and
+    compute.selective_recompute_s."""
     sharding: str = "fsdp"
     """Semantics of the dp_shard axis: 'fsdp' (PyTorch FSDP2 fully_shard), 'zero1'/'zero2'/'zero3'
     (DeepSpeed), 'megatron' (Megatron-LM distributed optimizer)."""
@@ -131,6 +138,17 @@ class Plan:
             positive_int("plan.mbs", self.mbs)
         if self.recompute is not None:
             one_of("plan.recompute", self.recompute, RECOMPUTE)
+        if self.recompute_modules:
+            if self.recompute != "selective":
+                raise SpecError("plan.recompute_modules", f"needs recompute=selective; got recompute={self.recompute}")
+            mods = self.recompute_modules.split("+")
+            for mod in mods:
+                one_of("plan.recompute_modules", mod, RECOMPUTE_MODULES)
+            if len(set(mods)) < len(mods):
+                raise SpecError("plan.recompute_modules", f"names a module twice: {self.recompute_modules!r}")
+            # one spelling per set: RECOMPUTE_MODULES order, Megatron's default (core_attn alone) as empty
+            canonical = "+".join(m for m in RECOMPUTE_MODULES if m in mods)
+            object.__setattr__(self, "recompute_modules", "" if canonical == "core_attn" else canonical)
         if self.recompute_layers is not None:
             positive_int("plan.recompute_layers", self.recompute_layers)
             if self.recompute not in (None, "full"):
@@ -267,13 +285,28 @@ class Plan:
 
     def unfixed(self, **changes: object) -> Plan:
         """This plan (with ``changes``) whose micro-batch size and recomputation evaluate chooses."""
-        return replace(self, mbs=None, recompute=None, recompute_layers=None, **changes)  # type: ignore[arg-type]
+        return replace(self, mbs=None, recompute=None, recompute_layers=None, recompute_modules="",
+                       **changes)  # type: ignore[arg-type]
+
+    def with_recompute(self, key: str) -> Plan:
+        """This plan recomputing as a ``recompute_key`` says ('full', 'selective:layernorm+moe_act')."""
+        mode, _, modules = key.partition(":")
+        return replace(self, recompute=mode, recompute_modules=modules)
+
+    @property
+    def recompute_key(self) -> str:
+        """The recomputation as the cost model reads it: the mode ('none' when unset), and Megatron's
+        selective modules other than its default, in RECOMPUTE_MODULES order: 'selective:layernorm+moe_act'."""
+        rc = self.recompute or "none"
+        mods = [m for m in RECOMPUTE_MODULES if m in self.recompute_modules.split("+")]
+        return rc if rc != "selective" or mods in ([], ["core_attn"]) else "selective:" + "+".join(mods)
 
     @property
     def recompute_label(self) -> str:
-        """The recompute mode for tables: 'full:N' when only the first N layers of a stage recompute."""
+        """The recompute mode for tables: 'full:N' when only the first N layers of a stage recompute,
+        'selective:MODULES' with Megatron's modules."""
         rc = self.recompute or "none"
-        return f"{rc}:{self.recompute_layers}" if self.recompute_layers and rc == "full" else rc
+        return f"{rc}:{self.recompute_layers}" if self.recompute_layers and rc == "full" else self.recompute_key
 
     def explicit_options(self) -> list[str]:
         """The options set here rather than left to the framework's default (None or False)."""
@@ -356,6 +389,16 @@ def _parse_value(key: str, raw: str) -> object:
     if key == "layout":  # case matters: E and L, t and m
         return raw.strip()
     return low
+
+
+def recompute_modules_of(recompute_key: str) -> frozenset[str]:
+    """Megatron's selective modules in a Plan.recompute_key: core_attn for plain 'selective', none for the
+    other modes."""
+    if recompute_key == "selective":
+        return frozenset({"core_attn"})
+    if recompute_key.startswith("selective:"):
+        return frozenset(recompute_key.split(":", 1)[1].split("+"))
+    return frozenset()
 
 
 def _int(key: str, raw: str) -> int:

@@ -1,8 +1,8 @@
 """What the published tables leave out and the recipe files of the same release state: the MoE token
-dispatcher, the expert-parallel overlap and full-iteration CUDA graphs of NeMo / Megatron-Bridge runs
-(moe_recipes.toml, each entry with the file and commit it was read from). A row takes an entry only when
-its model, GPU, release, precision and layout all match the entry's; every other row keeps meshplan's
-defaults.
+dispatcher, the expert-parallel overlap, full-iteration CUDA graphs and the activation recomputation of
+NeMo / Megatron-Bridge runs (moe_recipes.toml, each entry with the file and commit it was read from). A
+row takes an entry only when its model, GPU, release, precision and layout all match the entry's; every
+other row keeps meshplan's defaults.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ class RecipeSettings(NamedTuple):
 
 
 @functools.cache
-def _recipes() -> tuple[dict[str, Any], ...]:
+def _tables() -> dict[str, tuple[dict[str, Any], ...]]:
     text = resources.files("meshplan.validation").joinpath("moe_recipes.toml").read_text()
-    return tuple(tomllib.loads(text)["recipe"])
+    data = tomllib.loads(text)
+    return {name: tuple(data.get(name, ())) for name in ("recipe", "recompute")}
 
 
 def _release(software: str) -> str:
@@ -43,16 +44,42 @@ def precision_family(precision: str) -> str:
     return "mxfp8" if "mxfp8" in p else "fp8" if "fp8" in p else "bf16"
 
 
-def moe_recipe(row: dict[str, str], layout: dict[str, int]) -> RecipeSettings | None:
-    """The recipe settings of a NeMo / Megatron-Bridge MoE row, or None where no read recipe matches.
-    ``layout`` holds the row's pp, vpp (0 without interleaving), ep and mbs."""
+def _match(table: str, row: dict[str, str], layout: dict[str, int]) -> dict[str, Any] | None:
+    """The first entry of moe_recipes.toml's ``table`` that a NeMo / Megatron-Bridge row matches: its model,
+    GPU, release, precision (where the entry names one) and layout keys (where the entry names them)."""
     if row.get("source_group") != "NeMo / Megatron-Bridge":
         return None
     release, precision = _release(row.get("software", "")), precision_family(row.get("precision") or "")
-    for r in _recipes():
+    for r in _tables()[table]:
         if (row.get("model") == r["model"] and row.get("gpu_type", "").startswith(r["gpu"])
                 and release in r["releases"] and r.get("precision", precision) == precision
                 and all(layout.get(k) == r[k] for k in _LAYOUT_KEYS if k in r)):
-            return RecipeSettings(r.get("ep_dispatch"), bool(r["ep_overlap"]), bool(r.get("cuda_graphs", False)),
-                                  r["source"])
+            return r
     return None
+
+
+def moe_recipe(row: dict[str, str], layout: dict[str, int]) -> RecipeSettings | None:
+    """The recipe settings of a NeMo / Megatron-Bridge MoE row, or None where no read recipe matches.
+    ``layout`` holds the row's pp, vpp (0 without interleaving), ep and mbs."""
+    r = _match("recipe", row, layout)
+    if r is None:
+        return None
+    return RecipeSettings(r.get("ep_dispatch"), bool(r["ep_overlap"]), bool(r.get("cuda_graphs", False)), r["source"])
+
+
+class RecomputeSettings(NamedTuple):
+    recompute: str
+    """'none' or 'selective' (Plan.recompute)."""
+    modules: str
+    """Megatron's --recompute-modules with 'selective' (Plan.recompute_modules), '+'-separated."""
+    source: str
+
+
+def recipe_recompute(row: dict[str, str], layout: dict[str, int]) -> RecomputeSettings | None:
+    """The activation recomputation a NeMo / Megatron-Bridge MoE row's recipe file sets (moe_recipes.toml,
+    [[recompute]]), or None where none was read for it."""
+    r = _match("recompute", row, layout)
+    if r is None:
+        return None
+    modules = r.get("modules", "")
+    return RecomputeSettings("selective" if modules else "none", modules, r["source"])

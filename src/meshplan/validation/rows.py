@@ -13,10 +13,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from meshplan.catalog import load_cluster, load_model
+from meshplan.cost.step import evaluate
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.units import GiB
-from meshplan.validation.recipes import RecipeSettings, moe_recipe
+from meshplan.validation.recipes import RecipeSettings, moe_recipe, recipe_recompute
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,10 +228,22 @@ it in fp32 (bf16_mixed(): grad_reduce_in_fp32=True; Megatron-Bridge training/mix
 benchmark launchers named here turn it off. Launchers not read keep fp32."""
 
 
+RECIPE_RECOMPUTE = "recompute: the recipe's "
+"""Prefix of the imputed note of a recomputation read in a recipe file (moe_recipes.toml, [[recompute]])."""
+
+BRIDGE_TE_LOSS = ("Megatron-Bridge's performance scripts set cross_entropy_fusion_impl = 'te' for every workload "
+                  "(scripts/performance/utils/overrides.py @00538e2, _set_common_perf_overrides; the same line in "
+                  "every stored version of the file; not for the 25.09 rows, whose YAML launchers were not read)")
+"""The NeMo / Megatron-Bridge rows' cross-entropy: Transformer Engine's, in place over the logits."""
+
+
 def _loss(row: dict[str, str], compiled: bool) -> tuple[str, tuple[str, ...]]:
-    """(JobSpec.loss, imputed note) of a row: the stack's own ('auto'), except torchtitan rows run with
-    torch.compile (``compiled``, from _compiled) at a commit that compiles the loss (TORCHTITAN_COMPILED_LOSS)."""
+    """(JobSpec.loss, imputed note) of a row: the stack's own ('auto'), except Megatron-Bridge rows
+    (BRIDGE_TE_LOSS) and torchtitan rows run with torch.compile (``compiled``, from _compiled) at a commit
+    that compiles the loss (TORCHTITAN_COMPILED_LOSS)."""
     sw = row.get("software", "")
+    if "Megatron-Bridge" in sw and "25.09" not in sw:
+        return "te", (f"loss=te from {BRIDGE_TE_LOSS}",)
     commit = next((c for c in TORCHTITAN_COMPILED_LOSS if c in sw), None)
     if not compiled or commit is None:
         return "auto", ()
@@ -360,7 +373,13 @@ def _plan(row: dict[str, str], model: ModelSpec,
                     vpp=v, async_tp=async_tp)
     except SpecError as exc:
         raise Skip(f"plan: {exc}") from None
-    recipe = moe_recipe(row, {"pp": pp, "vpp": v if schedule == "interleaved" else 0, "ep": ep, "mbs": mbs or 0})
+    layout = {"pp": pp, "vpp": v if schedule == "interleaved" else 0, "ep": ep, "mbs": mbs or 0}
+    rc_recipe = recipe_recompute(row, layout) if recompute is None else None
+    if rc_recipe is not None:
+        plan = replace(plan, recompute=rc_recipe.recompute, recompute_modules=rc_recipe.modules)
+        said = f"modules={rc_recipe.modules}" if rc_recipe.modules else "none"
+        imputed = (*imputed, f"{RECIPE_RECOMPUTE}{said} from {rc_recipe.source}")
+    recipe = moe_recipe(row, layout)
     if recipe is None:
         return plan, imputed, None
     settings = {"ep_overlap": recipe.ep_overlap} | ({"ep_dispatch": recipe.ep_dispatch} if recipe.ep_dispatch else {})
@@ -436,6 +455,22 @@ def impute_virtual_stages(rows: list[dict[str, str]]) -> dict[int, dict[str, str
     return out
 
 
+def _fitting_recompute(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan,
+                       imputed: tuple[str, ...]) -> tuple[Plan, tuple[str, ...]]:
+    """The plan with its recipe's recomputation where meshplan's memory model has it fit; otherwise the
+    recomputation meshplan chooses (the fastest that fits), and the imputed note says why: a measured run
+    fitted, so the excess is the memory model's, and it is listed rather than reported as a run that
+    cannot fit."""
+    est = evaluate(model, cluster, job, plan, time_infeasible=False)
+    over = (est.memory.peak_bytes - est.memory.capacity_bytes) / GiB
+    if over <= 0:
+        return plan, imputed
+    said = next(n for n in imputed if n.startswith(RECIPE_RECOMPUTE))
+    kept = tuple(n for n in imputed if n is not said)
+    return replace(plan, recompute=None, recompute_modules=""), (
+        *kept, f"recompute chosen by meshplan: its memory model puts {said} {over:.1f} GiB over the GPU's memory")
+
+
 def scenario_from_row(idx: int, row: dict[str, str]) -> Scenario:
     """The specs of one row; raises Skip with a reason when the row cannot be modelled."""
     model = _model(row, idx)
@@ -461,6 +496,8 @@ def scenario_from_row(idx: int, row: dict[str, str]) -> Scenario:
     except SpecError as exc:
         raise Skip(f"job: {exc}") from None
     imputed = (*imputed, *loss_note, *reduce_note, *compiled_note, *graphs_note)
+    if any(note.startswith(RECIPE_RECOMPUTE) for note in imputed):
+        plan, imputed = _fitting_recompute(model, cluster, job, plan, imputed)
     if "gpt-oss" in row["model"].lower():
         imputed = (*imputed, f"attention_window={model.attention_window}, global_attention_every="
                              f"{model.global_attention_every} from Megatron-Bridge's gpt_oss_bridge.py "
