@@ -10,6 +10,7 @@ tp·cp·dp/(ep·etp) ranks.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields, replace
 
 from meshplan.errors import SpecError
@@ -298,8 +299,10 @@ class Plan:
         """The recomputation as the cost model reads it: the mode ('none' when unset), and Megatron's
         selective modules other than its default, in RECOMPUTE_MODULES order: 'selective:layernorm+moe_act'."""
         rc = self.recompute or "none"
+        if rc != "selective" or not self.recompute_modules:
+            return rc
         mods = [m for m in RECOMPUTE_MODULES if m in self.recompute_modules.split("+")]
-        return rc if rc != "selective" or mods in ([], ["core_attn"]) else "selective:" + "+".join(mods)
+        return rc if mods == ["core_attn"] else "selective:" + "+".join(mods)
 
     @property
     def recompute_label(self) -> str:
@@ -391,6 +394,7 @@ def _parse_value(key: str, raw: str) -> object:
     return low
 
 
+@functools.lru_cache(maxsize=64)
 def recompute_modules_of(recompute_key: str) -> frozenset[str]:
     """Megatron's selective modules in a Plan.recompute_key: core_attn for plain 'selective', none for the
     other modes."""
