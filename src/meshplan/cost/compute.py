@@ -298,10 +298,12 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     # on all T otherwise; rotary embeddings on q and k (read and write each) where the model has them;
     # the activation (SwiGLU: read 2F, write F; GELU: read F, write F) on the rank's share of the MLP.
     f_local = (model.expert_ffn_hidden * model.top_k if moe else model.ffn_hidden) / t
-    per_token = (4 * D + 6 * D) / (t if sequence_parallel else 1.0)
+    sp_share = t if sequence_parallel else 1.0
+    act = 3 if model.gated_mlp else 2  # the activation's elements per F
+    per_token = (4 * D + 6 * D) / sp_share
     if model.learned_pos_emb == 0:
         per_token += 2 * (model.q_dim + model.kv_dim) / t
-    per_token += (3 if model.gated_mlp else 2) * f_local
+    per_token += act * f_local
     ew_bytes = BF16_BYTES * tokens * per_token * params.elementwise_passes
     if moe:  # token permutation to experts and back: each copy written and read, dispatch and combine
         ew_bytes += BF16_BYTES * params.moe_permute_passes * expert_tokens * local_experts * D
@@ -309,8 +311,7 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     ew_fwd = ew_bytes / hbm
     over = params.layer_overhead_s
     host_sync = params.moe_layer_overhead_s if moe else 0.0
-    ew_s = BF16_BYTES * tokens * params.elementwise_passes / hbm  # per element of each token
-    act = 3 if model.gated_mlp else 2
+    ew_element_s = BF16_BYTES * params.elementwise_passes / hbm  # one element through memory
     own_f = (model.n_shared_experts * model.expert_ffn_hidden if moe else model.ffn_hidden) / t
     return LayerTimes(
         fwd_s=gemm_fwd + attn_fwd + ew_fwd + over / 3 + host_sync,
@@ -319,10 +320,10 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
         attention_fwd_s=attn_fwd,
         gemm_fwd_s=gemm_fwd,
         mla_up_fwd_s=mla_up,
-        mlp_fwd_s=own_mlp + ew_s * act * own_f,
-        norm_fwd_s=ew_s * 2 * D / (t if sequence_parallel else 1.0),
-        routed_act_fwd_s=(BF16_BYTES * params.elementwise_passes * act * model.expert_ffn_hidden / expert_tp
-                          * expert_tokens * local_experts / hbm) if moe else 0.0,
+        mlp_fwd_s=own_mlp + ew_element_s * tokens * act * own_f,
+        norm_fwd_s=ew_element_s * tokens * 2 * D / sp_share,
+        routed_act_fwd_s=(ew_element_s * expert_tokens * local_experts * act * model.expert_ffn_hidden / expert_tp
+                          if moe else 0.0),
     )
 
 

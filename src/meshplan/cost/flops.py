@@ -89,11 +89,10 @@ def recompute_flop_per_token(model: ModelSpec, counts: ParamCounts, *, seq_len: 
             extra += 2.0 * model.n_layers * model.n_heads * (  # without a q latent, the q projection itself
                 (model.q_lora_rank or model.hidden) * model.qk_head_dim
                 + model.kv_lora_rank * (model.d_head + model.value_head_dim))
-        n_in = 3 if model.gated_mlp else 2  # matrices per MLP
         if "mlp" in modules:
-            extra += 2.0 * (model.n_layers - model.n_moe_layers) * n_in * model.hidden * model.ffn_hidden
+            extra += 2.0 * counts.n_dense_layers * counts.dense_mlp_per_layer
         if "shared_experts" in modules:
-            extra += 2.0 * model.n_moe_layers * model.n_shared_experts * n_in * model.hidden * model.expert_ffn_hidden
+            extra += 2.0 * counts.n_moe_layers * counts.shared_experts_per_moe_layer
         return extra
     if recompute == "full":
         return matmul_flop_per_token_fwd(counts) - 2.0 * counts.lm_head_matmul + attn

@@ -297,12 +297,10 @@ class Plan:
     @property
     def recompute_key(self) -> str:
         """The recomputation as the cost model reads it: the mode ('none' when unset), and Megatron's
-        selective modules other than its default, in RECOMPUTE_MODULES order: 'selective:layernorm+moe_act'."""
+        selective modules other than its default, as ``__post_init__`` spells them (RECOMPUTE_MODULES
+        order): 'selective:layernorm+moe_act'."""
         rc = self.recompute or "none"
-        if rc != "selective" or not self.recompute_modules:
-            return rc
-        mods = [m for m in RECOMPUTE_MODULES if m in self.recompute_modules.split("+")]
-        return rc if mods == ["core_attn"] else "selective:" + "+".join(mods)
+        return f"{rc}:{self.recompute_modules}" if rc == "selective" and self.recompute_modules else rc
 
     @property
     def recompute_label(self) -> str:
