@@ -275,3 +275,33 @@ def test_recipe_recomputation_reaches_its_rows_or_says_why_not():
         assert (r.scenario.job.loss == "te") == ("loss=te from" in notes[r.row])
     te = [r for r in results if r.scenario.job.loss == "te"]
     assert te and all(r.source_group == "NeMo / Megatron-Bridge" for r in te)
+
+
+def test_a_layout_correction_needs_the_row_exactly_as_the_table_states_it():
+    from meshplan.validation.recipes import recipe_layout
+
+    row = _row(model="Llama-3-70B", gpu_type="GB300 (NVL72)", software="NeMo 26.02.01 / Megatron-Bridge",
+               precision="mxfp8", pp="4", virtual_pp="", micro_batch_size="2", ep="1")
+    fix = recipe_layout(row)
+    assert fix is not None and fix.values == {"virtual_pp": "5", "micro_batch_size": "1"} and "@" in fix.source
+    assert recipe_layout(row | {"micro_batch_size": "1"}) is None  # stated as the preset ran it
+    assert recipe_layout(row | {"virtual_pp": "5"}) is None
+    assert recipe_layout(row | {"software": "NeMo 26.04.01 / Megatron-Bridge"}) is None
+    assert recipe_layout(row | {"precision": "fp8 (per-tensor current scaling)"}) is None
+    assert recipe_layout(row | {"source_group": "NVIDIA dgxc-benchmarking"}) is None
+    assert recipe_layout(row | {"virtual_pp": "interleaved (stages/rank not stated)"}) is None
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED), reason="shared data not beside the repository")
+def test_every_layout_correction_reaches_its_row_and_is_listed():
+    from meshplan.validation.validate import load_scenarios, read_rows
+
+    text = resources.files("meshplan.validation").joinpath("moe_recipes.toml").read_text()
+    entries = tomllib.loads(text)["layout"]
+    results = [r for r in load_scenarios(read_rows(SHARED)) if r.scenario is not None]
+    for e in entries:
+        hit = [r for r in results if any(e["source"] in n for n in r.scenario.imputed)]
+        assert len(hit) == 1, e["model"]
+        plan = hit[0].scenario.plan
+        assert plan.mbs == e["set"]["micro_batch_size"] and plan.vpp == e["set"]["virtual_pp"]
+        assert any("(the table: 2)" in n for n in hit[0].scenario.imputed)

@@ -1,8 +1,9 @@
 """What the published tables leave out and the recipe files of the same release state: the MoE token
 dispatcher, the expert-parallel overlap, full-iteration CUDA graphs and the activation recomputation of
-NeMo / Megatron-Bridge runs (moe_recipes.toml, each entry with the file and commit it was read from). A
-row takes an entry only when its model, GPU, release, precision and layout all match the entry's; every
-other row keeps meshplan's defaults.
+NeMo / Megatron-Bridge runs (moe_recipes.toml, each entry with the file and commit it was read from), and
+the layout a run had where its table row disagrees with every version of its preset. A row takes an entry
+only when its model, GPU, release, precision and layout all match the entry's; every other row keeps
+meshplan's defaults.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class RecipeSettings(NamedTuple):
 def _tables() -> dict[str, tuple[dict[str, Any], ...]]:
     text = resources.files("meshplan.validation").joinpath("moe_recipes.toml").read_text()
     data = tomllib.loads(text)
-    return {name: tuple(data.get(name, ())) for name in ("recipe", "recompute")}
+    return {name: tuple(data.get(name, ())) for name in ("recipe", "recompute", "layout")}
 
 
 def _release(software: str) -> str:
@@ -83,3 +84,24 @@ def recipe_recompute(row: dict[str, str], layout: dict[str, int]) -> RecomputeSe
         return None
     modules = r.get("modules", "")
     return RecomputeSettings("selective" if modules else "none", modules, r["source"])
+
+
+class LayoutCorrection(NamedTuple):
+    values: dict[str, str]
+    """The row's columns as the preset ran them (published_runs.csv names: virtual_pp, micro_batch_size)."""
+    source: str
+
+
+def recipe_layout(row: dict[str, str]) -> LayoutCorrection | None:
+    """The layout a NeMo / Megatron-Bridge row's preset ran, where the published table states another
+    (moe_recipes.toml, [[layout]]: matched on the row's model, GPU, release, precision and its stated pp,
+    vpp (0 when blank) and mbs), or None."""
+    def stated(key: str) -> int:
+        v = (row.get(key) or "").strip()
+        return int(v) if v.isdigit() else 0 if not v else -1  # text ('interleaved ...') matches nothing
+
+    r = _match("layout", row, {"pp": stated("pp"), "vpp": stated("virtual_pp"), "ep": stated("ep") or 1,
+                                "mbs": stated("micro_batch_size")})
+    if r is None:
+        return None
+    return LayoutCorrection({k: str(v) for k, v in r["set"].items()}, r["source"])

@@ -17,7 +17,7 @@ from meshplan.cost.step import evaluate
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.units import GiB
-from meshplan.validation.recipes import RecipeSettings, moe_recipe, recipe_recompute
+from meshplan.validation.recipes import RecipeSettings, moe_recipe, recipe_layout, recipe_recompute
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +310,12 @@ def _torchtitan_pipeline(row: dict[str, str], dp: int, pp: int, vpp: int | None,
 
 def _plan(row: dict[str, str], model: ModelSpec,
           n_gpus: int) -> tuple[Plan, tuple[str, ...], RecipeSettings | None]:
+    imputed: tuple[str, ...] = ()
+    fix = recipe_layout(row)
+    if fix is not None:  # the table's row disagrees with every version of the preset it ran
+        said = ", ".join(f"{k}={v} (the table: {row.get(k) or 'blank'})" for k, v in fix.values.items())
+        imputed = (f"{said} from {fix.source}",)
+        row = {**row, **fix.values}
     tp, pp, cp, ep = (_i(row, k, 1) or 1 for k in ("tp", "pp", "cp", "ep"))
     dp = _i(row, "dp") or n_gpus // (tp * pp * cp)
     if tp * pp * cp * dp != n_gpus:
@@ -337,11 +343,11 @@ def _plan(row: dict[str, str], model: ModelSpec,
         sharding, dp_shard, dp_rep = "fsdp", 1, dp  # 2020-2022 Megatron: DDP, optimizer not sharded
     if ep > 1 and (tp * cp * dp_shard) % ep:
         raise Skip(f"ep={ep} does not fold into tp·cp·dp_shard = {tp * cp * dp_shard}")
-    imputed: tuple[str, ...] = ()
     vpp = _i(row, "virtual_pp")
     mbs = _i(row, "micro_batch_size")
     if group == "torchtitan" and pp > 1:
-        vpp, mbs, imputed = _torchtitan_pipeline(row, dp, pp, vpp, mbs)
+        vpp, mbs, said_tt = _torchtitan_pipeline(row, dp, pp, vpp, mbs)
+        imputed = (*imputed, *said_tt)
     elif group == "torchtitan" and not mbs:  # without PP (and no accumulation then) the local batch is it
         stated = re.search(r"local batch (\d+)", row.get("notes", ""))
         mbs = int(stated.group(1)) if stated else None
