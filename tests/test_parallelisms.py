@@ -464,3 +464,42 @@ def test_the_loss_implementation_sets_the_logits_working_set():
     assert est(software="megatron").memory.terms["logits_and_loss"] == vp.memory.terms["logits_and_loss"]
     with pytest.raises(SpecError, match=r"job\.loss"):
         est(loss="chunked")
+
+
+def test_pipeline_warm_up_stalls_on_the_layers_unhidden_collectives():
+    """The warm-up and cool-down micro-batches wait on the layers' exposed collectives (TP without async
+    TP here) as the steady ones do: the bubble is (p-1) x the stage's whole per-micro-batch time."""
+    est = _est("tp=8,pp=8,mbs=1,recompute=full,sharding=megatron")
+    for st in est.stages:
+        stall = sum(e.exposed_s for e in st.comm if e.window == "none" and e.axis == "tp") / est.n_microbatches
+        assert stall > 0
+        per_mb = st.t_f_s + st.head_f_s + st.t_b_s + st.head_b_s + st.t_r_s + st.t_w_s
+        assert st.breakdown["pipeline bubble"] == pytest.approx(7 * (per_mb + stall))
+
+
+def test_a_middle_stage_of_heavier_layers_is_timed():
+    """DeepSeek-V3 at PP=16: 3 dense and 1 MoE layer first, 4 MoE layers in the middle (as many layers,
+    heavier ones), 1 MoE layer and MTP last; uniform and remainder-first splits add no middle stage."""
+    from meshplan.cost.step import bounding_stages
+    assert bounding_stages([(3, 1)] + [(0, 4)] * 14 + [(0, 1)]) == [0, 1, 15]
+    assert bounding_stages([(3, 1), (0, 4), (1, 4), (0, 4), (0, 2)]) == [0, 1, 2, 4]
+    assert bounding_stages([(10, 0)] * 8) == [0, 7]
+    assert bounding_stages([(11, 0), (11, 0), (10, 0), (10, 0)]) == [0, 3]
+
+
+def test_pipeline_neighbours_in_one_nvlink_domain_send_over_nvlink():
+    """PP=8 over 256 GB200s (stride 32, 72-GPU NVLink domains of 64 used): stages 0-1, 2-3, ... share a
+    domain. The first and last stages send only to such neighbours under 1F1B; a middle stage's other
+    neighbour is across the network; with interleaving the last stage also sends to the first."""
+    from meshplan.cost.mesh import stage_links_intra
+    plan = parse_plan("dp_shard=32,pp=8,mbs=1,sharding=megatron")
+    assert [stage_links_intra(plan, s, 64) for s in range(8)] == [True, False, False, False, False, False,
+                                                                   False, True]
+    inter = parse_plan("dp_shard=32,pp=8,mbs=1,sharding=megatron,schedule=interleaved,vpp=2")
+    assert not stage_links_intra(inter, 7, 64) and not stage_links_intra(inter, 0, 64)
+    assert not stage_links_intra(plan, 0, 8)  # 8-GPU nodes: every stage on its own node
+    m, c = load_model("seed-70b"), load_cluster("gb200", nodes=4, gpus_per_node=64)
+    est = evaluate(m, c, JobSpec(global_batch_tokens=4_194_304, seq_len=4096), plan)
+    for st in est.stages:
+        links = {e.link for e in st.comm if e.axis == "pp"}
+        assert links == ({"intra_node"} if st.stage in (0, 7) else {"inter_node"})

@@ -47,7 +47,7 @@ from meshplan.cost.collectives import (
     remote_nodes_per_token,
 )
 from meshplan.cost.estimate import OTHER_MICROBATCH, CommEntry
-from meshplan.cost.mesh import Group
+from meshplan.cost.mesh import Group, stage_links_intra
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 
 PARAM_DTYPE_BYTES = 2.0  # bf16 all-gather (FSDP2 MixedPrecisionPolicy.param_dtype)
@@ -91,6 +91,7 @@ class StageTraffic:
     unpaired: float = 1.0
     """Micro-batches whose forward (and as many backwards) run with no other micro-batch beside them:
     pipeline warm-up and cool-down (pipeline.unpaired_microbatches)."""
+    stage: int = 0
 
 
 class _Ledger:
@@ -315,10 +316,14 @@ def _pipeline(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffic) -> N
         return
     msg = st.tokens * model.hidden * ACT_BYTES / plan.tp
     chunks = plan.model_chunks
-    led.add(SEND_RECV, "pp", "stage-boundary activations (forward)", "forward", st.m * chunks, msg, "pipeline",
-            edge_calls=plan.pp - 1)
-    led.add(SEND_RECV, "pp", "stage-boundary gradients (backward)", "backward", st.m * chunks, msg, "pipeline",
-            edge_calls=plan.pp - 1)
+    # a stage whose neighbours share its node (an NVLink domain: GB200 NVL72 pairs PP stages) sends over
+    # NVLink, however far the whole pipeline spreads
+    grp = led.groups["pp"]
+    if grp.n_nodes > 1 and stage_links_intra(plan, st.stage, led.cluster.gpus_per_node):
+        grp = Group("pp", plan.pp, plan.pp)
+    for purpose, phase in (("stage-boundary activations (forward)", "forward"),
+                           ("stage-boundary gradients (backward)", "backward")):
+        led.add(SEND_RECV, "pp", purpose, phase, st.m * chunks, msg, "pipeline", group=grp, edge_calls=plan.pp - 1)
 
 
 def comm_ledger(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, groups: dict[str, Group],

@@ -74,3 +74,17 @@ def _axis_groups(tp: int, cp: int, ds: int, dr: int, pp: int, ep: int, etp: int,
     else:  # experts split like the dense layers: their data-parallel group is the dense one
         out["edp"] = out["dp_shard"]
     return out
+
+
+def stage_links_intra(plan: Plan, stage: int, gpus_per_node: int) -> bool:
+    """Whether every pipeline boundary of ``stage`` joins ranks on one node (one NVLink domain). Stage s
+    holds ranks s·stride .. s·stride + stride - 1 (stride = tp·cp·dp_shard·dp_replicate, pp outermost);
+    its boundaries are with s - 1 and s + 1, and with interleaved model chunks also from the last stage to
+    the first. Where nodes hold whole stages (gpus_per_node a multiple of the stride), a boundary is on
+    one node when both stages are; otherwise it is taken to cross."""
+    stride = plan.tp * plan.cp * plan.dp_shard * plan.dp_replicate
+    if plan.pp <= 1 or gpus_per_node % stride:
+        return False
+    wrap = plan.model_chunks > 1
+    neighbours = [t for t in (stage - 1, stage + 1) if 0 <= t < plan.pp or wrap]
+    return all((stage * stride) // gpus_per_node == ((t % plan.pp) * stride) // gpus_per_node for t in neighbours)

@@ -577,7 +577,8 @@ def _stage_ledger(c: _StageCtx) -> list[CommEntry]:
     plan = c.plan
     unpaired = unpaired_microbatches(schedule=plan.schedule, pp=plan.pp, m=c.m, vpp=plan.vpp, stage=c.s)
     st = StageTraffic(units=c.units, n_layers=c.n_dense + c.n_moe, n_moe_layers=c.n_moe, has_embedding=c.s == 0,
-                      has_lm_head=c.last, tokens=c.tokens, m=c.m, recomputed=c.recomputed, unpaired=unpaired)
+                      has_lm_head=c.last, tokens=c.tokens, m=c.m, recomputed=c.recomputed, unpaired=unpaired,
+                      stage=c.s)
     return comm_ledger(c.model, c.cluster, c.job, plan, c.groups, st)
 
 
@@ -638,7 +639,12 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) 
     }
     _set_exposure(ledger, windows, compute.overlap_efficiency,
                   compute.zero3_overlap_efficiency if plan.sharding == "zero3" else None)
-    bubble = bubble_time_s(schedule=plan.schedule, pp=plan.pp, vpp=plan.vpp, t_f_s=t_f, t_b_s=t_b + t_r, t_w_s=t_w)
+    # the warm-up and cool-down micro-batches stall on the layers' unhidden collectives as the steady
+    # ones do (the expert all-to-all without ep_overlap, TP without async TP, Ulysses)
+    stall_f, stall_b = (sum(x.exposed_s for x in ledger if x.window == "none" and x.axis in LAYER_AXES
+                            and (x.phase == "forward") == fwd) / m for fwd in (True, False))
+    bubble = bubble_time_s(schedule=plan.schedule, pp=plan.pp, vpp=plan.vpp, t_f_s=t_f + stall_f,
+                           t_b_s=t_b + t_r + stall_b, t_w_s=t_w)
     opt = _optimizer_s(c, compute)
     hidden = sum(x.time_s - x.exposed_s for x in ledger)
     _absorb_contention(ledger, compute.comm_slowdown * hidden)
@@ -715,12 +721,19 @@ def _batch_reasons(job: JobSpec, plan: Plan) -> tuple[list[str], int]:
 
 
 def bounding_stages(layout: list[tuple[int, int]]) -> list[int]:
-    """The stages that bound the step and the memory: the first (embedding), the last (LM head, MTP) and,
-    where a layout or MTP's split gives a middle stage more layers than the first, the busiest of those."""
+    """The stages that bound the step and the memory: the first (embedding, and the most micro-batches in
+    flight), the last (LM head, MTP) and the earliest middle stage of each (dense, MoE) layer count that
+    the first does not hold at least as many of both: a layout or MTP's split can give a middle stage
+    more layers, and an MoE model's leading dense layers give its first stage lighter ones (DeepSeek-V3
+    at PP=16: 3 dense and 1 MoE layer first, 4 MoE layers in the middle)."""
     pp = len(layout)
-    middle = max(range(1, pp - 1), key=lambda s: (sum(layout[s]), -s), default=None)
-    extra = [middle] if middle is not None and sum(layout[middle]) > sum(layout[0]) else []
-    return sorted({0, *extra, pp - 1})
+    d0, e0 = layout[0]
+    extra: dict[tuple[int, int], int] = {}
+    for s in range(1, pp - 1):
+        d, e = layout[s]
+        if (d > d0 or e > e0) and layout[s] not in extra:
+            extra[layout[s]] = s
+    return sorted({0, *extra.values(), pp - 1})
 
 
 def _stage_ctxs(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan, m: int,
@@ -888,7 +901,7 @@ def _critical_comm_cached(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, 
         n_dense, n_moe = stages[s]
         st = StageTraffic(units=(), n_layers=n_dense + n_moe, n_moe_layers=n_moe, has_embedding=s == 0,
                           has_lm_head=s == pp - 1, tokens=mbs * job.seq_len / cp, m=m,
-                          recomputed=recomputed_layers(recompute, recompute_layers, n_dense, n_moe))
+                          recomputed=recomputed_layers(recompute, recompute_layers, n_dense, n_moe), stage=s)
         least = min(least, sum(e.time_s for e in comm_ledger(model, cluster, job, plan, groups, st)
                                if e.window == "none"))
     return least

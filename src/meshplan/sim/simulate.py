@@ -93,7 +93,8 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
         br["step overhead"] = step_overhead_s
         return SimResult(s.makespan_s + s.detail.optimizer_s + step_overhead_s, _ordered(br, s.detail, m), sims)
     first, last = sims[0], sims[-1]
-    middle = next((x for x in sims[1:-1]), first)  # the busiest middle stage, where it outweighs the first
+    # the slowest middle stage timed (cost.step.bounding_stages), where one outweighs the first
+    middle = max(sims[1:-1], key=lambda x: x.chunk_f_s + x.chunk_b_s, default=first)
     per_stage = [first if s == 0 else last if s == plan.pp - 1 else middle for s in range(plan.pp)]
     # the W share of the backward chunk, for zero-bubble schedules
     f_s = [x.chunk_f_s for x in per_stage]
