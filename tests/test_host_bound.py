@@ -96,3 +96,29 @@ def test_ranks_holding_more_experts_launch_for_longer():
         est = evaluate(MOE, CLUSTER, job, plan, compute=ComputeParams(moe_expert_host_s=0.02))
         return est.time_breakdown.get(HOST_BOUND, 0.0) + est.time_breakdown["compute"]
     assert wait(4) > 1.5 * wait(8)
+
+
+def test_a_whole_iteration_graph_also_drops_the_per_moe_layer_gaps():
+    """moe_layer_overhead_s runs in every MoE layer's forward, per-layer graphs or not; a graph of the
+    whole iteration leaves it out (JobSpec.cuda_graph_scope)."""
+    import pytest
+
+    from meshplan.errors import SpecError
+    params = ComputeParams(moe_layer_overhead_s=0.001)
+    seq = 1024
+    steps = {}
+    for graphs, scope in ((False, "layers"), (True, "layers"), (True, "full_iteration")):
+        job = JobSpec(global_batch_tokens=64 * seq, seq_len=seq, cuda_graphs=graphs, cuda_graph_scope=scope,
+                      software="megatron")
+        steps[graphs, scope] = evaluate(MOE, CLUSTER, job, PLAN, compute=params)
+    free = evaluate(MOE, CLUSTER, JobSpec(global_batch_tokens=64 * seq, seq_len=seq, software="megatron"), PLAN,
+                    compute=ComputeParams())
+    per_layer = steps[True, "layers"].n_microbatches * MOE.n_moe_layers * 0.001
+    assert steps[False, "layers"].step_time_s == steps[True, "layers"].step_time_s  # no host floor here
+    assert steps[True, "layers"].time_breakdown["compute"] - free.time_breakdown["compute"] == pytest.approx(
+        per_layer)
+    assert steps[True, "full_iteration"].step_time_s == free.step_time_s
+    with pytest.raises(SpecError, match="cuda_graph_scope"):
+        JobSpec(global_batch_tokens=64 * seq, seq_len=seq, cuda_graph_scope="full_iteration")
+    with pytest.raises(SpecError, match="cuda_graph_scope"):
+        JobSpec(global_batch_tokens=64 * seq, seq_len=seq, cuda_graphs=True, cuda_graph_scope="attn")

@@ -228,6 +228,8 @@ def test_cuda_graphs_only_where_a_recipe_or_the_token_drop_tables_say_so():
     assert all(TOKEN_DROP_GRAPHS in r.scenario.imputed for r in results if r.row in token_drop)
     assert all(r.scenario.model.is_moe and r.source_group == "NeMo / Megatron-Bridge"
                for r in results if r.row in graphed)
+    scope = {r.row: r.scenario.job.cuda_graph_scope for r in results if r.row in graphed}
+    assert all(scope[i] == ("layers" if i in token_drop else "full_iteration") for i in graphed)
 
 
 @pytest.mark.skipif(not os.path.exists(SHARED), reason="shared data not beside the repository")

@@ -83,8 +83,11 @@ class ComputeParams:
     """Expert (grouped) GEMMs over dense GEMMs of the same shape."""
     moe_layer_overhead_s: float = 0.0
     """Fixed time per MoE layer forward per micro-batch (also in its recomputation), added to the kernels:
-    the router's top-k, auxiliary loss and token bookkeeping, small kernels the roofline does not see. It
-    applies with CUDA graphs too: the 25.09 token-drop rows, whose layers ran as graphs, need it. The host
+    the router's top-k, auxiliary loss and token bookkeeping, small kernels the roofline does not see, and
+    the gaps between them. It applies with per-layer CUDA graphs too: the 25.09 token-drop rows, whose
+    layers ran as graphs, need it. A whole-iteration graph (JobSpec.cuda_graph_scope 'full_iteration')
+    leaves it out: the 2026 Megatron-Bridge recipes that capture the iteration ran faster than the model
+    with it (fit MAPE 5.87 -> 5.76 %, docs/calibration.md, fifth session). The host
     synchronisation of the dropless dispatchers (``token_dispatcher.py``: the all-to-all dispatcher copies
     its splits to the host at its ``cuda_sync_point``; the grouped GEMM takes the counts as a host list) is
     ``moe_layer_host_s``, a floor. Fitted on Megatron-core rows (the only MoE rows), applied to every

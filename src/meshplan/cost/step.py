@@ -78,9 +78,14 @@ def _layer_times(model: ModelSpec, accel: _AccelKey, compute: ComputeParams, tok
 
 
 @functools.lru_cache(maxsize=64)
-def _fused(compute: ComputeParams) -> ComputeParams:
-    """``compute`` for compiled blocks (JobSpec.compiled): elementwise traffic at the fused minimum."""
-    return replace(compute, elementwise_passes=1.0)
+def _kernel_params(compute: ComputeParams, job: JobSpec) -> ComputeParams:
+    """``compute`` as the job's kernels run: compiled blocks at the fused minimum of elementwise traffic,
+    and under a whole-iteration CUDA graph no per-MoE-layer gaps (JobSpec.cuda_graph_scope)."""
+    if job.compiled:
+        compute = replace(compute, elementwise_passes=1.0)
+    if job.cuda_graphs and job.cuda_graph_scope == "full_iteration":
+        compute = replace(compute, moe_layer_overhead_s=0.0)
+    return compute
 
 
 @dataclass(frozen=True, slots=True)
@@ -533,7 +538,7 @@ def _stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute
             expert_tokens = (t_rank * ep * model.top_k * job.moe_capacity_factor * job.moe_routing_imbalance
                              / model.n_experts)
             local = model.n_experts / ep
-        return _layer_times(model, accel, _fused(compute) if job.compiled else compute, tokens, job.seq_len, cp, tp,
+        return _layer_times(model, accel, _kernel_params(compute, job), tokens, job.seq_len, cp, tp,
                             job.precision, moe, expert_tokens, local, cp_chunked, job.flash_attention, etp, sp)
 
     kinds = [(n_dense, lt(False))] + ([(n_moe, lt(True))] if n_moe else [])

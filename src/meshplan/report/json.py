@@ -93,6 +93,7 @@ def plan_analysis_dict(a: Any, *, top: int | None = None) -> dict[str, Any]:
             "global_batch_tokens": a.job.global_batch_tokens, "seq_len": a.job.seq_len,
             "optimizer": a.job.optimizer, "precision": a.job.precision, "software": a.job.software,
             "compiled": a.job.compiled, "cuda_graphs": a.job.cuda_graphs,
+            "cuda_graph_scope": a.job.cuda_graph_scope,
         },
         "n_plans": r.n_plans,
         "n_pruned": r.n_pruned,

@@ -85,7 +85,8 @@ def plan_text(a: PlanAnalysis, *, top: int = 10) -> str:
              f"{a.cluster.gpus_per_node} GPUs, {a.job.global_batch_tokens:,} tokens per step, sequence "
              f"{a.job.seq_len}, {a.job.optimizer}, {a.job.precision}"
              + (f", {a.job.software}" if a.job.software != "generic" else "")
-             + (", torch.compile" if a.job.compiled else "") + (", CUDA graphs" if a.job.cuda_graphs else ""),
+             + (", torch.compile" if a.job.compiled else "")
+             + (f", CUDA graphs ({a.job.cuda_graph_scope})" if a.job.cuda_graphs else ""),
              f"searched {r.n_plans + r.n_pruned:,} plans ({r.n_configurations:,} configurations with micro-batch "
              f"sizes and recompute modes) in {r.elapsed_s:.2f} s: {r.n_plans:,} evaluated, {len(r.feasible):,} of "
              f"them fit in memory; {r.n_pruned:,} option variants pruned (provably outside the tie band, or "

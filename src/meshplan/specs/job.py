@@ -13,6 +13,7 @@ PRECISIONS = ("bf16", "fp8")
 FLOP_CONVENTIONS = ("palm", "causal")
 SOFTWARE = ("generic", "megatron", "torchtitan", "llm-foundry", "maxtext")
 LOSSES = ("auto", "eager", "vocab_parallel", "fused", "te")
+CUDA_GRAPH_SCOPES = ("layers", "full_iteration")
 STACK_LOSS = {"megatron": "vocab_parallel", "llm-foundry": "fused"}
 """The cross-entropy a stack runs unless told: Megatron-core's vocab-parallel cross-entropy
 (tensor_parallel/cross_entropy.py); llm-foundry's MPT defaults to flash_attn's fused one (``loss_fn:
@@ -78,6 +79,12 @@ class JobSpec:
     held to the host's pace (ComputeParams.moe_layer_host_s). A MoE layer is captured whole only with
     static shapes: tokens dropped and padded to a capacity, or a fixed per-rank expert capacity; a dropless
     dispatcher that waits on the host for its token counts keeps its experts outside the graph."""
+    cuda_graph_scope: str = "layers"
+    """With ``cuda_graphs``: 'layers' (each layer a graph the host launches, Megatron-core's
+    ``--enable-cuda-graph``, TE's per-layer graphs) or 'full_iteration' (Megatron-core's
+    ``--cuda-graph-scope full_iteration``: every micro-batch's forward and backward in one graph, with a
+    fixed per-rank expert capacity). A whole-iteration graph also leaves out the per-MoE-layer gaps the
+    per-layer graphs keep (ComputeParams.moe_layer_overhead_s)."""
     flop_convention: str = "palm"
     """Attention FLOPs for MFU: 'palm' (non-causal, 12·L·h_q·S per token) or 'causal' (half)."""
     moe_capacity_factor: float = 1.0
@@ -100,6 +107,9 @@ class JobSpec:
         positive_number("job.reduce_dtype_bytes", self.reduce_dtype_bytes)
         for f in ("fp8_param_gather", "flash_attention", "compiled", "cuda_graphs"):
             boolean(f"job.{f}", getattr(self, f))
+        one_of("job.cuda_graph_scope", self.cuda_graph_scope, CUDA_GRAPH_SCOPES)
+        if self.cuda_graph_scope != "layers" and not self.cuda_graphs:
+            raise SpecError("job.cuda_graph_scope", f"{self.cuda_graph_scope!r} needs cuda_graphs=true")
         if self.fp8_param_gather and self.precision != "fp8":
             raise SpecError("job.fp8_param_gather", "needs precision='fp8'")
         positive_number("job.moe_capacity_factor", self.moe_capacity_factor)

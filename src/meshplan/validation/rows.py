@@ -405,17 +405,18 @@ TOKEN_DROP_GRAPHS = ("cuda_graphs=true: Megatron-Bridge 25.09's token-drop MoE r
                      "qwen3_30b_a3b_llm_pretrain.yaml@48b5204)")
 
 
-def _cuda_graphs(row: dict[str, str], recipe: RecipeSettings | None) -> tuple[bool, tuple[str, ...]]:
-    """(JobSpec.cuda_graphs, imputed note): NeMo / Megatron-Bridge MoE rows whose recipe captures the whole
-    iteration (moe_recipes.toml; its note is the recipe's), and the 25.09 token-drop rows. Every other row
-    launches its MoE layers from the host: the dropless dispatcher waits on the host for its token counts,
-    and the 25.11-26.04 recipes capture attention and the router, not the experts."""
+def _cuda_graphs(row: dict[str, str], recipe: RecipeSettings | None) -> tuple[bool, str, tuple[str, ...]]:
+    """(JobSpec.cuda_graphs, JobSpec.cuda_graph_scope, imputed note): NeMo / Megatron-Bridge MoE rows whose
+    recipe captures the whole iteration (moe_recipes.toml; its note is the recipe's), and the 25.09
+    token-drop rows, each layer a graph. Every other row launches its MoE layers from the host: the
+    dropless dispatcher waits on the host for its token counts, and the 25.11-26.04 recipes capture
+    attention and the router, not the experts."""
     if recipe is not None and recipe.cuda_graphs:
-        return True, ()
+        return True, "full_iteration", ()
     if (row.get("source_group") == "NeMo / Megatron-Bridge" and "tokendrop" in row.get("notes", "").lower()
             and "NeMo 25.09" in row.get("software", "")):
-        return True, (TOKEN_DROP_GRAPHS,)
-    return False, ()
+        return True, "layers", (TOKEN_DROP_GRAPHS,)
+    return False, "layers", ()
 
 
 def _measured_tokens(row: dict[str, str], model: ModelSpec) -> tuple[float, str]:
@@ -492,13 +493,13 @@ def scenario_from_row(idx: int, row: dict[str, str]) -> Scenario:
     loss, loss_note = _loss(row, compiled)
     reduce_bytes, reduce_note = _reduce_dtype_bytes(row, precision)
     plan, imputed, recipe = _plan(row, model, cluster.n_gpus)
-    graphs, graphs_note = _cuda_graphs(row, recipe)
+    graphs, graph_scope, graphs_note = _cuda_graphs(row, recipe)
     try:
         job = JobSpec(global_batch_tokens=gbs * seq, seq_len=seq, precision=precision,
                       fp8_param_gather=precision == "fp8" and "fp8 fsdp all-gather" in row["precision"].lower(),
                       loss=loss, reduce_dtype_bytes=reduce_bytes,
                       flash_attention=not (row.get("flash_attention") or "").lower().startswith("n"),
-                      compiled=compiled, cuda_graphs=graphs, software=_software(row))
+                      compiled=compiled, cuda_graphs=graphs, cuda_graph_scope=graph_scope, software=_software(row))
     except SpecError as exc:
         raise Skip(f"job: {exc}") from None
     imputed = (*imputed, *loss_note, *reduce_note, *compiled_note, *graphs_note)
