@@ -485,6 +485,9 @@ def test_a_middle_stage_of_heavier_layers_is_timed():
     assert bounding_stages([(3, 1), (0, 4), (1, 4), (0, 4), (0, 2)]) == [0, 1, 2, 4]
     assert bounding_stages([(10, 0)] * 8) == [0, 7]
     assert bounding_stages([(11, 0), (11, 0), (10, 0), (10, 0)]) == [0, 3]
+    # a shape an earlier middle stage covers is not timed again; a later, larger one is
+    assert bounding_stages([(3, 5), (0, 8), (0, 8), (0, 7), (0, 7)]) == [0, 1, 4]
+    assert bounding_stages([(10, 0), (10, 0), (11, 0), (10, 0)]) == [0, 2, 3]
 
 
 def test_pipeline_neighbours_in_one_nvlink_domain_send_over_nvlink():
@@ -497,9 +500,17 @@ def test_pipeline_neighbours_in_one_nvlink_domain_send_over_nvlink():
                                                                    False, True]
     inter = parse_plan("dp_shard=32,pp=8,mbs=1,sharding=megatron,schedule=interleaved,vpp=2")
     assert not stage_links_intra(inter, 7, 64) and not stage_links_intra(inter, 0, 64)
+    assert stage_links_intra(parse_plan("dp_shard=32,pp=8,mbs=1,schedule=zb-v"), 7, 64)
     assert not stage_links_intra(plan, 0, 8)  # 8-GPU nodes: every stage on its own node
     m, c = load_model("seed-70b"), load_cluster("gb200", nodes=4, gpus_per_node=64)
     est = evaluate(m, c, JobSpec(global_batch_tokens=4_194_304, seq_len=4096), plan)
-    for st in est.stages:
-        links = {e.link for e in st.comm if e.axis == "pp"}
-        assert links == ({"intra_node"} if st.stage in (0, 7) else {"inter_node"})
+    assert [st.stage for st in est.stages] == [0, 7]
+    nvlink, ib = (evaluate(m, load_cluster("gb200", nodes=n, gpus_per_node=g), JobSpec(global_batch_tokens=4_194_304,
+                                                                                      seq_len=4096), plan)
+                  for n, g in ((1, 256), (32, 8)))
+    for st in est.stages:  # its own sends over NVLink; the pipeline's fill over 4 NVLink and 3 network hops
+        p2p = [e for e in st.comm if e.axis == "pp"]
+        assert {e.link for e in p2p} == {"intra_node"}
+        one = next(e.edge_s / 7 for e in nvlink.stages[0].comm if e.axis == "pp")
+        other = next(e.edge_s / 7 for e in ib.stages[0].comm if e.axis == "pp")
+        assert all(e.edge_s == pytest.approx(4 * one + 3 * other) for e in p2p)

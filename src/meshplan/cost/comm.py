@@ -47,7 +47,7 @@ from meshplan.cost.collectives import (
     remote_nodes_per_token,
 )
 from meshplan.cost.estimate import OTHER_MICROBATCH, CommEntry
-from meshplan.cost.mesh import Group, stage_links_intra
+from meshplan.cost.mesh import Group, intra_boundaries, stage_links_intra
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 
 PARAM_DTYPE_BYTES = 2.0  # bf16 all-gather (FSDP2 MixedPrecisionPolicy.param_dtype)
@@ -92,6 +92,7 @@ class StageTraffic:
     """Micro-batches whose forward (and as many backwards) run with no other micro-batch beside them:
     pipeline warm-up and cool-down (pipeline.unpaired_microbatches)."""
     stage: int = 0
+    """The stage's index in the pipeline (0 without pipelining), for the links to its neighbours."""
 
 
 class _Ledger:
@@ -102,7 +103,7 @@ class _Ledger:
 
     def add(self, op: str, axis: str, purpose: str, phase: str, count: int, message_bytes: float,
             window: str, *, group: Group | None = None, edge_calls: float = 0.0, time_scale: float = 1.0,
-            remote_share: float | None = None) -> None:
+            remote_share: float | None = None, edge_s: float | None = None) -> None:
         grp = group or self.groups[axis]
         if count <= 0 or message_bytes <= 0 or (grp.size <= 1 and op != SEND_RECV):
             return
@@ -119,7 +120,7 @@ class _Ledger:
             collective=op, axis=grp.axis, purpose=purpose, phase=phase, count=count,
             message_bytes=message_bytes, group_size=grp.size, link=grp.link, bytes_per_gpu=sent,
             inter_node_bytes_per_gpu=inter, time_s=count * t_one, window=window,
-            edge_s=min(count, edge_calls) * t_one,
+            edge_s=min(count, edge_calls) * t_one if edge_s is None else edge_s,
         ))
 
 
@@ -316,14 +317,23 @@ def _pipeline(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffic) -> N
         return
     msg = st.tokens * model.hidden * ACT_BYTES / plan.tp
     chunks = plan.model_chunks
-    # a stage whose neighbours share its node (an NVLink domain: GB200 NVL72 pairs PP stages) sends over
-    # NVLink, however far the whole pipeline spreads
-    grp = led.groups["pp"]
-    if grp.n_nodes > 1 and stage_links_intra(plan, st.stage, led.cluster.gpus_per_node):
-        grp = Group("pp", plan.pp, plan.pp)
+    # A stage whose neighbours share its node (an NVLink domain: GB200 NVL72 holds two PP stages of 32)
+    # sends over NVLink however far the pipeline spreads; the fill, one message across each of the pp - 1
+    # boundaries, takes each boundary's own link.
+    grp, gpn = led.groups["pp"], led.cluster.gpus_per_node
+    intra = Group("pp", plan.pp, plan.pp)
+    edge = None
+    if grp.n_nodes > 1:
+        n_intra = intra_boundaries(plan, gpn)
+        edge = (n_intra * collective_time_s(SEND_RECV, msg, intra, led.cluster)
+                + (plan.pp - 1 - n_intra) * collective_time_s(SEND_RECV, msg, grp, led.cluster))
+        edge *= min(1.0, st.m * chunks / (plan.pp - 1))
+        if stage_links_intra(plan, st.stage, gpn):
+            grp = intra
     for purpose, phase in (("stage-boundary activations (forward)", "forward"),
                            ("stage-boundary gradients (backward)", "backward")):
-        led.add(SEND_RECV, "pp", purpose, phase, st.m * chunks, msg, "pipeline", group=grp, edge_calls=plan.pp - 1)
+        led.add(SEND_RECV, "pp", purpose, phase, st.m * chunks, msg, "pipeline", group=grp, edge_calls=plan.pp - 1,
+                edge_s=edge)
 
 
 def comm_ledger(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, groups: dict[str, Group],

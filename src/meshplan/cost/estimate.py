@@ -122,7 +122,7 @@ class Estimate:
     uncertainty: tuple[float, float] | None = None
     """Relative band (low, high) on step time from cross-validated residuals, where known."""
     stages: tuple[StageDetail, ...] = ()
-    """Per-stage detail for the simulator (first and last pipeline stage)."""
+    """Per-stage detail for the simulator: the stages that bound the step (cost.step.bounding_stages)."""
     closed_form_step_time_s: float | None = None
     """The closed form's step time when ``step_time_s`` comes from the timeline simulator."""
 

@@ -76,15 +76,28 @@ def _axis_groups(tp: int, cp: int, ds: int, dr: int, pp: int, ep: int, etp: int,
     return out
 
 
-def stage_links_intra(plan: Plan, stage: int, gpus_per_node: int) -> bool:
-    """Whether every pipeline boundary of ``stage`` joins ranks on one node (one NVLink domain). Stage s
-    holds ranks s·stride .. s·stride + stride - 1 (stride = tp·cp·dp_shard·dp_replicate, pp outermost);
-    its boundaries are with s - 1 and s + 1, and with interleaved model chunks also from the last stage to
-    the first. Where nodes hold whole stages (gpus_per_node a multiple of the stride), a boundary is on
-    one node when both stages are; otherwise it is taken to cross."""
+def boundary_intra(plan: Plan, a: int, b: int, gpus_per_node: int) -> bool:
+    """Whether pipeline stages ``a`` and ``b`` sit on one node (one NVLink domain). Stage s holds ranks
+    s·stride .. s·stride + stride - 1 (stride = tp·cp·dp_shard·dp_replicate, pp outermost); where nodes
+    hold whole stages (gpus_per_node a multiple of the stride) the two share a node when their first
+    ranks do; otherwise the boundary is taken to cross."""
     stride = plan.tp * plan.cp * plan.dp_shard * plan.dp_replicate
-    if plan.pp <= 1 or gpus_per_node % stride:
+    if gpus_per_node % stride:
         return False
-    wrap = plan.model_chunks > 1
+    return (a * stride) // gpus_per_node == (b * stride) // gpus_per_node
+
+
+def stage_links_intra(plan: Plan, stage: int, gpus_per_node: int) -> bool:
+    """Whether every pipeline boundary of ``stage`` joins ranks on one node: those with s - 1 and s + 1 and,
+    under the interleaved schedule, the one from the last stage back to the first (the next model chunk;
+    ZB-V's second chunk turns at the last stage instead)."""
+    if plan.pp <= 1:
+        return False
+    wrap = plan.schedule == "interleaved"
     neighbours = [t for t in (stage - 1, stage + 1) if 0 <= t < plan.pp or wrap]
-    return all((stage * stride) // gpus_per_node == ((t % plan.pp) * stride) // gpus_per_node for t in neighbours)
+    return all(boundary_intra(plan, stage, t % plan.pp, gpus_per_node) for t in neighbours)
+
+
+def intra_boundaries(plan: Plan, gpus_per_node: int) -> int:
+    """How many of the pipeline's pp - 1 stage boundaries sit on one node."""
+    return sum(boundary_intra(plan, s, s + 1, gpus_per_node) for s in range(plan.pp - 1))

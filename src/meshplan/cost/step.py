@@ -727,18 +727,20 @@ def _batch_reasons(job: JobSpec, plan: Plan) -> tuple[list[str], int]:
 
 def bounding_stages(layout: list[tuple[int, int]]) -> list[int]:
     """The stages that bound the step and the memory: the first (embedding, and the most micro-batches in
-    flight), the last (LM head, MTP) and the earliest middle stage of each (dense, MoE) layer count that
-    the first does not hold at least as many of both: a layout or MTP's split can give a middle stage
-    more layers, and an MoE model's leading dense layers give its first stage lighter ones (DeepSeek-V3
-    at PP=16: 3 dense and 1 MoE layer first, 4 MoE layers in the middle)."""
+    flight), the last (LM head, MTP) and the earliest middle stage of each (dense, MoE) layer count that no
+    earlier stage holds at least as many of both: a layout or MTP's split can give a middle stage more
+    layers, and an MoE model's leading dense layers give its first stage lighter ones (DeepSeek-V3 at
+    PP=16: 3 dense and 1 MoE layer first, 4 MoE layers in the middle)."""
     pp = len(layout)
-    d0, e0 = layout[0]
-    extra: dict[tuple[int, int], int] = {}
+    middle: dict[tuple[int, int], int] = {}
     for s in range(1, pp - 1):
-        d, e = layout[s]
-        if (d > d0 or e > e0) and layout[s] not in extra:
-            extra[layout[s]] = s
-    return sorted({0, *extra.values(), pp - 1})
+        middle.setdefault(layout[s], s)
+
+    def covered(x: tuple[int, int]) -> bool:  # by an earlier stage (more micro-batches in flight) of as many
+        return any(y[0] >= x[0] and y[1] >= x[1] and s < middle[x]
+                   for y, s in [(layout[0], 0), *middle.items()])
+
+    return sorted({0, *(s for x, s in middle.items() if not covered(x)), pp - 1})
 
 
 def _stage_ctxs(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan, m: int,

@@ -93,7 +93,7 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
         br["step overhead"] = step_overhead_s
         return SimResult(s.makespan_s + s.detail.optimizer_s + step_overhead_s, _ordered(br, s.detail, m), sims)
     first, last = sims[0], sims[-1]
-    # the slowest middle stage timed (cost.step.bounding_stages), where one outweighs the first
+    # the slowest middle stage timed (cost.step.bounding_stages); the first where none is
     middle = max(sims[1:-1], key=lambda x: x.chunk_f_s + x.chunk_b_s, default=first)
     per_stage = [first if s == 0 else last if s == plan.pp - 1 else middle for s in range(plan.pp)]
     # the W share of the backward chunk, for zero-bubble schedules
@@ -101,8 +101,9 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
     w_frac = [x.detail.t_w_s / max(1e-30, x.detail.t_b_s + x.detail.t_w_s + x.detail.t_r_s) for x in per_stage]
     b_s = [x.chunk_b_s * (1 - w) for x, w in zip(per_stage, w_frac, strict=True)]
     w_s = [x.chunk_b_s * w for x, w in zip(per_stage, w_frac, strict=True)]
+    # one hop of the fill: the mean over the pipeline's boundaries (some may be NVLink, some not)
     p2p = [e for e in first.detail.comm if e.window == "pipeline"]
-    p2p_s = max((e.time_s / e.count for e in p2p), default=0.0)
+    p2p_s = max((e.edge_s / min(e.count, plan.pp - 1) for e in p2p), default=0.0)
     # Interleaving is run as 1F1B and its bubble divided by v (Narayanan et al. 2021 §2.2): a greedy list
     # scheduler does not reproduce Megatron's interleaved order faithfully enough to trust its own bubble.
     interleaved = plan.schedule == "interleaved"

@@ -95,7 +95,8 @@ class LayoutCorrection(NamedTuple):
 def recipe_layout(row: dict[str, str]) -> LayoutCorrection | None:
     """The layout a NeMo / Megatron-Bridge row's preset ran, where the published table states another
     (moe_recipes.toml, [[layout]]: matched on the row's model, GPU, release, precision and its stated pp,
-    vpp (0 when blank) and mbs), or None."""
+    vpp (0 when blank) and mbs), or None. The row's other recipe entries then match the corrected layout,
+    the one that ran."""
     def stated(key: str) -> int:
         v = (row.get(key) or "").strip()
         return int(v) if v.isdigit() else 0 if not v else -1  # text ('interleaved ...') matches nothing

@@ -392,10 +392,10 @@ def _plan(row: dict[str, str], model: ModelSpec,
     try:
         plan = replace(plan, **settings)
     except SpecError as exc:  # a recipe meshplan's plan checks refuse: keep the defaults, say so
-        kept = "; cuda_graphs=true from it kept" if recipe.cuda_graphs else ""
+        kept = "; cuda_graphs=true, cuda_graph_scope=full_iteration from it kept" if recipe.cuda_graphs else ""
         return plan, (*imputed, f"recipe {recipe.source}'s plan settings not applied: {exc}{kept}"), recipe
     said = ", ".join(f"{k}={str(v).lower()}" for k, v in settings.items())
-    said += ", cuda_graphs=true" if recipe.cuda_graphs else ""
+    said += ", cuda_graphs=true, cuda_graph_scope=full_iteration" if recipe.cuda_graphs else ""
     return plan, (*imputed, f"{said} from {recipe.source}"), recipe
 
 
