@@ -87,7 +87,7 @@ class ComputeParams:
     the gaps between them. It applies with per-layer CUDA graphs too: the 25.09 token-drop rows, whose
     layers ran as graphs, need it. A whole-iteration graph (JobSpec.cuda_graph_scope 'full_iteration')
     leaves it out: the 2026 Megatron-Bridge recipes that capture the iteration ran faster than the model
-    with it (fit MAPE 5.87 -> 5.76 %, docs/calibration.md, fifth session). The host
+    with it (cross-validated MAPE 6.77 -> 6.63 %, docs/calibration.md, fifth session). The host
     synchronisation of the dropless dispatchers (``token_dispatcher.py``: the all-to-all dispatcher copies
     its splits to the host at its ``cuda_sync_point``; the grouped GEMM takes the counts as a host list) is
     ``moe_layer_host_s``, a floor. Fitted on Megatron-core rows (the only MoE rows), applied to every
