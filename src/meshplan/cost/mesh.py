@@ -81,23 +81,37 @@ def boundary_intra(plan: Plan, a: int, b: int, gpus_per_node: int) -> bool:
     s·stride .. s·stride + stride - 1 (stride = tp·cp·dp_shard·dp_replicate, pp outermost); where nodes
     hold whole stages (gpus_per_node a multiple of the stride) the two share a node when their first
     ranks do; otherwise the boundary is taken to cross."""
-    stride = plan.tp * plan.cp * plan.dp_shard * plan.dp_replicate
-    if gpus_per_node % stride:
-        return False
-    return (a * stride) // gpus_per_node == (b * stride) // gpus_per_node
+    return _boundary_intra(_pp_stride(plan), a, b, gpus_per_node)
+
+
+def _pp_stride(plan: Plan) -> int:
+    return plan.tp * plan.cp * plan.dp_shard * plan.dp_replicate
+
+
+def _boundary_intra(stride: int, a: int, b: int, gpus_per_node: int) -> bool:
+    return gpus_per_node % stride == 0 and (a * stride) // gpus_per_node == (b * stride) // gpus_per_node
 
 
 def stage_links_intra(plan: Plan, stage: int, gpus_per_node: int) -> bool:
     """Whether every pipeline boundary of ``stage`` joins ranks on one node: those with s - 1 and s + 1 and,
     under the interleaved schedule, the one from the last stage back to the first (the next model chunk;
     ZB-V's second chunk turns at the last stage instead)."""
-    if plan.pp <= 1:
+    return _stage_links_intra(_pp_stride(plan), plan.pp, stage, plan.schedule == "interleaved", gpus_per_node)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_links_intra(stride: int, pp: int, stage: int, wrap: bool, gpus_per_node: int) -> bool:
+    if pp <= 1:
         return False
-    wrap = plan.schedule == "interleaved"
-    neighbours = [t for t in (stage - 1, stage + 1) if 0 <= t < plan.pp or wrap]
-    return all(boundary_intra(plan, stage, t % plan.pp, gpus_per_node) for t in neighbours)
+    neighbours = [t for t in (stage - 1, stage + 1) if 0 <= t < pp or wrap]
+    return all(_boundary_intra(stride, stage, t % pp, gpus_per_node) for t in neighbours)
 
 
 def intra_boundaries(plan: Plan, gpus_per_node: int) -> int:
     """How many of the pipeline's pp - 1 stage boundaries sit on one node."""
-    return sum(boundary_intra(plan, s, s + 1, gpus_per_node) for s in range(plan.pp - 1))
+    return _intra_boundaries(_pp_stride(plan), plan.pp, gpus_per_node)
+
+
+@functools.lru_cache(maxsize=4096)
+def _intra_boundaries(stride: int, pp: int, gpus_per_node: int) -> int:
+    return sum(_boundary_intra(stride, s, s + 1, gpus_per_node) for s in range(pp - 1))
