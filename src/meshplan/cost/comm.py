@@ -103,7 +103,9 @@ class _Ledger:
 
     def add(self, op: str, axis: str, purpose: str, phase: str, count: int, message_bytes: float,
             window: str, *, group: Group | None = None, edge_calls: float = 0.0, time_scale: float = 1.0,
-            remote_share: float | None = None, edge_s: float | None = None) -> None:
+            remote_share: float | None = None, edge_call_s: float | None = None) -> None:
+        """``edge_call_s``: the time of one of the ``edge_calls`` no compute hides, where it differs from
+        the entry's own call (a pipeline fill crossing links the stage's own sends do not)."""
         grp = group or self.groups[axis]
         if count <= 0 or message_bytes <= 0 or (grp.size <= 1 and op != SEND_RECV):
             return
@@ -120,7 +122,7 @@ class _Ledger:
             collective=op, axis=grp.axis, purpose=purpose, phase=phase, count=count,
             message_bytes=message_bytes, group_size=grp.size, link=grp.link, bytes_per_gpu=sent,
             inter_node_bytes_per_gpu=inter, time_s=count * t_one, window=window,
-            edge_s=min(count, edge_calls) * t_one if edge_s is None else edge_s,
+            edge_s=min(count, edge_calls) * (t_one if edge_call_s is None else edge_call_s),
         ))
 
 
@@ -322,18 +324,17 @@ def _pipeline(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffic) -> N
     # boundaries, takes each boundary's own link.
     grp, gpn = led.groups["pp"], led.cluster.gpus_per_node
     intra = Group("pp", plan.pp, plan.pp)
-    edge = None
+    hop = None  # one hop of the fill, the mean over its boundaries
     if grp.n_nodes > 1:
         n_intra = intra_boundaries(plan, gpn)
-        edge = (n_intra * collective_time_s(SEND_RECV, msg, intra, led.cluster)
-                + (plan.pp - 1 - n_intra) * collective_time_s(SEND_RECV, msg, grp, led.cluster))
-        edge *= min(1.0, st.m * chunks / (plan.pp - 1))
+        hop = (n_intra * collective_time_s(SEND_RECV, msg, intra, led.cluster)
+               + (plan.pp - 1 - n_intra) * collective_time_s(SEND_RECV, msg, grp, led.cluster)) / (plan.pp - 1)
         if stage_links_intra(plan, st.stage, gpn):
             grp = intra
     for purpose, phase in (("stage-boundary activations (forward)", "forward"),
                            ("stage-boundary gradients (backward)", "backward")):
         led.add(SEND_RECV, "pp", purpose, phase, st.m * chunks, msg, "pipeline", group=grp, edge_calls=plan.pp - 1,
-                edge_s=edge)
+                edge_call_s=hop)
 
 
 def comm_ledger(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, groups: dict[str, Group],

@@ -76,19 +76,15 @@ def _axis_groups(tp: int, cp: int, ds: int, dr: int, pp: int, ep: int, etp: int,
     return out
 
 
-def boundary_intra(plan: Plan, a: int, b: int, gpus_per_node: int) -> bool:
-    """Whether pipeline stages ``a`` and ``b`` sit on one node (one NVLink domain). Stage s holds ranks
-    s·stride .. s·stride + stride - 1 (stride = tp·cp·dp_shard·dp_replicate, pp outermost); where nodes
-    hold whole stages (gpus_per_node a multiple of the stride) the two share a node when their first
-    ranks do; otherwise the boundary is taken to cross."""
-    return _boundary_intra(_pp_stride(plan), a, b, gpus_per_node)
-
-
 def _pp_stride(plan: Plan) -> int:
+    """Ranks between pipeline stages: the inner degrees (pp is outermost, as in _axis_groups)."""
     return plan.tp * plan.cp * plan.dp_shard * plan.dp_replicate
 
 
 def _boundary_intra(stride: int, a: int, b: int, gpus_per_node: int) -> bool:
+    """Whether pipeline stages ``a`` and ``b`` sit on one node (one NVLink domain). Stage s holds ranks
+    s·stride .. s·stride + stride - 1; where nodes hold whole stages (gpus_per_node a multiple of the
+    stride) the two share a node when their first ranks do; otherwise the boundary is taken to cross."""
     return gpus_per_node % stride == 0 and (a * stride) // gpus_per_node == (b * stride) // gpus_per_node
 
 
