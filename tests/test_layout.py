@@ -121,3 +121,41 @@ def test_the_search_offers_interleaving_to_a_model_with_mtp():
 
     assert ("interleaved", 2) in set(_pipeline_options(DSV3, 8, Space()))
     assert ("interleaved", 2) not in set(_pipeline_options(replace(DSV3, mtp_layers=0), 8, Space()))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_layers=st.integers(2, 200), pp=st.integers(2, 16), vpp=st.integers(1, 12))
+def test_megatrons_embedding_and_loss_split_counts_them_as_slots(n_layers, pp, vpp):
+    """account_for_embedding/loss_in_pipeline_split: n_layers + 2 slots evenly over the chunks, one fewer
+    decoder layer in the first and the last chunk; only where the chunks divide n_layers + 2, not n_layers."""
+    from meshplan.specs.layout import embedding_loss_layout
+
+    chunks = pp * vpp
+    text = embedding_loss_layout(n_layers, chunks)
+    if n_layers % chunks == 0 or (n_layers + 2) % chunks:
+        assert text is None
+        return
+    listed = parse_layout(text)
+    k = (n_layers + 2) // chunks
+    assert len(listed) == chunks and listed[0].embedding and listed[-1].loss
+    assert [c.layers for c in listed] == [k - 1] + [k] * (chunks - 2) + [k - 1]
+    assert sum(layers_per_stage([c.layers for c in listed], pp)) == n_layers
+
+
+def test_405b_on_pp16_with_eight_chunks_per_rank_runs_with_megatrons_split():
+    """Llama 3.1 405B (126 layers) at PP=16, VP=8: 128 chunks, so the embedding and the loss fill the first
+    and the last alone (Megatron-Bridge's GB200 preset); without the layout the plan is refused with it
+    named."""
+    from meshplan.specs.layout import embedding_loss_layout
+
+    model, cluster = load_model("llama-3.1-405b"), load_cluster("gb200", nodes=4, gpus_per_node=64)
+    job = JobSpec(global_batch_tokens=1024 * 4096, seq_len=4096)
+    text = "tp=4,pp=16,vpp=8,dp_shard=4,schedule=interleaved,sharding=megatron"
+    split = embedding_loss_layout(126, 128)
+    assert split == "E|(t*1|)*126L"
+    with pytest.raises(SpecError, match=r"layout=E\|\(t\*1\|\)\*126L"):
+        evaluate(model, cluster, job, parse_plan(text))
+    est = evaluate(model, cluster, job, parse_plan(text + ",layout=" + split))
+    assert stage_layers(model, 16, split, 8) == [(7, 0)] + [(8, 0)] * 14 + [(7, 0)]
+    one_f1b = evaluate(model, cluster, job, parse_plan("tp=4,pp=16,dp_shard=4,sharding=megatron"))
+    assert est.time_breakdown["pipeline bubble"] < one_f1b.time_breakdown["pipeline bubble"] / 4

@@ -308,3 +308,23 @@ def test_every_layout_correction_reaches_its_row_and_is_listed():
         assert set(e["set"]) <= {"virtual_pp", "micro_batch_size"}
         assert plan.mbs == e["set"]["micro_batch_size"] and plan.vpp == e["set"]["virtual_pp"]
         assert any("(the table: " in n for n in hit[0].scenario.imputed)
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED), reason="shared data not beside the repository")
+def test_megatron_rows_whose_chunks_divide_only_the_layers_and_two_run_megatrons_split():
+    """Megatron-core accepts 126 layers on PP=16 x VP=8 (or 94 on PP=8 x VP=3) only with the embedding and
+    the loss counted as slots: those rows take that layout, listed; rows whose chunks divide the layers,
+    and torchtitan's, keep the even split."""
+    from meshplan.specs.layout import embedding_loss_layout
+    from meshplan.validation.validate import load_scenarios, read_rows
+
+    results = [r for r in load_scenarios(read_rows(SHARED)) if r.scenario is not None]
+    split = [r for r in results if r.scenario.plan.layout]
+    assert len(split) >= 20
+    for r in split:
+        sc = r.scenario
+        assert sc.plan.layout == embedding_loss_layout(sc.model.n_layers, sc.plan.pp * sc.plan.model_chunks)
+        assert any(n.startswith(f"layout={sc.plan.layout} from Megatron-core") for n in sc.imputed)
+        assert r.source_group != "torchtitan"
+    vp8 = [r for r in split if r.scenario.plan.pp == 16 and r.scenario.plan.vpp == 8]
+    assert vp8 and all(r.scenario.plan.schedule == "interleaved" for r in vp8)  # 128 chunks for 126 layers

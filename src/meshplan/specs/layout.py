@@ -61,3 +61,23 @@ def layers_per_stage(chunk_layers: Sequence[int], pp: int) -> list[int]:
     """Decoder layers on each pipeline rank, from the layers of each model chunk: chunk c runs on rank
     c mod pp."""
     return [sum(chunk_layers[s::pp]) for s in range(pp)]
+
+
+def embedding_loss_layout(n_layers: int, chunks: int) -> str | None:
+    """The layout Megatron-core builds with ``account_for_embedding_in_pipeline_split`` and
+    ``account_for_loss_in_pipeline_split``, or None where that split does not apply.
+
+    Megatron-core splits n_layers + 2 slots evenly over the ``chunks`` model chunks (pp x virtual stages),
+    the embedding taking a slot of the first chunk and the loss one of the last, so those two build one
+    decoder layer fewer, none when a chunk has a single slot (``transformer_config.py`` __post_init__,
+    ``get_transformer_layer_offset``; NVIDIA/Megatron-LM @002526d). Without a flag or a layout it asserts
+    that the chunks divide n_layers, so a run whose chunks divide n_layers + 2 and not n_layers set both
+    flags, as Megatron-Bridge's Llama 3.1 405B and Qwen3-235B-A22B recipes do (``recipes/llama/llama3.py``
+    @6f6f95e, ``recipes/qwen/qwen3_moe.py`` @2afd2d3). None when the chunks divide n_layers, or not
+    n_layers + 2, or with one chunk."""
+    if chunks < 2 or n_layers % chunks == 0 or (n_layers + 2) % chunks:
+        return None
+    k = (n_layers + 2) // chunks
+    edge = f"t*{k - 1}" if k > 1 else ""
+    middle = f"(t*{k}|)*{chunks - 2}" if chunks > 2 else ""
+    return f"E{edge}|{middle}{edge}L"

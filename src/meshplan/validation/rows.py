@@ -16,6 +16,7 @@ from meshplan.catalog import load_cluster, load_model
 from meshplan.cost.step import evaluate
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
+from meshplan.specs.layout import embedding_loss_layout
 from meshplan.units import GiB
 from meshplan.validation.recipes import RecipeSettings, moe_recipe, recipe_layout, recipe_recompute
 
@@ -77,6 +78,12 @@ SOFTWARE_OF_GROUP = {
 }
 
 MEGATRON_V1 = "Megatron-LM (2020)"
+MEGATRON_CORE_GROUPS = ("NVIDIA dgxc-benchmarking", "NeMo / Megatron-Bridge", "Megatron-LM")
+"""Source groups whose runs used Megatron-core (its distributed optimizer, sequence parallelism, TP overlap)."""
+EMBEDDING_LOSS_SPLIT = ("Megatron-core's account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_"
+                        "split: it asserts that the model chunks divide the decoder layers unless a flag or a layout "
+                        "is set, and here they divide the layers + 2 only (specs.layout.embedding_loss_layout); "
+                        "Megatron-Bridge's Llama 3.1 405B and Qwen3-235B-A22B recipes set both")
 MEGATRON_V1_RECIPE = ("Shoeybi et al. 2019 (arXiv:1909.08053) §4.2, Megatron-LM v1's training recipe: \"we utilize "
                       "activation checkpointing after every transformer layer\"")
 """The Megatron v1 README's scaling rows leave recompute blank; the paper whose code and recipe they
@@ -337,7 +344,7 @@ def _plan(row: dict[str, str], model: ModelSpec,
         sharding = "zero3"
     elif "fsdp" in z:
         pass
-    elif group in ("NVIDIA dgxc-benchmarking", "NeMo / Megatron-Bridge", "Megatron-LM") or "distributed optimizer" in z:
+    elif group in MEGATRON_CORE_GROUPS or "distributed optimizer" in z:
         sharding = "megatron"
     elif group == "Megatron-LM papers":
         sharding, dp_shard, dp_rep = "fsdp", 1, dp  # 2020-2022 Megatron: DDP, optimizer not sharded
@@ -352,7 +359,12 @@ def _plan(row: dict[str, str], model: ModelSpec,
         stated = re.search(r"local batch (\d+)", row.get("notes", ""))
         mbs = int(stated.group(1)) if stated else None
     schedule, v = "1f1b", 1
-    if pp > 1 and vpp and vpp > 1 and model.n_layers >= pp * vpp:  # uneven chunks: Megatron layouts
+    split = ""
+    if group in MEGATRON_CORE_GROUPS and pp > 1 and not model.mtp_layers:
+        split = embedding_loss_layout(model.n_layers, pp * (vpp or 1)) or ""
+        if split:
+            imputed = (*imputed, f"layout={split} from {EMBEDDING_LOSS_SPLIT}")
+    if pp > 1 and vpp and vpp > 1 and (model.n_layers >= pp * vpp or split):  # uneven chunks: Megatron layouts
         schedule, v = "interleaved", vpp
     rc = (row.get("recompute") or "").lower()
     if rc.startswith("selective") and ("op" in rc or "sac" in rc):
@@ -366,17 +378,17 @@ def _plan(row: dict[str, str], model: ModelSpec,
         imputed = (*imputed, f"recompute=full from {MEGATRON_V1_RECIPE}")
     spv = (row.get("sequence_parallel") or "").lower()
     sp = None if not spv else spv.startswith("y")
-    if group in ("NVIDIA dgxc-benchmarking", "NeMo / Megatron-Bridge", "Megatron-LM") and not spv:
+    if group in MEGATRON_CORE_GROUPS and not spv:
         sp = True
     # NeMo / Megatron performance recipes overlap TP communication with GEMMs (--tp-comm-overlap, userbuffers)
-    async_tp = tp > 1 and group in ("NVIDIA dgxc-benchmarking", "NeMo / Megatron-Bridge", "Megatron-LM")
+    async_tp = tp > 1 and group in MEGATRON_CORE_GROUPS
     async_tp = async_tp or (tp > 1 and "asynctp" in row.get("notes", "").lower().replace(" ", ""))  # as stated
     m = re.search(r"expert TP \(ETP\)\s*=\s*(\d+)", row.get("notes", ""))
     etp = int(m.group(1)) if m and ep > 1 else None  # stated; else Plan's default (1 under EP, the recipes')
     try:
         plan = Plan(dp_replicate=dp_rep, dp_shard=dp_shard, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, mbs=mbs,
                     recompute=recompute, sharding=sharding, reshard_after_forward=raf, sp=sp, schedule=schedule,
-                    vpp=v, async_tp=async_tp)
+                    vpp=v, async_tp=async_tp, layout=split)
     except SpecError as exc:
         raise Skip(f"plan: {exc}") from None
     layout = {"pp": pp, "vpp": v if schedule == "interleaved" else 0, "ep": ep, "mbs": mbs or 0}
