@@ -266,14 +266,15 @@ def test_search_offers_deepep_and_the_overlap_only_where_they_change_something()
 
 def test_uneven_model_chunks_interleave():
     """Llama 3.1 405B's 126 layers on 8 stages x 8 chunks: Megatron counts the embedding and the loss as a
-    layer each (128 = 64 x 2); the search offers that split, and evaluate accepts any split with a layer
-    per chunk."""
+    layer each (128 = 64 x 2); the search offers that split as its layout, and evaluate accepts any split
+    with a layer per chunk."""
     from meshplan.cost.step import evaluate as evaluate_plan
     from meshplan.search.space import Space, _pipeline_options
     model, cluster = load_model("llama-3.1-405b"), load_cluster("h100-sxm", nodes=64)
     job = JobSpec(global_batch_tokens=8192 * 512, seq_len=8192)
-    assert ("interleaved", 8) in set(_pipeline_options(model, 8, Space(max_vpp=8)))
-    assert ("interleaved", 3) not in set(_pipeline_options(model, 8, Space(max_vpp=8)))
+    options = {(s, v): layout for s, v, layout in _pipeline_options(model, 8, Space(max_vpp=8))}
+    assert options[("interleaved", 8)] == "Et*1|(t*2|)*62t*1L"
+    assert options[("interleaved", 2)] == "Et*7|(t*8|)*14t*7L" and ("interleaved", 3) not in options
     base = "tp=8,pp=8,dp_shard=8,mbs=1,recompute=full,sharding=megatron"
     plain, inter = (evaluate_plan(model, cluster, job, parse_plan(base + extra))
                     for extra in ("", ",schedule=interleaved,vpp=8"))

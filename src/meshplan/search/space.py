@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from meshplan.cost.validate import ulysses_fits
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
+from meshplan.specs.layout import embedding_loss_layout
 from meshplan.specs.plan import FRAMEWORK_CP, FRAMEWORK_EP_DISPATCH, FRAMEWORK_SCHEDULES
 
 FAMILIES = ("ddp", "fsdp", "hsdp", "tp", "pp", "cp", "ep")
@@ -143,25 +144,31 @@ def family(plan: Plan) -> str:
     return "ddp"
 
 
-def _pipeline_options(model: ModelSpec, pp: int, space: Space) -> Iterator[tuple[str, int]]:
+def _pipeline_options(model: ModelSpec, pp: int, space: Space) -> Iterator[tuple[str, int, str]]:
+    """(schedule, virtual stages, layout) of ``pp`` stages: interleaving where the chunks split the layers
+    evenly, or evenly once the embedding and the loss count as a layer each (Megatron's
+    --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split, given as its layout,
+    specs.layout.embedding_loss_layout); a model with MTP splits any chunk count as NVIDIA's layouts do
+    (cost.pipeline.mtp_chunk_layers)."""
     if pp == 1:
-        yield "1f1b", 1
+        yield "1f1b", 1, ""
         return
     for schedule in space.schedules:
         if schedule == "interleaved":
             for v in range(2, space.max_vpp + 1):
-                # equal chunks, or equal once the embedding and the loss count as a layer each (Megatron's
-                # --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split); a model
-                # with MTP splits any chunk count as NVIDIA's layouts do (cost.pipeline.mtp_chunk_layers)
                 chunks = pp * v
-                even = model.n_layers % chunks == 0 or (model.n_layers + 2) % chunks == 0
-                if model.n_layers >= chunks and (even or model.mtp_layers):
-                    yield schedule, v
+                if model.mtp_layers:
+                    if model.n_layers >= chunks:
+                        yield schedule, v, ""
+                elif model.n_layers % chunks == 0:
+                    yield schedule, v, ""
+                elif split := embedding_loss_layout(model.n_layers, chunks):
+                    yield schedule, v, split
         elif schedule == "zb-v":
             if model.n_layers % (2 * pp) == 0:
-                yield schedule, 1
+                yield schedule, 1, ""
         else:
-            yield schedule, 1
+            yield schedule, 1, ""
 
 
 def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space) -> Iterator[Plan]:
@@ -180,7 +187,8 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space:
         eps = [1]
         if model.is_moe and space.experts:
             eps = [e for e in divisors(model.n_experts) if e == 1 or (tp * cp * dp) % e == 0]
-        for dr, ep, (schedule, vpp) in itertools.product(divisors(dp), eps, _pipeline_options(model, pp, space)):
+        for dr, ep, (schedule, vpp, layout) in itertools.product(divisors(dp), eps,
+                                                                 _pipeline_options(model, pp, space)):
             ds = dp // dr
             if ep > 1 and (tp * cp * ds) % ep:
                 continue
@@ -191,4 +199,4 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space:
                 if cp > 1 and FRAMEWORK_CP[sharding][0] == "a2a" and not ulysses_fits(model, tp, cp):
                     continue
                 yield Plan(dp_replicate=dr, dp_shard=ds, cp=cp, tp=tp, pp=pp, ep=ep, sharding=sharding,
-                           schedule=schedule, vpp=vpp)
+                           schedule=schedule, vpp=vpp, layout=layout)
