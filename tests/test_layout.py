@@ -139,7 +139,10 @@ def test_megatrons_embedding_and_loss_split_counts_them_as_slots(n_layers, pp, v
     k = (n_layers + 2) // chunks
     assert len(listed) == chunks and listed[0].embedding and listed[-1].loss
     assert [c.layers for c in listed] == [k - 1] + [k] * (chunks - 2) + [k - 1]
-    assert sum(layers_per_stage([c.layers for c in listed], pp)) == n_layers
+    stages = layers_per_stage([c.layers for c in listed], pp)
+    assert sum(stages) == n_layers
+    # chunk c on rank c mod pp: the first and the last rank hold one layer fewer than each middle one
+    assert stages[0] == stages[-1] == k * vpp - 1 and all(s == k * vpp for s in stages[1:-1])
 
 
 def test_405b_on_pp16_with_eight_chunks_per_rank_runs_with_megatrons_split():

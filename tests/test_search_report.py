@@ -83,6 +83,28 @@ def test_a_condition_with_the_same_degrees_names_the_options_that_change():
     assert changed_label(parse_plan("tp=8,pp=8", 64), rec) == "PP=8 x TP=8"
 
 
+def test_the_layer_walk_redoes_megatrons_split_for_each_layer_count():
+    """A recommendation carrying Megatron's embedding-and-loss split is the same plan at another layer
+    count: the walk re-splits it there (re-evaluating the old layout would fail and read as 'no longer
+    fits'), and the split does not make the plan's layout key differ from its unsplit form."""
+    from meshplan import JobSpec, load_cluster, load_model, parse_plan
+    from meshplan.cost.step import evaluate
+    from meshplan.search.conditions import _evaluate_at, _resplit, knob, layout_key
+
+    model, cluster = load_model("llama-3.1-405b"), load_cluster("h100-sxm", nodes=64)
+    job = JobSpec(global_batch_tokens=4 * 2**20, seq_len=8192)
+    text = "tp=8,pp=16,dp_shard=4,sharding=megatron,schedule=interleaved,vpp=4"
+    split = parse_plan(text + ",layout=Et*1|(t*2|)*62t*1L")
+    base = evaluate(model, cluster, job, split)
+    layers = knob(model, cluster, job, "layers")
+    at_252 = _evaluate_at(layers, 252, base, None)
+    assert at_252 is not None and at_252.plan.layout == ""  # 64 chunks divide 252 layers
+    assert _resplit(split, layers.apply(190)[0]).layout == "Et*2|(t*3|)*62t*2L"
+    assert _evaluate_at(layers, 63, base, None) is None  # 64 chunks for 63 layers: no such plan
+    assert layout_key(split) == layout_key(parse_plan(text))
+    assert layout_key(parse_plan(text + ",layout=Et*3|(t*2|)*61t*1|L")) != layout_key(parse_plan(text))
+
+
 def test_no_listed_plan_beats_the_recommendation_without_a_reason(plan_json):
     d = plan_json
     best = d["recommended"]["step_time_s"]

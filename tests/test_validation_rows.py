@@ -316,6 +316,7 @@ def test_megatron_rows_whose_chunks_divide_only_the_layers_and_two_run_megatrons
     the loss counted as slots: those rows take that layout, listed; rows whose chunks divide the layers,
     and torchtitan's, keep the even split."""
     from meshplan.specs.layout import embedding_loss_layout
+    from meshplan.validation.rows import MEGATRON_CORE_GROUPS
     from meshplan.validation.validate import load_scenarios, read_rows
 
     results = [r for r in load_scenarios(read_rows(SHARED)) if r.scenario is not None]
@@ -325,6 +326,12 @@ def test_megatron_rows_whose_chunks_divide_only_the_layers_and_two_run_megatrons
         sc = r.scenario
         assert sc.plan.layout == embedding_loss_layout(sc.model.n_layers, sc.plan.pp * sc.plan.model_chunks)
         assert any(n.startswith(f"layout={sc.plan.layout} from Megatron-core") for n in sc.imputed)
-        assert r.source_group != "torchtitan"
+        assert r.source_group in MEGATRON_CORE_GROUPS and not sc.model.mtp_layers
+    for r in results:  # every other pipelined row: no layout where its chunks divide its layers
+        p = r.scenario.plan
+        if p.pp > 1 and not p.layout and r.source_group in MEGATRON_CORE_GROUPS and not r.scenario.model.mtp_layers:
+            assert embedding_loss_layout(r.scenario.model.n_layers, p.pp * p.model_chunks) is None
     vp8 = [r for r in split if r.scenario.plan.pp == 16 and r.scenario.plan.vpp == 8]
     assert vp8 and all(r.scenario.plan.schedule == "interleaved" for r in vp8)  # 128 chunks for 126 layers
+    one_f1b = [r for r in split if r.scenario.plan.schedule == "1f1b"]  # Qwen3-235B-A22B on PP=8 alone
+    assert one_f1b and all(r.scenario.plan.layout == "Et*11|(t*12|)*6t*11L" for r in one_f1b)

@@ -42,7 +42,9 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
     if plan.pp > model.n_layers:
         raise SpecError("plan.pp", f"{plan.pp} stages for {model.n_layers} layers; allowed: 1..{model.n_layers}")
     # Model chunks need not hold equal layer counts (Megatron's pipeline_model_parallel_layout and its
-    # account_for_embedding/loss_in_pipeline_split, torchtitan's per-stage module lists), but each needs one.
+    # account_for_embedding/loss_in_pipeline_split, torchtitan's per-stage module lists). Without a layout
+    # each needs a layer; a layout may leave a chunk only the embedding or the loss (Plan checks that
+    # every rank keeps a layer).
     chunks = plan.pp * plan.model_chunks
     if plan.layout:
         listed = parse_layout(plan.layout)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from meshplan.cost.estimate import Estimate
 from meshplan.search.rank import TIE_BAND
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
+from meshplan.specs.layout import is_embedding_loss_layout, resplit
 from meshplan.units import GB, format_tokens
 
 SearchFn = Callable[[ModelSpec, ClusterSpec, JobSpec], Estimate | None]
@@ -113,8 +114,10 @@ than the ranking's tie band (or the recommended plan no longer fits there): near
 
 def layout_key(plan: Plan) -> str:
     """A plan's shape independent of the GPU count: its degrees except the data-parallel ones, which are
-    replaced by whether they are in use (so FSDP=64 and FSDP=128 are the same layout)."""
-    p = plan.unfixed(dp_replicate=2 if plan.dp_replicate > 1 else 1, dp_shard=2 if plan.dp_shard > 1 else 1)
+    replaced by whether they are in use (so FSDP=64 and FSDP=128 are the same layout), and without
+    Megatron's embedding-and-loss split, which follows from the layer count."""
+    p = plan.unfixed(dp_replicate=2 if plan.dp_replicate > 1 else 1, dp_shard=2 if plan.dp_shard > 1 else 1,
+                     layout="" if is_embedding_loss_layout(plan.layout) else plan.layout)
     return p.to_string()
 
 
@@ -143,6 +146,13 @@ def rescale(plan: Plan, n_gpus: int) -> Plan | None:
     if plan.dp_replicate > 1:
         return plan.unfixed(dp_replicate=dp)
     return plan.unfixed(dp_shard=dp)
+
+
+def _resplit(plan: Plan, model: ModelSpec) -> Plan:
+    """``plan`` for ``model``'s layer count: Megatron's embedding-and-loss split redone for it (the plan
+    with its layers changed is the same plan)."""
+    layout = resplit(plan.layout, model.n_layers)
+    return plan if layout == plan.layout else replace(plan, layout=layout)
 
 
 def find_conditions(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, recommended: Estimate,
@@ -180,6 +190,7 @@ def _candidates_best(knob: _Knob, v: float, candidates: list[Plan], mfu: float |
         sized = rescale(plan, cluster.n_gpus) if plan.world_size != cluster.n_gpus else plan
         if sized is None:
             continue
+        sized = _resplit(sized, model)
         try:
             ests.append(evaluate(model, cluster, job, sized, mfu=mfu))
         except SpecError:
@@ -238,7 +249,8 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
         other = confirmed
         base_then = _evaluate_at(knob, hi, base, mfu)
         speedup = (base_then.step_time_s / other.step_time_s) if (base_then and base_then.feasible) else float("inf")
-        gain = "the recommendation no longer fits" if math.isinf(speedup) else f"{speedup:.2f}x faster"
+        gain = (f"{speedup:.2f}x faster" if not math.isinf(speedup) else "the recommendation no longer fits"
+                if base_then is not None else "the recommendation cannot be built there")
         text = (f"{direction} {knob.fmt(hi)}" if knob.continuous else f"at {knob.fmt(hi)}")
         label = changed_label(other.plan, base_then.plan if base_then else base.plan)
         text += f", {label} is best ({gain})"
@@ -263,6 +275,7 @@ def _evaluate_at(knob: _Knob, value: float, base: Estimate, mfu: float | None) -
     plan = rescale(base.plan, cluster.n_gpus) if base.plan.world_size != cluster.n_gpus else base.plan.unfixed()
     if plan is None:
         return None
+    plan = _resplit(plan, model)
     try:
         return evaluate(model, cluster, job, plan, mfu=mfu)
     except SpecError:

@@ -3,7 +3,8 @@ model admit, times the options of each parallelism. Generators and flat products
 
 Topology rules: tensor parallelism stays inside a node (its collectives are on the critical path);
 context, expert, pipeline and data parallelism may span nodes. Each structural plan (degrees, sharding,
-schedule, virtual stages) comes first with its framework's default options, then with every other option
+schedule, virtual stages and, where only Megatron's embedding-and-loss split is even, that split as its
+layout) comes first with its framework's default options, then with every other option
 its framework offers (``option_variants``): sequence parallelism off, async TP, FSDP2's
 ``reshard_after_forward`` and gradient sync, and the context-parallel exchange. Micro-batch size and
 recompute mode are not enumerated here: ``evaluate`` chooses them for each plan (memory is monotonic in
@@ -148,8 +149,8 @@ def _pipeline_options(model: ModelSpec, pp: int, space: Space) -> Iterator[tuple
     """(schedule, virtual stages, layout) of ``pp`` stages: interleaving where the chunks split the layers
     evenly, or evenly once the embedding and the loss count as a layer each (Megatron's
     --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split, given as its layout,
-    specs.layout.embedding_loss_layout); a model with MTP splits any chunk count as NVIDIA's layouts do
-    (cost.pipeline.mtp_chunk_layers)."""
+    specs.layout.embedding_loss_layout, which one chunk per rank also takes where it alone is even); a
+    model with MTP splits any chunk count as NVIDIA's layouts do (cost.pipeline.mtp_chunk_layers)."""
     if pp == 1:
         yield "1f1b", 1, ""
         return
@@ -167,8 +168,8 @@ def _pipeline_options(model: ModelSpec, pp: int, space: Space) -> Iterator[tuple
         elif schedule == "zb-v":
             if model.n_layers % (2 * pp) == 0:
                 yield schedule, 1, ""
-        else:
-            yield schedule, 1, ""
+        else:  # one chunk per rank: the even split, or Megatron's where only it is even
+            yield schedule, 1, "" if model.mtp_layers else embedding_loss_layout(model.n_layers, pp) or ""
 
 
 def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space) -> Iterator[Plan]:

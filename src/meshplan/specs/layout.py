@@ -81,3 +81,22 @@ def embedding_loss_layout(n_layers: int, chunks: int) -> str | None:
     edge = f"t*{k - 1}" if k > 1 else ""
     middle = f"(t*{k}|)*{chunks - 2}" if chunks > 2 else ""
     return f"E{edge}|{middle}{edge}L"
+
+
+def is_embedding_loss_layout(layout: str) -> bool:
+    """Whether ``layout`` is Megatron's embedding-and-loss split of its own decoder layers
+    (``embedding_loss_layout``): a layout that follows from the model's layer count and the chunk count."""
+    if not layout:
+        return False
+    chunks = parse_layout(layout)
+    return embedding_loss_layout(sum(c.layers for c in chunks), len(chunks)) == layout and not any(
+        c.mtp for c in chunks)
+
+
+def resplit(layout: str, n_layers: int) -> str:
+    """``layout`` for a model of ``n_layers`` decoder layers: the embedding-and-loss split over the same
+    chunks where ``layout`` is that split (none where those chunks divide n_layers, or where they divide
+    neither n_layers nor n_layers + 2), any other layout unchanged (it names its layers one by one)."""
+    if not is_embedding_loss_layout(layout):
+        return layout
+    return embedding_loss_layout(n_layers, len(parse_layout(layout))) or ""
