@@ -116,9 +116,15 @@ def layout_key(plan: Plan) -> str:
     """A plan's shape independent of the GPU count: its degrees except the data-parallel ones, which are
     replaced by whether they are in use (so FSDP=64 and FSDP=128 are the same layout), and without
     Megatron's embedding-and-loss split, which follows from the layer count."""
-    p = plan.unfixed(dp_replicate=2 if plan.dp_replicate > 1 else 1, dp_shard=2 if plan.dp_shard > 1 else 1,
-                     layout="" if is_embedding_loss_layout(plan.layout) else plan.layout)
+    p = unsplit(plan).unfixed(dp_replicate=2 if plan.dp_replicate > 1 else 1,
+                              dp_shard=2 if plan.dp_shard > 1 else 1)
     return p.to_string()
+
+
+def unsplit(plan: Plan) -> Plan:
+    """``plan`` without Megatron's embedding-and-loss split, which follows from the layer count: the same
+    plan for a model with more or fewer layers."""
+    return replace(plan, layout="") if is_embedding_loss_layout(plan.layout) else plan
 
 
 def changed_label(plan: Plan, recommended: Plan) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from meshplan.cost.estimate import Estimate
 from meshplan.errors import SpecError
-from meshplan.search.conditions import knob, structural_key
+from meshplan.search.conditions import knob, structural_key, unsplit
 from meshplan.search.search import search
 from meshplan.search.space import Space
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec
@@ -63,7 +63,7 @@ def changes(points: list[SweepPoint]) -> list[tuple[float, float, str, str]]:
     """(value before, value after, plan before, plan after) wherever the best plan changes."""
     out = []
     for a, b in itertools.pairwise(points):
-        if a.best and b.best and structural_key(a.best.plan) != structural_key(b.best.plan):
+        if a.best and b.best and structural_key(unsplit(a.best.plan)) != structural_key(unsplit(b.best.plan)):
             out.append((a.value, b.value, a.best.plan.label(), b.best.plan.label()))
     return out
 
