@@ -868,10 +868,11 @@ def _divisors_descending(n: int) -> list[int]:
 
 def _compute_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, compute: ComputeParams,
                      mbs: int, recompute: str, recompute_layers: int | None = None) -> float:
-    """The compute, recomputation and bubble of the busiest stage of ``plan`` at micro-batch size ``mbs``
-    and ``recompute``, the fixed step overhead and the communication no compute hides
-    (``_critical_comm_s``) [s]: every term of the step time except the hideable communication, contention
-    and the optimizer step, all of which are non-negative."""
+    """The compute, recomputation and bubble of the busier of the first and last stages of ``plan`` (a
+    middle stage may be busier still: a lower bound all the same) at micro-batch size ``mbs`` and
+    ``recompute``, the fixed step overhead and the communication no compute hides (``_critical_comm_s``)
+    [s]: every term of the step time except the hideable communication, contention and the optimizer
+    step, all of which are non-negative."""
     m = _micro_batches(job, plan.dp, mbs)
     return (_shape_bound_s(model, cluster.accelerator, compute, job, plan.tp, plan.cp, plan.ep, plan.expert_tp,
                            plan.pp, plan.schedule, plan.vpp, plan.layout, plan.sequence_parallel,
