@@ -868,11 +868,10 @@ def _divisors_descending(n: int) -> list[int]:
 
 def _compute_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, compute: ComputeParams,
                      mbs: int, recompute: str, recompute_layers: int | None = None) -> float:
-    """The compute, recomputation and bubble of the busier of the first and last stages of ``plan`` (a
-    middle stage may be busier still: a lower bound all the same) at micro-batch size ``mbs`` and
-    ``recompute``, the fixed step overhead and the communication no compute hides (``_critical_comm_s``)
-    [s]: every term of the step time except the hideable communication, contention and the optimizer
-    step, all of which are non-negative."""
+    """The compute, recomputation and bubble of the busiest stage of ``plan`` (of ``bounding_stages``) at
+    micro-batch size ``mbs`` and ``recompute``, the fixed step overhead and the communication no compute
+    hides (``_critical_comm_s``) [s]: every term of the step time except the hideable communication,
+    contention and the optimizer step, all of which are non-negative."""
     m = _micro_batches(job, plan.dp, mbs)
     return (_shape_bound_s(model, cluster.accelerator, compute, job, plan.tp, plan.cp, plan.ep, plan.expert_tp,
                            plan.pp, plan.schedule, plan.vpp, plan.layout, plan.sequence_parallel,
@@ -940,7 +939,7 @@ def _shape_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: Comp
     stages = stage_layers(model, pp, layout, _round_robin_chunks(schedule, vpp))
     tokens = mbs * job.seq_len / cp
     worst = 0.0
-    for s in (0,) if pp == 1 else (0, pp - 1):
+    for s in bounding_stages(stages):
         n_dense, n_moe = stages[s]
         t_f, t_b, t_w, t_r, _, hf, hb = _stage_compute_times(
             model, accelerator, compute, job, tokens, tp, cp, ep, etp, sp, cp_chunked, n_dense, n_moe, s == pp - 1,

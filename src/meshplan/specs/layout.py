@@ -13,6 +13,7 @@ cannot carry them (its items are comma-separated).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,8 +35,10 @@ class Chunk:
     loss: bool
 
 
+@functools.lru_cache(maxsize=256)
 def parse_layout(text: str, field: str = "plan.layout") -> tuple[Chunk, ...]:
-    """The chunks of a layout string; SpecError naming ``field`` if it is malformed."""
+    """The chunks of a layout string; SpecError naming ``field`` if it is malformed (memoised: every
+    Plan with a layout checks it on construction)."""
     s = text.replace(" ", "").replace(",", "")  # Megatron treats commas as cosmetic
     for _ in range(64):  # innermost groups first
         expanded = _GROUP.sub(lambda g: g.group(1) * int(g.group(2)), s)
