@@ -46,6 +46,38 @@ def test_pipeline_bubbles(schedule, chunks, bubble):
         assert makespan - 3 * m == pytest.approx(bubble)
 
 
+@pytest.mark.parametrize("pp", [4, 16, 64])
+def test_a_lighter_last_stage_does_not_lengthen_1f1b(pp):
+    """1F1B runs Megatron's fixed per-stage order: its makespan is (m + p - 1) chunks of the heavier stages
+    whether the last stage is as heavy or lighter (it holds fewer layers, or the loss alone). A greedy
+    earliest-ready choice had taken 164.7 s against 102.3 s for 64 stages and 512 micro-batches."""
+    m, f, b, hop = 8 * pp, 0.044, 0.132, 0.001
+    even, _ = schedule_pipeline(schedule="1f1b", pp=pp, m=m, chunks=1, f_s=[f] * pp, b_s=[b] * pp, w_s=[0] * pp,
+                                p2p_s=hop)
+    light, tasks = schedule_pipeline(schedule="1f1b", pp=pp, m=m, chunks=1, f_s=[f] * (pp - 1) + [0.8 * f],
+                                     b_s=[b] * (pp - 1) + [0.7 * b], w_s=[0] * pp, p2p_s=hop)
+    assert light <= even
+    exact, _ = schedule_pipeline(schedule="1f1b", pp=pp, m=m, chunks=1, f_s=[f] * (pp - 1) + [0.8 * f],
+                                 b_s=[b] * (pp - 1) + [0.7 * b], w_s=[0] * pp, p2p_s=0.0)
+    full = (m + pp - 1) * (f + b)  # Narayanan et al. 2021; the lighter stage shortens only its own turns
+    assert full - (f + b) <= exact <= full
+    first = [t for t in tasks if t.stage == 0]
+    assert max(t.mb for t in first if t.kind == "F" and t.start_s < min(u.start_s for u in first if u.kind == "B")) \
+        == pp - 1  # warm-up: pp - 1 forwards, then one forward and one backward in turn
+
+
+def test_the_simulator_agrees_with_the_closed_form_on_64_stages():
+    """Llama 3.1 405B on 64 stages of 1 and 2 layers: the simulated bubble is the closed form's."""
+    from meshplan.calibration import compute_params_for
+
+    model, cluster = load_model("llama-3.1-405b"), load_cluster("h100-sxm", nodes=32)
+    job = JobSpec(global_batch_tokens=4 * 2**20, seq_len=8192)
+    est = evaluate(model, cluster, job, parse_plan("tp=4,pp=64,mbs=1,recompute=full,sharding=megatron"))
+    cp = compute_params_for(cluster.accelerator.name, job.software)
+    sim = simulate(est, slowdown=cp.comm_slowdown, step_overhead_s=cp.step_overhead_s)
+    assert sim.step_time_s == pytest.approx(est.step_time_s, rel=0.05)
+
+
 def test_zb_v_is_near_zero_bubble():
     makespan, _ = schedule_pipeline(schedule="zb-v", pp=4, m=64, chunks=2, f_s=[1] * 4, b_s=[1] * 4, w_s=[1] * 4,
                                     p2p_s=0.0)

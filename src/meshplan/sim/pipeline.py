@@ -1,10 +1,12 @@
-"""Chunk-level pipeline schedule across stages: greedy list scheduling with schedule-specific priorities.
+"""Chunk-level pipeline schedule across stages.
 
 Each stage runs one chunk at a time. A forward chunk waits for the previous virtual stage's forward of
 the same micro-batch (plus the send/recv time), a backward chunk for the next virtual stage's backward.
-Priorities: backward before forward (1F1B), and for zero-bubble schedules the weight-gradient part W
-is split off and runs only when nothing else is ready (Qi et al. 2024). Forwards in flight per stage
-are capped as each schedule's memory budget allows (1F1B: p - s).
+1F1B runs each stage's tasks in Megatron's fixed order (warm-up forwards, then one forward and one
+backward in turn). The other schedules are list-scheduled greedily with schedule-specific priorities:
+backward before forward, and for zero-bubble schedules the weight-gradient part W is split off and runs
+only when nothing else is ready (Qi et al. 2024); forwards in flight per stage are capped as each
+schedule's memory budget allows.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def schedule_pipeline(*, schedule: str, pp: int, m: int, chunks: int, f_s: list[
             if split_w:
                 tasks.append(Task(s, "W", k, j, w_s[s] / chunks, deps=[t]))
         tasks += fwd + bwd
+    if schedule == "1f1b" and chunks == 1:
+        return _run_in_order(pp, [_one_f_one_b(pp, s, m, tasks) for s in range(pp)], p2p_s), tasks
     cap = {s: _cap(schedule, pp, s, m, chunks) for s in range(pp)}
     free = [0.0] * pp
     inflight = [0] * pp
@@ -96,6 +100,44 @@ def schedule_pipeline(*, schedule: str, pp: int, m: int, chunks: int, f_s: list[
             inflight[s] += 1 if t.kind == "F" else -1 if t.kind == "B" else 0
         remaining -= 1
     return max(free), tasks
+
+
+def _one_f_one_b(pp: int, s: int, m: int, tasks: list[Task]) -> list[Task]:
+    """Stage ``s``'s tasks in Megatron's 1F1B order: pp - s - 1 warm-up forwards, then a forward and a
+    backward in turn, then the remaining backwards (``forward_backward_pipelining_without_interleaving``,
+    megatron/core/pipeline_parallel/schedules.py). A greedy choice of the earliest-ready task does not keep
+    it: with a last stage lighter than the others (a stage of fewer layers, or one holding the loss alone)
+    it ran forwards ahead, and the step of Llama 3.1 405B on 64 stages came out 60 % long."""
+    mine = {(t.kind, t.mb): t for t in tasks if t.stage == s}
+    warm = min(pp - s - 1, m)
+    order = [mine["F", k] for k in range(warm)]
+    for i in range(m - warm):
+        order += [mine["F", warm + i], mine["B", i]]
+    return order + [mine["B", k] for k in range(m - warm, m)]
+
+
+def _run_in_order(pp: int, orders: list[list[Task]], p2p_s: float) -> float:
+    """Start every task as soon as its stage is free and its dependencies have ended (a cross-stage one
+    ``p2p_s`` later), each stage running its ``orders`` list in order; the makespan [s]."""
+    free = [0.0] * pp
+    heads = [0] * pp
+    left = sum(len(o) for o in orders)
+    while left:
+        moved = False
+        for s in range(pp):
+            while heads[s] < len(orders[s]):
+                t = orders[s][heads[s]]
+                if any(math.isnan(d.end_s) for d in t.deps):
+                    break
+                start = max([free[s]] + [d.end_s + (p2p_s if d.stage != s else 0.0) for d in t.deps])
+                t.start_s, t.end_s = start, start + t.dur_s
+                free[s] = t.end_s
+                heads[s] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            raise RuntimeError("pipeline schedule deadlocked")
+    return max(free)
 
 
 def _order_key(t: Task, pp: int, chunks: int) -> tuple[int, int, int]:
