@@ -92,8 +92,7 @@ def is_embedding_loss_layout(layout: str) -> bool:
     if not layout:
         return False
     chunks = parse_layout(layout)
-    return embedding_loss_layout(sum(c.layers for c in chunks), len(chunks)) == layout and not any(
-        c.mtp for c in chunks)
+    return embedding_loss_layout(sum(c.layers for c in chunks), len(chunks)) == layout
 
 
 def resplit(layout: str, n_layers: int) -> str:
