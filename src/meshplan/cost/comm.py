@@ -338,12 +338,16 @@ def _pipeline(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffic) -> N
 
 
 def comm_ledger(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, groups: dict[str, Group],
-                st: StageTraffic) -> list[CommEntry]:
-    """Every collective of one step on a GPU of the stage described by ``st``."""
+                st: StageTraffic, *, in_layer: bool = False) -> list[CommEntry]:
+    """Every collective of one step on a GPU of the stage described by ``st``; with ``in_layer`` only those
+    inside the layers (tensor, context and expert parallelism), without the data-parallel and pipeline
+    traffic between them."""
     led = _Ledger(cluster, groups)
-    _data_parallel(led, plan, job, st)
+    if not in_layer:
+        _data_parallel(led, plan, job, st)
     _tensor_parallel(led, model, plan, st)
     _context_parallel(led, model, plan, st)
     _expert_parallel(led, model, plan, job, st)
-    _pipeline(led, model, plan, st)
+    if not in_layer:
+        _pipeline(led, model, plan, st)
     return led.entries

@@ -883,33 +883,35 @@ def _critical_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan:
                      recompute: str, recompute_layers: int | None) -> float:
     """The communication no compute hides (window 'none': tensor parallelism without async TP, Ulysses
     all-to-alls, expert all-to-alls without overlap) of the lighter of the first and last stages at
-    micro-batch size ``mbs`` [s]: every stage's step time includes its own in full."""
+    micro-batch size ``mbs`` [s]: every stage's step time includes its own in full. Each such collective
+    runs a fixed number of times per micro-batch, so this is ``m`` times its value for one micro-batch."""
     if not ((plan.tp > 1 and not plan.async_tp) or (plan.cp > 1 and plan.context_impl == "a2a")
             or (plan.ep > 1 and model.n_moe_layers and not plan.ep_overlap)):
         return 0.0
-    return _critical_comm_cached(model, cluster, job, plan.tp, plan.sequence_parallel, plan.async_tp,
-                                 plan.sharding == "megatron", plan.cp, plan.context_impl, plan.ep, plan.expert_tp,
-                                 plan.ep_dispatch,
-                                 plan.ep_overlap, plan.pp, plan.layout, _round_robin_chunks(plan.schedule, plan.vpp),
-                                 mbs, m, recompute, recompute_layers, plan)
+    return m * _critical_comm_cached(model, cluster, job, plan.tp, plan.sequence_parallel, plan.async_tp,
+                                     plan.sharding == "megatron", plan.cp, plan.context_impl, plan.ep,
+                                     plan.expert_tp, plan.ep_dispatch, plan.ep_overlap, plan.pp, plan.layout,
+                                     _round_robin_chunks(plan.schedule, plan.vpp), mbs, recompute, recompute_layers,
+                                     plan)
 
 
 @cache_by_identity(n_specs=3, n_unkeyed=1)
 def _critical_comm_cached(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, tp: int, sp: bool, async_tp: bool,
                           megatron: bool, cp: int, context_impl: str, ep: int, etp: int, ep_dispatch: str | None,
-                          ep_overlap: bool, pp: int, layout: str, chunks: int, mbs: int, m: int, recompute: str,
+                          ep_overlap: bool, pp: int, layout: str, chunks: int, mbs: int, recompute: str,
                           recompute_layers: int | None, plan: Plan) -> float:
-    """``_critical_comm_s``, memoised on the plan fields the TP, CP and EP ledgers read (their groups do not
-    depend on data parallelism): plans that differ only in data-parallel layout or sharding share it."""
+    """``_critical_comm_s`` of one micro-batch, memoised on the plan fields the TP, CP and EP ledgers read
+    (their groups do not depend on data parallelism): plans that differ only in data-parallel layout or
+    sharding share it."""
     groups = axis_groups(plan, cluster)
     stages = stage_layers(model, pp, layout, chunks)
     least = float("inf")
     for s in sorted({0, pp - 1}):
         n_dense, n_moe = stages[s]
         st = StageTraffic(units=(), n_layers=n_dense + n_moe, n_moe_layers=n_moe, has_embedding=s == 0,
-                          has_lm_head=s == pp - 1, tokens=mbs * job.seq_len / cp, m=m,
+                          has_lm_head=s == pp - 1, tokens=mbs * job.seq_len / cp, m=1,
                           recomputed=recomputed_layers(recompute, recompute_layers, n_dense, n_moe), stage=s)
-        least = min(least, sum(e.time_s for e in comm_ledger(model, cluster, job, plan, groups, st)
+        least = min(least, sum(e.time_s for e in comm_ledger(model, cluster, job, plan, groups, st, in_layer=True)
                                if e.window == "none"))
     return least
 
