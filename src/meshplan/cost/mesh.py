@@ -77,8 +77,8 @@ def _axis_groups(tp: int, cp: int, ds: int, dr: int, pp: int, ep: int, etp: int,
 
 
 def _pp_stride(plan: Plan) -> int:
-    """Ranks between pipeline stages: the inner degrees (pp is outermost, as in _axis_groups)."""
-    return plan.tp * plan.cp * plan.dp_shard * plan.dp_replicate
+    """Ranks between pipeline stages: one stage's ranks (pp is outermost, as in _axis_groups)."""
+    return plan.world_size // plan.pp
 
 
 def _boundary_intra(stride: int, a: int, b: int, gpus_per_node: int) -> bool:

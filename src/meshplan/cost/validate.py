@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
-from meshplan.specs.layout import embedding_loss_layout, parse_layout
+from meshplan.specs.layout import parse_layout
 from meshplan.specs.plan import RECOMPUTE_MODULES
 
 
@@ -56,7 +56,7 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
             raise SpecError("plan.layout", f"lists {mtp} MTP layers (m); {model.name} has "
                                            f"mtp_layers={model.mtp_layers}")
     if plan.model_chunks > 1 and model.n_layers < chunks and not plan.layout:  # a layout's ranks each hold one
-        split = embedding_loss_layout(model.n_layers, chunks) if not model.mtp_layers else None
+        split = model.embedding_loss_layout(chunks)
         hint = (f", or give Megatron's split with the embedding and the loss as slots: layout={split}" if split
                 else "")
         raise SpecError("plan.vpp", f"pp x chunks = {plan.pp} x {plan.model_chunks} model chunks for "

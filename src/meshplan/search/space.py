@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 
 from meshplan.cost.validate import ulysses_fits
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
-from meshplan.specs.layout import embedding_loss_layout
 from meshplan.specs.plan import FRAMEWORK_CP, FRAMEWORK_EP_DISPATCH, FRAMEWORK_SCHEDULES
 
 FAMILIES = ("ddp", "fsdp", "hsdp", "tp", "pp", "cp", "ep")
@@ -163,13 +162,13 @@ def _pipeline_options(model: ModelSpec, pp: int, space: Space) -> Iterator[tuple
                         yield schedule, v, ""
                 elif model.n_layers % chunks == 0:
                     yield schedule, v, ""
-                elif split := embedding_loss_layout(model.n_layers, chunks):
+                elif split := model.embedding_loss_layout(chunks):
                     yield schedule, v, split
         elif schedule == "zb-v":
             if model.n_layers % (2 * pp) == 0:
                 yield schedule, 1, ""
         else:  # one chunk per rank: the even split, or Megatron's where only it is even
-            yield schedule, 1, "" if model.mtp_layers else embedding_loss_layout(model.n_layers, pp) or ""
+            yield schedule, 1, model.embedding_loss_layout(pp) or ""
 
 
 def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space) -> Iterator[Plan]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from meshplan.errors import SpecError
 from meshplan.specs._validate import boolean, non_negative_int, one_of, positive_int, positive_number
+from meshplan.specs.layout import embedding_loss_layout
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,6 +172,12 @@ class ModelSpec:
         if not self.attention_window:
             return 0
         return self.n_layers - (self.n_layers // self.global_attention_every if self.global_attention_every else 0)
+
+    def embedding_loss_layout(self, chunks: int) -> str | None:
+        """specs.layout.embedding_loss_layout for this model's layers over ``chunks`` model chunks; None for a
+        model with multi-token prediction, whose layouts give the MTP layer and the loss the last chunk
+        (cost.pipeline.mtp_chunk_layers) instead."""
+        return None if self.mtp_layers else embedding_loss_layout(self.n_layers, chunks)
 
     @property
     def is_moe(self) -> bool:

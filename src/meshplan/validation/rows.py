@@ -16,7 +16,6 @@ from meshplan.catalog import load_cluster, load_model
 from meshplan.cost.step import evaluate
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
-from meshplan.specs.layout import embedding_loss_layout
 from meshplan.units import GiB
 from meshplan.validation.recipes import RecipeSettings, moe_recipe, recipe_layout, recipe_recompute
 
@@ -360,8 +359,8 @@ def _plan(row: dict[str, str], model: ModelSpec,
         mbs = int(stated.group(1)) if stated else None
     schedule, v = "1f1b", 1
     split = ""
-    if group in MEGATRON_CORE_GROUPS and pp > 1 and not model.mtp_layers:
-        split = embedding_loss_layout(model.n_layers, pp * (vpp or 1)) or ""
+    if group in MEGATRON_CORE_GROUPS and pp > 1:
+        split = model.embedding_loss_layout(pp * (vpp or 1)) or ""
         if split:
             imputed = (*imputed, f"layout={split} from {EMBEDDING_LOSS_SPLIT}")
     if pp > 1 and vpp and vpp > 1 and (model.n_layers >= pp * vpp or split):  # uneven chunks: Megatron layouts
