@@ -292,3 +292,22 @@ def test_partial_recompute_needs_full_recompute(capsys):
     code = main(["evaluate", "--plan", "dp_shard=64,recompute=sac,recompute_layers=4"])
     err = capsys.readouterr().err
     assert code == 2 and "plan.recompute_layers" in err and "recompute=full" in err
+
+
+def test_a_condition_says_why_the_recommendation_is_out():
+    """'no longer fits' only when memory is the reason; a plan broken by its schedule's batch rule cannot run."""
+    from meshplan import JobSpec, load_cluster, load_model, parse_plan
+    from meshplan.cost.step import evaluate
+    from meshplan.search.conditions import _gain_text
+
+    model, cluster = load_model("seed-70b"), load_cluster("h100-sxm", nodes=8)
+    job = JobSpec(global_batch_tokens=4 * 2**20, seq_len=4096)
+    ddp = evaluate(model, cluster, job, parse_plan("dp_replicate=64"))
+    odd = evaluate(model, cluster, JobSpec(global_batch_tokens=12 * 4096, seq_len=4096),
+                   parse_plan("tp=8,pp=8,schedule=interleaved,vpp=2,mbs=1"))
+    assert not ddp.feasible and ddp.memory.headroom_bytes < 0
+    assert not odd.feasible and odd.memory.headroom_bytes >= 0, odd.infeasible_reasons
+    assert _gain_text(float("inf"), ddp) == "the recommendation no longer fits"
+    assert _gain_text(float("inf"), odd) == "the recommendation cannot run there"
+    assert _gain_text(float("inf"), None) == "the recommendation cannot be built there"
+    assert _gain_text(1.234, ddp) == "1.23x faster"

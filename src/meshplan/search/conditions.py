@@ -255,8 +255,7 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
         other = confirmed
         base_then = _evaluate_at(knob, hi, base, mfu)
         speedup = (base_then.step_time_s / other.step_time_s) if (base_then and base_then.feasible) else float("inf")
-        gain = (f"{speedup:.2f}x faster" if not math.isinf(speedup) else "the recommendation no longer fits"
-                if base_then is not None else "the recommendation cannot be built there")
+        gain = _gain_text(speedup, base_then)
         text = (f"{direction} {knob.fmt(hi)}" if knob.continuous else f"at {knob.fmt(hi)}")
         label = changed_label(other.plan, base_then.plan if base_then else base.plan)
         text += f", {label} is best ({gain})"
@@ -266,6 +265,18 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
                          base_value=knob.base, plan=other.plan.label(), plan_string=structural_key(other.plan),
                          speedup=speedup, text=text)
     return None
+
+
+def _gain_text(speedup: float, base_then: Estimate | None) -> str:
+    """What the new answer gains over the recommendation re-evaluated at the condition (``base_then``):
+    a speed-up, or why the recommendation is out (it cannot be built, does not fit in memory, or breaks a
+    rule of its schedule or batch, as ``base_then``'s first reason says)."""
+    if not math.isinf(speedup):
+        return f"{speedup:.2f}x faster"
+    if base_then is None:
+        return "the recommendation cannot be built there"
+    return ("the recommendation no longer fits" if base_then.memory.headroom_bytes < 0
+            else "the recommendation cannot run there")
 
 
 def _evaluate_at(knob: _Knob, value: float, base: Estimate, mfu: float | None) -> Estimate | None:
