@@ -136,7 +136,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     model, cluster, job = _scenario(args)
     analysis = analyse(model, cluster, job, space=_space(args), mfu=args.mfu, with_conditions=not args.no_conditions,
-                       progress=_progress("searching"))
+                       progress=_progress("searching"), workers=args.jobs)
     if args.json:
         out = plan_analysis_dict(analysis, top=args.top if args.top else None)
         out["profile_notes"] = args.profile_notes
@@ -158,7 +158,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     model, cluster, job = _scenario(args)
     name, lo, hi = parse_range(args.vary)
-    points = sweep(model, cluster, job, name, geometric(lo, hi, args.points), space=_space(args), mfu=args.mfu)
+    points = sweep(model, cluster, job, name, geometric(lo, hi, args.points), space=_space(args), mfu=args.mfu,
+                   workers=args.jobs)
     if args.plot:
         from meshplan.report.charts import sweep_chart
 
@@ -196,13 +197,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     model, cluster, job = _scenario(args)
     space = _space(args)
     analysis = analyse(model, cluster, job, space=space, mfu=args.mfu, with_conditions=not args.no_conditions,
-                       progress=_progress("searching"))
+                       progress=_progress("searching"), workers=args.jobs)
     b, bw = job.global_batch_tokens, cluster.inter.nic_bytes_per_s / 1e9
     sweeps = {
         "batch-tokens": sweep(model, cluster, job, "batch-tokens", geometric(max(job.seq_len * cluster.n_gpus // 8,
-                                                                                   b / 16), b * 4, 7), space=space),
+                                                                                   b / 16), b * 4, 7), space=space,
+                              workers=args.jobs),
         "inter-node-bandwidth": sweep(model, cluster, job, "inter-node-bandwidth", geometric(bw / 8, bw * 2, 6),
-                                      space=space),
+                                      space=space, workers=args.jobs),
     }
     html_path, md_path = write_report(analysis, sweeps, Path(args.out))
     print(f"wrote {html_path} and {md_path}")
@@ -266,6 +268,11 @@ def _register_harness(sub: Any) -> None:
         module.register(sub, _add_scenario)
 
 
+def _add_jobs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", type=positive_size, default=None, metavar="N",
+                   help="CPU cores for the independent searches (conditions, sweep points); default: all available")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="meshplan", description="Plan how to parallelise transformer training on a GPU cluster.")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
@@ -275,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="full: every parallelism; dp-tp: DDP, FSDP, HSDP and TP x FSDP only")
     pl.add_argument("--top", type=positive_size, default=None, help="plans to list (text: 10; json: all)")
     pl.add_argument("--no-conditions", action="store_true", help="skip the conditions-of-change sweeps")
+    _add_jobs(pl)
     _add_profile(pl)
     pl.set_defaults(func=cmd_plan)
     ev = sub.add_parser("evaluate", help="evaluate one plan")
@@ -293,12 +301,14 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--points", type=positive_size, default=9, help="values, geometrically spaced (default 9)")
     sw.add_argument("--space", choices=("full", "dp-tp"), default="full")
     sw.add_argument("--plot", metavar="FILE.png", help="write the sweep chart")
+    _add_jobs(sw)
     sw.set_defaults(func=cmd_sweep)
     rp = sub.add_parser("report", help="write an HTML and Markdown report with charts")
     _add_scenario(rp)
     rp.add_argument("--out", default="meshplan-report", help="output directory (default meshplan-report)")
     rp.add_argument("--space", choices=("full", "dp-tp"), default="full")
     rp.add_argument("--no-conditions", action="store_true")
+    _add_jobs(rp)
     rp.set_defaults(func=cmd_report)
     from meshplan.validation.command import register as register_validate
 

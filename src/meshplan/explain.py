@@ -161,8 +161,10 @@ def _fsdp_traffic(est: Estimate) -> tuple[float, float, float, float]:
 
 
 def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Space | None = None,
-            mfu: float | None = None, with_conditions: bool = True, progress=None) -> PlanAnalysis:
-    """Search, recommend, and answer the worked example's four questions for this scenario."""
+            mfu: float | None = None, with_conditions: bool = True, progress=None,
+            workers: int | None = None) -> PlanAnalysis:
+    """Search, recommend, and answer the worked example's four questions for this scenario (the conditions
+    of change on up to ``workers`` cores, default all)."""
     space = space or Space()
     result = search(model, cluster, job, space, mfu=mfu, progress=progress, refine_top=REFINE_TOP)
     n, g = cluster.n_gpus, cluster.gpus_per_node
@@ -320,7 +322,8 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
                 if key not in seen:
                     seen.add(key)
                     candidates.append(e.plan)
-            conditions = find_conditions(model, cluster, job, best, best_of, candidates=candidates, mfu=mfu)
+            conditions = find_conditions(model, cluster, job, best, best_of, candidates=candidates, mfu=mfu,
+                                         workers=workers)
     measurements = measure_first(best, conditions) if best else []
     questions.append(q4)
     return PlanAnalysis(model=model, cluster=cluster, job=job, result=result, conditions=conditions,

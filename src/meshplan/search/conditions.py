@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from meshplan.cost.estimate import Estimate
+from meshplan.parallel import parallel_map
 from meshplan.search.rank import TIE_BAND
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.specs.layout import is_embedding_loss_layout, resplit
@@ -163,23 +164,23 @@ def _resplit(plan: Plan, model: ModelSpec) -> Plan:
 
 def find_conditions(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, recommended: Estimate,
                     search_best: SearchFn, *, candidates: list[Plan] | None = None, steps: int = 3,
-                    bisections: int = 4, only: tuple[str, ...] | None = None, mfu: float | None = None
-                    ) -> list[Condition]:
+                    bisections: int = 4, only: tuple[str, ...] | None = None, mfu: float | None = None,
+                    workers: int | None = None) -> list[Condition]:
     """Thresholds, one per condition and direction where the recommendation changes within ``steps``
     doublings (halvings) of the condition.
 
     The walk and the bisection evaluate ``candidates`` (the leading plans of the base search and the best
     of each family, re-sized to the GPU count) at each value; the value where the answer changes is then
-    confirmed by a full search (``search_best``), whose answer is the one reported."""
-    out: list[Condition] = []
-    for knob in _knobs(model, cluster, job):
-        if only and knob.name not in only:
-            continue
-        for direction, factor in (("below", 0.5), ("above", 2.0)):
-            cond = _walk(knob, direction, factor, recommended, search_best, candidates, steps, bisections, mfu)
-            if cond:
-                out.append(cond)
-    return out
+    confirmed by a full search (``search_best``), whose answer is the one reported. The walks are
+    independent and run on up to ``workers`` cores (default: all; parallel.parallel_map)."""
+    walks = [(knob, direction, factor) for knob in _knobs(model, cluster, job) if not only or knob.name in only
+             for direction, factor in (("below", 0.5), ("above", 2.0))]
+
+    def walk(i: int) -> Condition | None:
+        knob, direction, factor = walks[i]
+        return _walk(knob, direction, factor, recommended, search_best, candidates, steps, bisections, mfu)
+
+    return [c for c in parallel_map(walk, range(len(walks)), workers) if c]
 
 
 def _candidates_best(knob: _Knob, v: float, candidates: list[Plan], mfu: float | None) -> Estimate | None:

@@ -17,6 +17,7 @@ from meshplan.cost.step import (
     recompute_options,
     step_time_lower_bound_s,
 )
+from meshplan.parallel import parallel_map
 from meshplan.search.rank import TIE_BAND, pareto_front, rank
 from meshplan.search.space import Space, enumerate_plans, family, needs_more_memory, option_variants
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
@@ -158,8 +159,9 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
             if e.feasible and id(e) not in seen and all(family(t.plan) != fam for t in top):
                 top.append(e)
                 seen.add(id(e))
-        refined = {id(e): refine(e, slowdown=compute.comm_slowdown, step_overhead_s=compute.step_overhead_s)
-                   for e in top}
+        timed = parallel_map(lambda e: refine(e, slowdown=compute.comm_slowdown,
+                                              step_overhead_s=compute.step_overhead_s), top)
+        refined = {id(e): r for e, r in zip(top, timed, strict=True)}
         ranked = rank([refined.get(id(e), e) for e in ranked])
     return SearchResult(ranked=ranked, n_plans=len(results), n_configurations=n_cfg,
                         elapsed_s=time.perf_counter() - t0, n_pruned=n_pruned)

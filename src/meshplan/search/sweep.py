@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from meshplan.cost.estimate import Estimate
 from meshplan.errors import SpecError
+from meshplan.parallel import parallel_map
 from meshplan.search.conditions import knob, structural_key, unsplit
 from meshplan.search.search import search
 from meshplan.search.space import Space
@@ -45,18 +46,20 @@ def geometric(lo: float, hi: float, points: int) -> list[float]:
 
 
 def sweep(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, name: str, values: list[float], *,
-          space: Space | None = None, mfu: float | None = None) -> list[SweepPoint]:
+          space: Space | None = None, mfu: float | None = None, workers: int | None = None) -> list[SweepPoint]:
+    """The best plan, and the best of each family, at each of ``values`` of condition ``name`` (values where
+    the scenario cannot be built are left out); the searches run on up to ``workers`` cores (default: all)."""
     k = knob(model, cluster, job, name)
-    out = []
-    for v in values:
-        if k.integer:
-            v = float(round(v))
+    values = [float(round(v)) if k.integer else v for v in values]
+
+    def point(v: float) -> SweepPoint | None:
         scenario = k.apply(v)
         if scenario is None:
-            continue
+            return None
         res = search(*scenario, space, mfu=mfu)
-        out.append(SweepPoint(v, res.recommended, {f: e for f, e in res.best_by_family().items() if e.feasible}))
-    return out
+        return SweepPoint(v, res.recommended, {f: e for f, e in res.best_by_family().items() if e.feasible})
+
+    return [p for p in parallel_map(point, values, workers) if p is not None]
 
 
 def changes(points: list[SweepPoint]) -> list[tuple[float, float, str, str]]:

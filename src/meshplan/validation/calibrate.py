@@ -21,15 +21,14 @@ Procedure (docs/calibration.md):
 
 from __future__ import annotations
 
-import concurrent.futures
 import math
-import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from meshplan.calibration import _load, band_keys, family, params_from, stack_key
 from meshplan.cost.compute import ComputeParams
+from meshplan.parallel import parallel_map
 from meshplan.validation.validate import RowResult, predict
 
 GOLDEN = (math.sqrt(5) - 1) / 2
@@ -240,12 +239,7 @@ def cross_validate(rows: list[RowResult], *, k: int = 5, rounds: int = MAX_ROUND
     for held in parts:
         held_ids = {r.row for r in held}
         jobs.append(([r for r in modelled if r.row not in held_ids], held, rounds))
-    workers = min(len(jobs), os.cpu_count() or 1)
-    if workers > 1:
-        with concurrent.futures.ProcessPoolExecutor(workers) as pool:
-            outcomes = list(pool.map(_fold, jobs))
-    else:
-        outcomes = [_fold(j) for j in jobs]
+    outcomes = parallel_map(_fold, jobs)
     by_row = {r.row: r for r in modelled}
     for i, preds in enumerate(outcomes):
         for row, pred in preds:
