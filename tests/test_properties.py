@@ -271,3 +271,41 @@ def test_option_variants_said_to_need_more_memory_do(model, cluster, job, data):
     base, other = (evaluate(model, cluster, job, replace(p, **fixed)) for p in (plan, variant))
     if needs_more_memory(variant):
         assert other.memory.peak_bytes >= base.memory.peak_bytes * (1 - 1e-12)
+
+
+@SETTINGS
+@given(models(), clusters(), jobs(), st.data())
+def test_unhidden_in_layer_traffic_is_m_times_one_micro_batchs(model, cluster, job, data):
+    """The bound memoises the communication no compute hides for one micro-batch and scales it by the
+    micro-batch count: it must equal that traffic in the step's whole ledger, stage by stage."""
+    from meshplan.cost.comm import StageTraffic, comm_ledger
+    from meshplan.cost.mesh import axis_groups
+    from meshplan.cost.pipeline import stage_layers
+    from meshplan.cost.step import (
+        _critical_comm_s,
+        _micro_batches,
+        _round_robin_chunks,
+        micro_batch_sizes,
+        recompute_options,
+        recomputed_layers,
+    )
+    from meshplan.search.space import Space, enumerate_plans, option_variants
+
+    plans = list(enumerate_plans(model, cluster, job, Space(max_vpp=2)))
+    if not plans:
+        return
+    plan = data.draw(st.sampled_from(plans))
+    plan = data.draw(st.sampled_from([plan, *option_variants(model, cluster, job, plan)]))
+    b = data.draw(st.sampled_from(micro_batch_sizes(job, plan.dp)))
+    rc = data.draw(st.sampled_from(recompute_options(model, job, plan)[0]))
+    m = _micro_batches(job, plan.dp, b)
+    stages = stage_layers(model, plan.pp, plan.layout, _round_robin_chunks(plan.schedule, plan.vpp))
+    whole = []
+    for s in sorted({0, plan.pp - 1}):
+        n_dense, n_moe = stages[s]
+        traffic = StageTraffic(units=(), n_layers=n_dense + n_moe, n_moe_layers=n_moe, has_embedding=s == 0,
+                               has_lm_head=s == plan.pp - 1, tokens=b * job.seq_len / plan.cp, m=m,
+                               recomputed=recomputed_layers(rc, None, n_dense, n_moe), stage=s)
+        whole.append(sum(e.time_s for e in comm_ledger(model, cluster, job, plan, axis_groups(plan, cluster), traffic)
+                         if e.window == "none"))
+    assert _critical_comm_s(model, cluster, job, plan, b, m, rc, None) == pytest.approx(min(whole), rel=1e-9)
