@@ -259,9 +259,33 @@ def test_search_offers_deepep_and_the_overlap_only_where_they_change_something()
     assert across == {("deepep", False), (None, True), ("deepep", True)}
     inside = {(v.ep_dispatch, v.ep_overlap)
               for v in option_variants(model, load_cluster("h100-sxm", nodes=2), job, plan)}
-    assert inside == {(None, True)}  # DeepEP inside one NVLink node is an ordinary all-to-all
+    assert inside == {(None, True)}  # one expert per GPU inside a node: DeepEP sends what an all-to-all does
+    deepseek = load_model("deepseek-v3")
+    inside = {(v.ep_dispatch, v.ep_overlap) for v in option_variants(
+        deepseek, load_cluster("b200", nodes=2), job, parse_plan("ep=8,dp_shard=16,sharding=megatron"))}
+    assert ("deepep", False) in inside  # 32 experts per GPU: a token's 8 often share one
     piped = parse_plan("ep=8,dp_shard=8,pp=2,sharding=megatron")
     assert not list(option_variants(model, load_cluster("h100-sxm", nodes=2), job, piped))
+
+
+def test_deepep_sends_each_token_once_per_gpu_inside_a_node():
+    """Inside one NVLink domain DeepEP / HybridEP send a token once to each other GPU holding one of its
+    experts, not once per routed copy: DeepSeek-V3 (256 experts, top-8, 8 groups of which 4) on 8 GPUs,
+    one group per GPU, reaches (by the group-limited count) fewer than 8 x 7/8 GPUs per token."""
+    from meshplan.cost.collectives import remote_nodes_per_token
+    from meshplan.cost.step import evaluate as evaluate_plan
+
+    model, cluster = load_model("deepseek-v3"), load_cluster("b200", nodes=4)
+    job = JobSpec(global_batch_tokens=1_048_576, seq_len=4096)
+    base = "ep=8,dp_shard=16,pp=2,mbs=1,recompute=full,sharding=megatron"
+    a2a, dedup = (evaluate_plan(model, cluster, job, parse_plan(base + extra))
+                  for extra in ("", ",ep_dispatch=deepep"))
+    share = remote_nodes_per_token(256, 8, 8, 8, 4) / 8
+    assert share < 7 / 8
+    for a, d in zip(_a2a(a2a), _a2a(dedup), strict=True):
+        assert d.link == a.link and d.inter_node_bytes_per_gpu == a.inter_node_bytes_per_gpu == 0
+        assert d.bytes_per_gpu == pytest.approx(a.bytes_per_gpu * share / (7 / 8))
+        assert d.time_s < a.time_s
 
 
 def test_uneven_model_chunks_interleave():

@@ -1,10 +1,12 @@
-"""Run independent, CPU-bound tasks on several cores: the calibration's cross-validation folds and the
-conditions-of-change walks (each a series of searches).
+"""Run independent, CPU-bound tasks on several cores: the calibration's cross-validation folds, the
+conditions-of-change walks and sweep points (each a series of searches), the simulator's refinement of
+the leading plans.
 
-Workers are forked where the platform forks safely (Linux, from a single-threaded process), so the function may be a closure over specs
-and caches: it reaches the workers by inheritance, not by pickling; only the items and the results are
-pickled. Elsewhere, or with one worker, the tasks run in this process, in order. Results come back in the
-order of the items either way, so the output does not depend on the number of workers.
+Workers are forked where the platform forks safely (Linux, from a single-threaded process), so the
+function may be a closure over specs and caches: it reaches the workers by inheritance, not by pickling;
+only the items and the results are pickled. Elsewhere, or with one worker, the tasks run in this process,
+in order. Results come back in the order of the items either way, so the output does not depend on the
+number of workers.
 """
 
 from __future__ import annotations

@@ -149,19 +149,23 @@ def remote_nodes_per_token(n_experts: int, top_k: int, n_nodes: int, n_groups: i
 
 
 def collective_time_s(op: str, message_bytes: float, grp: Group, cluster: ClusterSpec, *,
-                      remote_share: float | None = None) -> float:
+                      remote_share: float | None = None, rank_share: float | None = None) -> float:
     """Time of one call of ``op`` with payload ``message_bytes`` on group ``grp`` [s]. 0 for a group of 1.
 
-    ``remote_share`` (all-to-all only) is a deduplicated dispatch (DeepEP): that fraction of the payload
-    leaves the node, through each GPU's own NIC, instead of the (n-r)/n every routed copy would; on the
-    destination node the copies fan out over NVLink, (r-1)/r of the payload."""
+    ``remote_share`` and ``rank_share`` (all-to-all only) describe a deduplicated dispatch (DeepEP,
+    HybridEP), which sends a token once to each node and each GPU holding one of its experts, not once per
+    routed copy: ``remote_share`` of the payload leaves the node, through each GPU's own NIC, instead of
+    the (n-r)/n every routed copy would; ``rank_share`` of it reaches another GPU at all (instead of
+    (n-1)/n), over NVLink inside the node and, across nodes, in the fan-out on the destination node,
+    (r-1)/r of it."""
     return _collective_time_s(cluster.intra, cluster.inter, op, message_bytes, grp.size, grp.ranks_per_node,
-                              cluster.gpus_per_node, remote_share)
+                              cluster.gpus_per_node, remote_share, rank_share)
 
 
 @cache_by_identity(n_specs=2)
 def _collective_time_s(intra: IntraNodeLink, inter: InterNodeLink, op: str, message_bytes: float, size: int,
-                       ranks_per_node: int, gpus_per_node: int, remote_share: float | None = None) -> float:
+                       ranks_per_node: int, gpus_per_node: int, remote_share: float | None = None,
+                       rank_share: float | None = None) -> float:
     """``collective_time_s`` on what it depends on (memoised): a group's time depends on its size and
     spread over nodes, not on its axis name."""
     cluster = _Links(intra, inter, gpus_per_node)
@@ -172,7 +176,8 @@ def _collective_time_s(intra: IntraNodeLink, inter: InterNodeLink, op: str, mess
     intra, inter = cluster.intra, cluster.inter
     if grp.n_nodes == 1:
         bw = intra_busbw(op, n, cluster) * size_efficiency(message_bytes, _half_size_bytes(op, intra))
-        return latency_s(op, grp, cluster) + message_bytes * busbw_factor(op, n) / bw
+        factor = rank_share if op == ALL_TO_ALL and rank_share is not None else busbw_factor(op, n)
+        return latency_s(op, grp, cluster) + message_bytes * factor / bw
     r = grp.ranks_per_node
     nic = _nic_bytes_per_s(cluster) * size_efficiency(message_bytes, _half_size_bytes(op, inter))
     alpha = latency_s(op, grp, cluster)
@@ -180,7 +185,8 @@ def _collective_time_s(intra: IntraNodeLink, inter: InterNodeLink, op: str, mess
         return alpha + message_bytes / nic
     if op == ALL_TO_ALL:
         if remote_share is not None:
-            leaving, staying = message_bytes * remote_share, message_bytes * (r - 1) / r
+            fanned = message_bytes * (rank_share if rank_share is not None else 1.0)
+            leaving, staying = message_bytes * remote_share, fanned * (r - 1) / r
         else:
             leaving, staying = message_bytes * (n - r) / n, message_bytes * (r - 1) / n
         t_intra = staying / intra_busbw(op, r, cluster) if r > 1 else 0.0

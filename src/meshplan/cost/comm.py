@@ -103,14 +103,18 @@ class _Ledger:
 
     def add(self, op: str, axis: str, purpose: str, phase: str, count: int, message_bytes: float,
             window: str, *, group: Group | None = None, edge_calls: float = 0.0, time_scale: float = 1.0,
-            remote_share: float | None = None, edge_call_s: float | None = None) -> None:
+            remote_share: float | None = None, rank_share: float | None = None,
+            edge_call_s: float | None = None) -> None:
         """``edge_call_s``: the time of one of the ``edge_calls`` no compute hides, where it differs from
-        the entry's own call (a pipeline fill crossing links the stage's own sends do not)."""
+        the entry's own call (a pipeline fill crossing links the stage's own sends do not).
+        ``remote_share``, ``rank_share``: a deduplicated all-to-all (collectives.collective_time_s)."""
         grp = group or self.groups[axis]
         if count <= 0 or message_bytes <= 0 or (grp.size <= 1 and op != SEND_RECV):
             return
-        t_one = collective_time_s(op, message_bytes, grp, self.cluster, remote_share=remote_share) * time_scale
-        sent = count * message_bytes * busbw_factor(op, grp.size)
+        t_one = collective_time_s(op, message_bytes, grp, self.cluster, remote_share=remote_share,
+                                  rank_share=rank_share) * time_scale
+        factor = rank_share if op == ALL_TO_ALL and rank_share is not None else busbw_factor(op, grp.size)
+        sent = count * message_bytes * factor
         inter = 0.0
         if grp.n_nodes > 1:
             r = grp.ranks_per_node
@@ -281,7 +285,8 @@ def _context_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraff
 
 def _expert_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, st: StageTraffic) -> None:
     """Dispatch and combine of every MoE layer, forward and backward. With ``ep_dispatch='deepep'`` a token
-    crosses the network once per node holding one of its experts; with ``ep_overlap`` the all-to-alls of
+    crosses the network once per node, and reaches each GPU, holding one of its experts (experts in
+    consecutive blocks over the EP ranks, as Megatron-core places them); with ``ep_overlap`` the all-to-alls of
     one micro-batch hide behind another's compute, except those of the forwards that run with no backward
     beside them (warm-up) and of the backwards with no forward (cool-down)."""
     if plan.ep <= 1 or st.n_moe_layers == 0:
@@ -292,15 +297,18 @@ def _expert_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, s
     fwd_calls = calls + st.m * st.recomputed[1]  # the recomputed forwards dispatch again
     scale = job.moe_routing_imbalance
     grp = led.groups["ep"]
-    share = None
+    share = ranks = None
     if plan.ep_dispatch == "deepep":
         share = remote_nodes_per_token(model.n_experts, model.top_k, grp.n_nodes, model.n_expert_groups,
                                        model.topk_groups) / model.top_k
+        # each EP rank as a "node" of E/ep experts: the other GPUs a token's experts lie on
+        ranks = remote_nodes_per_token(model.n_experts, model.top_k, plan.ep, model.n_expert_groups,
+                                       model.topk_groups) / model.top_k
     window, edge = (OTHER_MICROBATCH, 2 * st.n_moe_layers * st.unpaired) if plan.ep_overlap else ("none", 0)
     led.add(ALL_TO_ALL, "ep", "MoE token dispatch and combine (forward)", "forward", 2 * fwd_calls, msg, window,
-            time_scale=scale, remote_share=share, edge_calls=edge)
+            time_scale=scale, remote_share=share, rank_share=ranks, edge_calls=edge)
     led.add(ALL_TO_ALL, "ep", "MoE dispatch and combine gradients (backward)", "backward", 2 * calls, msg,
-            window, time_scale=scale, remote_share=share, edge_calls=edge)
+            window, time_scale=scale, remote_share=share, rank_share=ranks, edge_calls=edge)
     if plan.expert_tp > 1:
         # Megatron-core's dispatcher with expert-TP: after the dispatch it all-gathers the received tokens
         # over the expert-TP ranks (the tp group), which each run 1/etp of the experts' FFN, and

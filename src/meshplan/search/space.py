@@ -114,9 +114,11 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
         etps: list[int | None] = [None]
         if plan.tp > 1 and (plan.tp * plan.cp * plan.dp_shard) % (plan.ep * plan.tp) == 0:
             etps.append(plan.tp)
-        # DeepEP where the ep ranks span nodes (modelled with whole experts only)
+        # DeepEP (modelled with whole experts only) where it sends less than an all-to-all: where the ep
+        # ranks span nodes, or a GPU holds several experts, so that a token's top-k often share a GPU
+        dedup = plan.ep > gpn or (model.top_k > 1 and model.n_experts > plan.ep)
         ep_opts = [(dispatch, overlap, etp) for etp in etps
-                   for dispatch in ([None, "deepep"] if plan.ep > gpn and etp is None else [None])
+                   for dispatch in ([None, "deepep"] if dedup and etp is None else [None])
                    for overlap in overlaps]
     for (sp, async_tp), cp_impl, (raf, sync), (dispatch, ep_overlap, etp) in itertools.product(
             tp_opts, cp_opts, dp_opts, ep_opts):
