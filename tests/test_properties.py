@@ -278,7 +278,7 @@ def test_option_variants_said_to_need_more_memory_do(model, cluster, job, data):
 def test_unhidden_in_layer_traffic_is_m_times_one_micro_batchs(model, cluster, job, data):
     """The bound memoises the communication no compute hides for one micro-batch and scales it by the
     micro-batch count: it must equal that traffic in the step's whole ledger, stage by stage."""
-    from meshplan.cost.comm import StageTraffic, comm_ledger
+    from meshplan.cost.comm import StageTraffic, Unit, comm_ledger
     from meshplan.cost.mesh import axis_groups
     from meshplan.cost.pipeline import stage_layers
     from meshplan.cost.step import (
@@ -303,7 +303,9 @@ def test_unhidden_in_layer_traffic_is_m_times_one_micro_batchs(model, cluster, j
     whole = []
     for s in sorted({0, plan.pp - 1}):
         n_dense, n_moe = stages[s]
-        traffic = StageTraffic(units=(), n_layers=n_dense + n_moe, n_moe_layers=n_moe, has_embedding=s == 0,
+        units = (Unit("blocks", 1e8, n_dense + n_moe, "dp_shard"), Unit("experts", 1e8, n_moe, "edp"),
+                 Unit("root", 1e8, 1, "dp_shard", root=True))  # the data-parallel traffic, never window "none"
+        traffic = StageTraffic(units=units, n_layers=n_dense + n_moe, n_moe_layers=n_moe, has_embedding=s == 0,
                                has_lm_head=s == plan.pp - 1, tokens=b * job.seq_len / plan.cp, m=m,
                                recomputed=recomputed_layers(rc, None, n_dense, n_moe), stage=s)
         whole.append(sum(e.time_s for e in comm_ledger(model, cluster, job, plan, axis_groups(plan, cluster), traffic)

@@ -311,3 +311,6 @@ def test_a_condition_says_why_the_recommendation_is_out():
     assert _gain_text(float("inf"), odd) == "the recommendation cannot run there"
     assert _gain_text(float("inf"), None) == "the recommendation cannot be built there"
     assert _gain_text(1.234, ddp) == "1.23x faster"
+    both = evaluate(model, cluster, JobSpec(global_batch_tokens=12 * 4096, seq_len=4096), parse_plan("dp_replicate=64"))
+    assert both.memory.headroom_bytes < 0 and len(both.infeasible_reasons) > 1  # the batch rule is the first reason
+    assert _gain_text(float("inf"), both) == "the recommendation cannot run there"

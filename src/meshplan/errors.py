@@ -16,3 +16,8 @@ class SpecError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.message = message
+
+    def __reduce__(self) -> tuple[type[SpecError], tuple[str, str]]:
+        """Pickled as its two arguments, so that it crosses from a worker process (parallel.parallel_map)."""
+        return type(self), (self.field, self.message)

@@ -163,10 +163,10 @@ def _fsdp_traffic(est: Estimate) -> tuple[float, float, float, float]:
 def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Space | None = None,
             mfu: float | None = None, with_conditions: bool = True, progress=None,
             workers: int | None = None) -> PlanAnalysis:
-    """Search, recommend, and answer the worked example's four questions for this scenario (the conditions
-    of change on up to ``workers`` cores, default all)."""
+    """Search, recommend, and answer the worked example's four questions for this scenario (the simulator's
+    re-timing and the conditions of change on up to ``workers`` cores, default all)."""
     space = space or Space()
-    result = search(model, cluster, job, space, mfu=mfu, progress=progress, refine_top=REFINE_TOP)
+    result = search(model, cluster, job, space, mfu=mfu, progress=progress, refine_top=REFINE_TOP, workers=workers)
     n, g = cluster.n_gpus, cluster.gpus_per_node
     best = result.recommended
     questions: list[Question] = []

@@ -156,8 +156,8 @@ def collective_time_s(op: str, message_bytes: float, grp: Group, cluster: Cluste
     HybridEP), which sends a token once to each node and each GPU holding one of its experts, not once per
     routed copy: ``remote_share`` of the payload leaves the node, through each GPU's own NIC, instead of
     the (n-r)/n every routed copy would; ``rank_share`` of it reaches another GPU at all (instead of
-    (n-1)/n), over NVLink inside the node and, across nodes, in the fan-out on the destination node,
-    (r-1)/r of it."""
+    (n-1)/n), over NVLink inside the node; across nodes (r-1)/r of the GPUs it reaches take it over NVLink,
+    from the node's own GPU or from the one it arrived on."""
     return _collective_time_s(cluster.intra, cluster.inter, op, message_bytes, grp.size, grp.ranks_per_node,
                               cluster.gpus_per_node, remote_share, rank_share)
 
@@ -185,7 +185,9 @@ def _collective_time_s(intra: IntraNodeLink, inter: InterNodeLink, op: str, mess
         return alpha + message_bytes / nic
     if op == ALL_TO_ALL:
         if remote_share is not None:
-            fanned = message_bytes * (rank_share if rank_share is not None else 1.0)
+            # every node's GPUs but the one the copy arrives on (or is sent from) take it over NVLink: of the
+            # rank_share·k·n/(n-1) GPUs a token reaches in all, (r-1)/r
+            fanned = message_bytes * (rank_share * n / (n - 1) if rank_share is not None else 1.0)
             leaving, staying = message_bytes * remote_share, fanned * (r - 1) / r
         else:
             leaving, staying = message_bytes * (n - r) / n, message_bytes * (r - 1) / n

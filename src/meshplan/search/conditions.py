@@ -270,14 +270,14 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
 
 def _gain_text(speedup: float, base_then: Estimate | None) -> str:
     """What the new answer gains over the recommendation re-evaluated at the condition (``base_then``):
-    a speed-up, or why the recommendation is out (it cannot be built, does not fit in memory, or breaks a
-    rule of its schedule or batch, as ``base_then``'s first reason says)."""
+    a speed-up, or why the recommendation is out: it cannot be built, or breaks a rule of its schedule or
+    batch (``base_then``'s first reason, which the condition's text quotes), or memory alone rules it out."""
     if not math.isinf(speedup):
         return f"{speedup:.2f}x faster"
     if base_then is None:
         return "the recommendation cannot be built there"
-    return ("the recommendation no longer fits" if base_then.memory.headroom_bytes < 0
-            else "the recommendation cannot run there")
+    memory_only = base_then.memory.headroom_bytes < 0 and len(base_then.infeasible_reasons) == 1
+    return "the recommendation no longer fits" if memory_only else "the recommendation cannot run there"
 
 
 def _evaluate_at(knob: _Knob, value: float, base: Estimate, mfu: float | None) -> Estimate | None:

@@ -77,15 +77,18 @@ def _no_cyclic_gc() -> Iterator[None]:
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space | None = None, *,
-           mfu: float | None = None, progress: Progress | None = None, refine_top: int = 0) -> SearchResult:
+           mfu: float | None = None, progress: Progress | None = None, refine_top: int = 0,
+           workers: int | None = None) -> SearchResult:
     """Evaluate every plan of ``space`` on ``cluster`` with the closed form and rank them; the
-    ``refine_top`` best feasible plans are then re-timed by the timeline simulator and re-ranked."""
+    ``refine_top`` best feasible plans are then re-timed by the timeline simulator (on up to ``workers``
+    cores, default all) and re-ranked."""
     with _no_cyclic_gc():
-        return _search(model, cluster, job, space, mfu=mfu, progress=progress, refine_top=refine_top)
+        return _search(model, cluster, job, space, mfu=mfu, progress=progress, refine_top=refine_top,
+                       workers=workers)
 
 
 def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space | None, *, mfu: float | None,
-            progress: Progress | None, refine_top: int) -> SearchResult:
+            progress: Progress | None, refine_top: int, workers: int | None) -> SearchResult:
     t0 = time.perf_counter()
     space = space or Space()
     compute = compute_params_for(cluster.accelerator.name, job.software)
@@ -160,7 +163,7 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
                 top.append(e)
                 seen.add(id(e))
         timed = parallel_map(lambda e: refine(e, slowdown=compute.comm_slowdown,
-                                              step_overhead_s=compute.step_overhead_s), top)
+                                              step_overhead_s=compute.step_overhead_s), top, workers)
         refined = {id(e): r for e, r in zip(top, timed, strict=True)}
         ranked = rank([refined.get(id(e), e) for e in ranked])
     return SearchResult(ranked=ranked, n_plans=len(results), n_configurations=n_cfg,

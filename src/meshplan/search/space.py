@@ -78,7 +78,8 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
       each with gradient sync after every micro-batch or only the last;
     - FSDP2 under a pipeline: reshard and reduce per micro-batch instead of keeping the stage gathered;
     - DDP: all-reduce after every micro-batch instead of ``no_sync``;
-    - Megatron MoE: DeepEP dispatch where the expert-parallel group spans nodes, the all-to-all
+    - Megatron MoE: DeepEP dispatch where it sends less than an all-to-all (the expert-parallel group
+      spans nodes, or a GPU holds several experts of a token's top-k), the all-to-all
       overlap with another micro-batch (without a pipeline, or with the interleaved schedule), and
       with TP the routed experts split over the tp ranks too (expert-TP = tp).
 
