@@ -187,22 +187,34 @@ def test_step_time_lower_bound_never_exceeds_the_step_time(model, cluster, job, 
     assert step_time_lower_bound_s(model, cluster, job, plan, compute) <= est.step_time_s * (1 + 1e-9)
 
 
+def _draw_combination(model, cluster, job, data):
+    """A plan of the search space (a structure or one of its option variants) with one of its micro-batch
+    sizes and recompute modes, or None where the space is empty."""
+    from meshplan.cost.step import micro_batch_sizes, recompute_options
+    from meshplan.search.space import Space, enumerate_plans, option_variants
+
+    plans = list(enumerate_plans(model, cluster, job, Space(max_vpp=2)))
+    if not plans:
+        return None
+    plan = data.draw(st.sampled_from(plans))
+    plan = data.draw(st.sampled_from([plan, *option_variants(model, cluster, job, plan)]))
+    b = data.draw(st.sampled_from(micro_batch_sizes(job, plan.dp)))
+    rc = data.draw(st.sampled_from(recompute_options(model, job, plan)[0]))
+    return plan, b, rc
+
+
 @SETTINGS
 @given(models(), clusters(), jobs(), st.data())
 def test_combination_bound_never_exceeds_its_step_time(model, cluster, job, data):
     """evaluate skips a micro-batch size and recompute mode whose bound (compute, bubble and the
     communication no compute hides) cannot beat the best one timed: the bound must hold for each."""
     from meshplan.calibration import compute_params_for
-    from meshplan.cost.step import _compute_bound_s, micro_batch_sizes, recompute_options
-    from meshplan.search.space import Space, enumerate_plans, option_variants
+    from meshplan.cost.step import _compute_bound_s
 
-    plans = list(enumerate_plans(model, cluster, job, Space(max_vpp=2)))
-    if not plans:
+    drawn = _draw_combination(model, cluster, job, data)
+    if drawn is None:
         return
-    plan = data.draw(st.sampled_from(plans))
-    plan = data.draw(st.sampled_from([plan, *option_variants(model, cluster, job, plan)]))
-    b = data.draw(st.sampled_from(micro_batch_sizes(job, plan.dp)))
-    rc = data.draw(st.sampled_from(recompute_options(model, job, plan)[0]))
+    plan, b, rc = drawn
     compute = compute_params_for(cluster.accelerator.name, job.software)
     est = evaluate(model, cluster, job, replace(plan, mbs=b).with_recompute(rc), compute=compute)
     assert _compute_bound_s(model, cluster, job, plan, compute, b, rc) <= est.step_time_s * (1 + 1e-9)
@@ -281,23 +293,12 @@ def test_unhidden_in_layer_traffic_is_m_times_one_micro_batchs(model, cluster, j
     from meshplan.cost.comm import StageTraffic, Unit, comm_ledger
     from meshplan.cost.mesh import axis_groups
     from meshplan.cost.pipeline import stage_layers
-    from meshplan.cost.step import (
-        _critical_comm_s,
-        _micro_batches,
-        _round_robin_chunks,
-        micro_batch_sizes,
-        recompute_options,
-        recomputed_layers,
-    )
-    from meshplan.search.space import Space, enumerate_plans, option_variants
+    from meshplan.cost.step import _critical_comm_s, _micro_batches, _round_robin_chunks, recomputed_layers
 
-    plans = list(enumerate_plans(model, cluster, job, Space(max_vpp=2)))
-    if not plans:
+    drawn = _draw_combination(model, cluster, job, data)
+    if drawn is None:
         return
-    plan = data.draw(st.sampled_from(plans))
-    plan = data.draw(st.sampled_from([plan, *option_variants(model, cluster, job, plan)]))
-    b = data.draw(st.sampled_from(micro_batch_sizes(job, plan.dp)))
-    rc = data.draw(st.sampled_from(recompute_options(model, job, plan)[0]))
+    plan, b, rc = drawn
     m = _micro_batches(job, plan.dp, b)
     stages = stage_layers(model, plan.pp, plan.layout, _round_robin_chunks(plan.schedule, plan.vpp))
     whole = []
