@@ -903,17 +903,37 @@ def _critical_comm_cached(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, 
     """``_critical_comm_s`` of one micro-batch, memoised on the plan fields the TP, CP and EP ledgers read
     (their groups do not depend on data parallelism): plans that differ only in data-parallel layout or
     sharding share it."""
-    groups = axis_groups(plan, cluster)
     stages = stage_layers(model, pp, layout, chunks)
+    per = _layer_comm_s(model, cluster, job, tp, sp, async_tp, megatron, cp, context_impl, ep, etp, ep_dispatch,
+                        ep_overlap, mbs, plan)
     least = float("inf")
     for s in sorted({0, pp - 1}):
         n_dense, n_moe = stages[s]
-        st = StageTraffic(units=(), n_layers=n_dense + n_moe, n_moe_layers=n_moe, has_embedding=s == 0,
-                          has_lm_head=s == pp - 1, tokens=mbs * job.seq_len / cp, m=1,
-                          recomputed=recomputed_layers(recompute, recompute_layers, n_dense, n_moe), stage=s)
-        least = min(least, sum(e.time_s for e in comm_ledger(model, cluster, job, plan, groups, st, in_layer=True)
-                               if e.window == "none"))
+        r_dense, r_moe = recomputed_layers(recompute, recompute_layers, n_dense, n_moe)
+        least = min(least, per[0] * n_dense + per[1] * n_moe + per[2] * (s == 0) + per[3] * (s == pp - 1)
+                    + per[4] * r_dense + per[5] * r_moe)
     return least
+
+
+@cache_by_identity(n_specs=3, n_unkeyed=1)
+def _layer_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, tp: int, sp: bool, async_tp: bool,
+                  megatron: bool, cp: int, context_impl: str, ep: int, etp: int, ep_dispatch: str | None,
+                  ep_overlap: bool, mbs: int, plan: Plan) -> tuple[float, float, float, float, float, float]:
+    """The unhidden in-layer communication of one micro-batch [s] per dense layer, per MoE layer, for the
+    embedding, for the LM head, per recomputed dense layer and per recomputed MoE layer of a stage. The TP,
+    CP and EP ledgers count their calls linearly in these, so a stage's is their weighted sum; each is
+    read off the ledger of a stage holding just that (a recomputed layer beside the layer it re-runs)."""
+    groups = axis_groups(plan, cluster)
+
+    def unhidden(n_dense: int, n_moe: int, first: bool, last: bool, recomputed: tuple[int, int]) -> float:
+        st = StageTraffic(units=(), n_layers=n_dense + n_moe, n_moe_layers=n_moe, has_embedding=first,
+                          has_lm_head=last, tokens=mbs * job.seq_len / cp, m=1, recomputed=recomputed)
+        return sum(e.time_s for e in comm_ledger(model, cluster, job, plan, groups, st, in_layer=True)
+                   if e.window == "none")
+
+    dense, moe = unhidden(1, 0, False, False, (0, 0)), unhidden(0, 1, False, False, (0, 0))
+    return (dense, moe, unhidden(0, 0, True, False, (0, 0)), unhidden(0, 0, False, True, (0, 0)),
+            unhidden(1, 0, False, False, (1, 0)) - dense, unhidden(0, 1, False, False, (0, 1)) - moe)
 
 
 def _round_robin_chunks(schedule: str, vpp: int) -> int:
