@@ -261,26 +261,68 @@ def _fold(job: tuple[list[RowResult], list[RowResult], int]) -> list[tuple[int, 
     return out
 
 
-def uncertainty_bands(rows: list[RowResult]) -> dict[str, dict[str, float]]:
-    """Relative step-time bands (10th and 90th percentile of the out-of-fold tokens/s errors, turned into
-    step-time ratios) for every table of calibration.band_keys with at least 8 rows."""
+BAND_NOMINAL = 0.8  # the band runs from the 10th to the 90th percentile: 80 % of rows inside
+BAND_MIN_ROWS = 8  # fewer rows than this and a table falls back to the next, wider one
+
+
+def _band_residuals(rows: list[RowResult]) -> tuple[dict[str, list[float]], list[tuple[bool, tuple[str, ...], float]]]:
+    """Each band table's out-of-fold step-time ratios (predicted step over measured step, minus one), and
+    per row (MoE?, its band_keys chain, its own ratio)."""
     groups: dict[str, list[float]] = {}
+    per_row = []
     for r in rows:
         e = r.cv_error
         if e is None or r.scenario is None:
             continue
-        step_ratio = 1.0 / (1.0 + e) - 1.0  # predicted step over measured step, minus one
+        step_ratio = 1.0 / (1.0 + e) - 1.0  # tokens/s over-predicted by e: the step under-predicted
         sc = r.scenario
-        for key in band_keys(sc.cluster.accelerator.name, sc.job.software, sc.model.is_moe):
+        keys = band_keys(sc.cluster.accelerator.name, sc.job.software, sc.model.is_moe)
+        for key in keys:
             groups.setdefault(key, []).append(step_ratio)
+        per_row.append((sc.model.is_moe, keys, step_ratio))
+    return groups, per_row
+
+
+def _band_of(ratios: list[float]) -> tuple[float, float]:
+    """The 10th and 90th percentile of step ratios (statistics.quantiles, exclusive method)."""
+    q = statistics.quantiles(ratios, n=10)
+    return q[0], q[-1]
+
+
+def uncertainty_bands(rows: list[RowResult]) -> dict[str, dict[str, float]]:
+    """Relative step-time bands (10th and 90th percentile of the out-of-fold tokens/s errors, turned into
+    step-time ratios) for every table of calibration.band_keys with at least BAND_MIN_ROWS rows."""
+    groups, _ = _band_residuals(rows)
     out = {}
     for key, v in groups.items():
-        if len(v) < 8:
+        if len(v) < BAND_MIN_ROWS:
             continue
-        q = statistics.quantiles(v, n=10)
+        lo, hi = _band_of(v)
         # the measured step lies within [pred/(1+hi), pred/(1+lo)]: report it relative to the prediction
-        out[key] = {"low": 1.0 / (1.0 + q[-1]) - 1.0, "high": 1.0 / (1.0 + q[0]) - 1.0, "rows": len(v)}
+        out[key] = {"low": 1.0 / (1.0 + hi) - 1.0, "high": 1.0 / (1.0 + lo) - 1.0, "rows": len(v)}
     return out
+
+
+def band_coverage(rows: list[RowResult]) -> dict[str, object] | None:
+    """How often the band holds on a row it was not built from: each row's out-of-fold error is checked
+    against the band of the first table of its chain that keeps BAND_MIN_ROWS rows without it (leave one
+    out), built as uncertainty_bands builds it. Nominal coverage is 80 %; well below means the band is
+    too narrow to trust, well above that it is wider than it need be."""
+    groups, per_row = _band_residuals(rows)
+    inside: dict[str, list[bool]] = {"all": [], "dense": [], "moe": []}
+    for moe, keys, ratio in per_row:
+        for key in keys:
+            others = list(groups[key])
+            others.remove(ratio)
+            if len(others) >= BAND_MIN_ROWS:
+                lo, hi = _band_of(others)
+                hit = lo <= ratio <= hi
+                inside["all"].append(hit)
+                inside["moe" if moe else "dense"].append(hit)
+                break
+    if not inside["all"]:
+        return None
+    return {"nominal": BAND_NOMINAL, **{k: {"rows": len(v), "inside": sum(v) / len(v)} for k, v in inside.items() if v}}
 
 
 def to_toml(state: State, *, source: str, summary: dict, bands: dict[str, dict[str, float]]) -> str:

@@ -104,6 +104,12 @@ def _repeats(rep: dict, cv: bool) -> list[str]:
     return out
 
 
+def _coverage(c: dict) -> str:
+    parts = [f"{k} {c[k]['inside']:.0%} of {c[k]['rows']}" for k in ("all", "dense", "moe") if k in c]
+    return (f"  uncertainty band, rows inside their band built without them: {'; '.join(parts)} "
+            f"(nominal {c['nominal']:.0%})")
+
+
 def text_report(results: list[RowResult], fit: dict, cv: dict | None, group_cv: dict | None) -> str:
     lines = [f"meshplan validate: {fit['rows']} rows, {fit['modelled']} modelled, {fit['skipped']} skipped",
              "", "tokens/s per GPU, predicted against measured (error = predicted/measured - 1):",
@@ -112,6 +118,8 @@ def text_report(results: list[RowResult], fit: dict, cv: dict | None, group_cv: 
         lines.append(f"  cross-validated (k-fold)      {_fmt(cv['tokens_per_s_per_gpu'])}")
     if group_cv:
         lines.append(f"  leave-one-source-group-out    {_fmt(group_cv['tokens_per_s_per_gpu'])}")
+    if cv and cv.get("band_coverage"):
+        lines.append(_coverage(cv["band_coverage"]))
     main = cv or fit
     lines += ["", "by source group" + (" (cross-validated)" if cv else "") + ":"]
     lines += [f"  {k:<28} {_fmt(v)}" for k, v in main["by_source_group"].items()]
@@ -205,6 +213,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     run(results, compute_for)
     fit_sum = summary(results, use_cv=False)
     cv_sum = summary(results, use_cv=True) if (args.cv or args.calibrate) else None
+    if cv_sum is not None:
+        cv_sum["band_coverage"] = cal.band_coverage(results)
     group_sum = None
     if args.by_source:
         saved = [r.cv_predicted_tokens_per_s_per_gpu for r in results]
