@@ -17,8 +17,7 @@ References
 
 from __future__ import annotations
 
-import functools
-
+from meshplan.memo import cache_by_identity
 from meshplan.specs import ModelSpec
 from meshplan.specs.layout import layers_per_stage, parse_layout
 
@@ -43,7 +42,7 @@ def mtp_chunk_layers(n_layers: int, mtp_layers: int, chunks: int) -> list[int]:
     return sizes
 
 
-@functools.lru_cache(maxsize=1024)
+@cache_by_identity(n_specs=1, maxsize=1024)
 def stage_layers(model: ModelSpec, pp: int, layout: str = "", chunks: int = 1) -> list[tuple[int, int]]:
     """(dense layers, MoE layers) on each stage, the model's multi-token-prediction layers (ModelSpec.mtp_layers,
     of the last decoder layer's kind) counted on the last. With a ``layout`` (Plan.layout) each stage holds

@@ -888,31 +888,17 @@ def _critical_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan:
     if not ((plan.tp > 1 and not plan.async_tp) or (plan.cp > 1 and plan.context_impl == "a2a")
             or (plan.ep > 1 and model.n_moe_layers and not plan.ep_overlap)):
         return 0.0
-    return m * _critical_comm_cached(model, cluster, job, plan.tp, plan.sequence_parallel, plan.async_tp,
-                                     plan.sharding == "megatron", plan.cp, plan.context_impl, plan.ep,
-                                     plan.expert_tp, plan.ep_dispatch, plan.ep_overlap, plan.pp, plan.layout,
-                                     _round_robin_chunks(plan.schedule, plan.vpp), mbs, recompute, recompute_layers,
-                                     plan)
-
-
-@cache_by_identity(n_specs=3, n_unkeyed=1)
-def _critical_comm_cached(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, tp: int, sp: bool, async_tp: bool,
-                          megatron: bool, cp: int, context_impl: str, ep: int, etp: int, ep_dispatch: str | None,
-                          ep_overlap: bool, pp: int, layout: str, chunks: int, mbs: int, recompute: str,
-                          recompute_layers: int | None, plan: Plan) -> float:
-    """``_critical_comm_s`` of one micro-batch, memoised on the plan fields the TP, CP and EP ledgers read
-    (their groups do not depend on data parallelism): plans that differ only in data-parallel layout or
-    sharding share it."""
-    stages = stage_layers(model, pp, layout, chunks)
-    per = _layer_comm_s(model, cluster, job, tp, sp, async_tp, megatron, cp, context_impl, ep, etp, ep_dispatch,
-                        ep_overlap, mbs, plan)
+    stages = _plan_stage_layers(model, plan)
+    per = _layer_comm_s(model, cluster, job, plan.tp, plan.sequence_parallel, plan.async_tp,
+                        plan.sharding == "megatron", plan.cp, plan.context_impl, plan.ep, plan.expert_tp,
+                        plan.ep_dispatch, plan.ep_overlap, mbs, plan)
     least = float("inf")
-    for s in sorted({0, pp - 1}):
+    for s in sorted({0, plan.pp - 1}):
         n_dense, n_moe = stages[s]
         r_dense, r_moe = recomputed_layers(recompute, recompute_layers, n_dense, n_moe)
-        least = min(least, per[0] * n_dense + per[1] * n_moe + per[2] * (s == 0) + per[3] * (s == pp - 1)
+        least = min(least, per[0] * n_dense + per[1] * n_moe + per[2] * (s == 0) + per[3] * (s == plan.pp - 1)
                     + per[4] * r_dense + per[5] * r_moe)
-    return least
+    return m * least
 
 
 @cache_by_identity(n_specs=3, n_unkeyed=1)
