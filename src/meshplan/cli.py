@@ -270,7 +270,8 @@ def _register_harness(sub: Any) -> None:
 
 def _add_jobs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=positive_size, default=None, metavar="N",
-                   help="CPU cores for the independent searches (conditions, sweep points); default: all available")
+                   help="CPU cores for the independent work (conditions, sweep points, the simulator's "
+                        "re-timing of the leading plans); default: all available")
 
 
 def build_parser() -> argparse.ArgumentParser:

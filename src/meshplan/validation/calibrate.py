@@ -235,11 +235,12 @@ def cross_validate(rows: list[RowResult], *, k: int = 5, rounds: int = MAX_ROUND
         parts = [[r for r in modelled if r.source_group == g] for g in groups]
     else:
         parts = folds(modelled, k)
-    jobs = []
-    for held in parts:
-        held_ids = {r.row for r in held}
-        jobs.append(([r for r in modelled if r.row not in held_ids], held, rounds))
-    outcomes = parallel_map(_fold, jobs)
+
+    def fold(i: int) -> list[tuple[int, float]]:  # runs in a forked worker: parts is inherited, not pickled
+        held_ids = {r.row for r in parts[i]}
+        return _fold([r for r in modelled if r.row not in held_ids], parts[i], rounds)
+
+    outcomes = parallel_map(fold, range(len(parts)))
     by_row = {r.row: r for r in modelled}
     for i, preds in enumerate(outcomes):
         for row, pred in preds:
@@ -248,9 +249,8 @@ def cross_validate(rows: list[RowResult], *, k: int = 5, rounds: int = MAX_ROUND
             progress(f"fold {i + 1}/{len(parts)} done")
 
 
-def _fold(job: tuple[list[RowResult], list[RowResult], int]) -> list[tuple[int, float]]:
-    """Fit on the training rows, predict the held-out ones (a process-pool task: folds run in parallel)."""
-    train, held, rounds = job
+def _fold(train: list[RowResult], held: list[RowResult], rounds: int) -> list[tuple[int, float]]:
+    """Fit on the training rows, predict the held-out ones (one cross-validation fold)."""
     state = fit(train, rounds=rounds)
     out = []
     for r in held:
