@@ -21,6 +21,7 @@ from meshplan.cost.collectives import (
 )
 from meshplan.cost.mesh import group
 from meshplan.cost.pipeline import bubble_fraction
+from meshplan.cost.step import OFFLOAD_MODE
 from meshplan.errors import SpecError
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -200,7 +201,10 @@ def _draw_combination(model, cluster, job, data):
     plan = data.draw(st.sampled_from([plan, *option_variants(model, cluster, job, plan)]))
     b = data.draw(st.sampled_from(micro_batch_sizes(job, plan.dp)))
     rc = data.draw(st.sampled_from(recompute_options(model, job, plan)[0]))
-    return plan, b, rc
+    if rc == OFFLOAD_MODE:  # a plan left to choose its offloading: some number of offloaded layers
+        n = data.draw(st.integers(1, max(1, model.n_layers + model.mtp_layers - 1)))
+        return replace(plan, offload_layers=n), b, "none"
+    return (replace(plan, offload_layers=0) if plan.offload_layers is None else plan), b, rc
 
 
 @SETTINGS
@@ -258,8 +262,12 @@ def test_evaluate_finds_the_fastest_recomputation_that_fits(model, cluster, job,
     plan = replace(plan, mbs=data.draw(st.sampled_from(micro_batch_sizes(job, plan.dp))))
     chosen = evaluate(model, cluster, job, plan)
     modes, partial = recompute_options(model, job, plan)
-    tried = [plan.with_recompute(rc) for rc in modes]
-    tried += [replace(plan, recompute="full", recompute_layers=n) for n in range(1, partial + 1)]
+    fixed = replace(plan, offload_layers=0) if plan.offload_layers is None else plan
+    tried = [fixed.with_recompute(rc) for rc in modes if rc != OFFLOAD_MODE]
+    tried += [replace(fixed, recompute="full", recompute_layers=n) for n in range(1, partial + 1)]
+    if OFFLOAD_MODE in modes:  # every number of offloaded layers, where offloading can run at all
+        tried += [replace(plan, recompute="none", offload_layers=n)
+                  for n in range(1, model.n_layers + model.mtp_layers)]
     times = [e.step_time_s for e in (evaluate(model, cluster, job, p) for p in tried) if e.feasible]
     if times:
         assert chosen.feasible
@@ -278,7 +286,10 @@ def test_option_variants_said_to_need_more_memory_do(model, cluster, job, data):
         return
     plan = data.draw(st.sampled_from(plans))
     variant = data.draw(st.sampled_from(list(option_variants(model, cluster, job, plan))))
-    rc = data.draw(st.sampled_from(["none", "sac"] if variant.ep_overlap else ["none", "sac", "full"]))
+    if variant.offload_layers is None:  # frees memory (not said to need more); recomputes nothing
+        variant = replace(variant, offload_layers=data.draw(st.integers(1, max(1, model.n_layers - 1))))
+    rc = data.draw(st.sampled_from(["none"] if variant.offload_layers else ["none", "sac"] if variant.ep_overlap
+                                   else ["none", "sac", "full"]))
     fixed = {"mbs": 1, "recompute": rc}
     base, other = (evaluate(model, cluster, job, replace(p, **fixed)) for p in (plan, variant))
     if needs_more_memory(variant):

@@ -240,7 +240,8 @@ def test_option_variants_are_valid_distinct_and_not_the_default():
         for v in option_variants(m, c, j, p):
             validate_plan(m, c, j, v)
             assert not has_default_options(v) and v.unfixed(sp=None, async_tp=False, cp_impl=None,
-                                                             reshard_after_forward=None, grad_sync=None) == p
+                                                             reshard_after_forward=None, grad_sync=None,
+                                                             offload_layers=0) == p
             key = v.to_string()
             assert key not in seen
             seen.add(key)

@@ -335,3 +335,28 @@ def test_megatron_rows_whose_chunks_divide_only_the_layers_and_two_run_megatrons
     assert vp8 and all(r.scenario.plan.schedule == "interleaved" for r in vp8)  # 128 chunks for 126 layers
     one_f1b = [r for r in split if r.scenario.plan.schedule == "1f1b"]  # Qwen3-235B-A22B on PP=8 alone
     assert one_f1b and all(r.scenario.plan.layout == "Et*11|(t*12|)*6t*11L" for r in one_f1b)
+
+
+def test_offload_entries_are_well_formed():
+    text = resources.files("meshplan.validation").joinpath("moe_recipes.toml").read_text()
+    entries = tomllib.loads(text)["offload"]
+    allowed = {"model", "gpu", "releases", "precision", "pp", "vpp", "ep", "mbs", "layers", "source"}
+    for e in entries:
+        assert set(e) <= allowed, set(e) - allowed
+        assert e["pp"] == 1 and e["layers"] >= 1 and e["releases"] and "@" in e["source"]
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED), reason="shared data not beside the repository")
+def test_recipe_offloading_reaches_its_rows():
+    """Every [[offload]] entry applies to a row, which then offloads instead of recomputing and lists where
+    the count came from; rows without an entry offload nothing. (That they fit: the test above.)"""
+    from meshplan.validation.validate import load_scenarios, read_rows
+
+    results = [r for r in load_scenarios(read_rows(SHARED)) if r.scenario is not None]
+    text = resources.files("meshplan.validation").joinpath("moe_recipes.toml").read_text()
+    sources = {e["source"] for e in tomllib.loads(text)["offload"]}
+    hits = {r.row: r.scenario for r in results if any(s in " | ".join(r.scenario.imputed) for s in sources)}
+    assert sorted(hits) == [102, 105, 107]
+    assert {k: sc.plan.offload_layers for k, sc in hits.items()} == {102: 40, 105: 20, 107: 20}
+    assert all(sc.plan.recompute == "none" for sc in hits.values())
+    assert all(r.scenario.plan.offload_layers == 0 for r in results if r.row not in hits)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from meshplan.cost.estimate import Estimate
 from meshplan.cost.simplified import evaluate_simplified
-from meshplan.cost.step import HOST_BOUND, evaluate
+from meshplan.cost.step import HOST_BOUND, OFFLOAD, evaluate
 from meshplan.errors import SpecError
 from meshplan.search.conditions import Condition, find_conditions
 from meshplan.search.rank import TIE_BAND
@@ -47,6 +47,10 @@ def binding_resource(est: Estimate) -> str:
         parts.append(f"pipeline bubble {est.time_breakdown['pipeline bubble'] / step:.0%}")
     if est.time_breakdown.get(HOST_BOUND, 0.0) > 0.005 * step:
         parts.append(f"MoE layers waiting for the host's kernel launches {est.time_breakdown[HOST_BOUND] / step:.0%}")
+    if est.plan.offload_layers:
+        parts.append(f"activations of {est.plan.offload_layers} layers offloaded to host memory"
+                     + (f", waiting on the copies {est.time_breakdown[OFFLOAD] / step:.0%}"
+                        if est.time_breakdown.get(OFFLOAD, 0.0) > 0.005 * step else ""))
     parts.append(f"memory {format_gib(est.memory.peak_bytes)} of {format_gib(est.memory.capacity_bytes)}")
     return "; ".join(parts)
 
@@ -105,6 +109,14 @@ def measure_first(best: Estimate, conditions: list[Condition]) -> list[Measureme
             f"the model charges {format_seconds(host)} per step ({host / best.step_time_s:.0%}) for the GPU waiting "
             "on the host (a calibrated launch time per MoE layer); CUDA graphs with a static expert capacity "
             "(job.cuda_graphs) or a larger micro-batch hide it, and a faster host CPU shortens it"))
+    if best.plan.offload_layers:
+        out.append(Measurement(
+            "host-to-device copy bandwidth per GPU with every GPU of the node copying at once (pinned memory, "
+            "both directions), and a profiler trace of the offloaded layers",
+            f"the plan offloads {best.plan.offload_layers} layers' activations to host memory; the model takes "
+            "the node spec's host_gb_per_s and charges "
+            f"{format_seconds(best.time_breakdown.get(OFFLOAD, 0.0))} per step for copies the next layer's compute "
+            "does not hide; a slower link means more waiting, or recomputation instead"))
     out.append(Measurement(
         "peak memory per rank (torch.cuda.max_memory_allocated)",
         f"predicted {format_gib(best.memory.peak_bytes)} of {format_gib(best.memory.capacity_bytes)}; with more "
@@ -198,11 +210,18 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
         if full.plan.recompute != "none":
             bare = _try(model, cluster, job, Plan(dp_shard=n, mbs=1, recompute="none"), mfu)
             if bare is not None and not bare.feasible:
-                q1.lines.append(
-                    f"Without recomputation even one sequence per micro-batch needs "
-                    f"{format_gib(bare.memory.activation_bytes)} of activations (peak "
-                    f"{format_gib(bare.memory.peak_bytes)}): activation checkpointing is required, and it costs "
-                    f"{full.time_breakdown.get('recompute', 0.0) / full.step_time_s:.0%} of the step.")
+                line = (f"Without recomputation even one sequence per micro-batch needs "
+                        f"{format_gib(bare.memory.activation_bytes)} of activations (peak "
+                        f"{format_gib(bare.memory.peak_bytes)}): activation checkpointing is required, and it costs "
+                        f"{full.time_breakdown.get('recompute', 0.0) / full.step_time_s:.0%} of the step")
+                # Megatron can offload activations to host memory instead (as the search offers it)
+                off = (_try(model, cluster, job, Plan(dp_shard=n, offload_layers=None), mfu)
+                       if job.software == "megatron" and cluster.host_bytes_per_s and not job.cuda_graphs else None)
+                if off is not None and off.feasible and off.plan.offload_layers:
+                    line += (f"; offloading the activations of {off.plan.offload_layers} layers to host memory "
+                             f"instead (micro-batch {off.plan.mbs}) gives a step of {format_seconds(off.step_time_s)}, "
+                             f"{off.step_time_s / full.step_time_s - 1:+.0%} against recomputing")
+                q1.lines.append(line + ".")
     questions.append(q1)
 
     # Q2: FSDP step time and traffic

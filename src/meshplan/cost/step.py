@@ -48,7 +48,7 @@ from meshplan.cost.validate import validate_plan
 from meshplan.memo import cache_by_identity
 from meshplan.specs import AcceleratorSpec, ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.specs.plan import recompute_modules_of
-from meshplan.units import GiB, MiB, format_gib
+from meshplan.units import GB, GiB, MiB, format_gib
 
 DDP_BUCKET_BYTES = 25 * MiB  # torch DDP default bucket_cap_mb=25
 
@@ -187,6 +187,11 @@ RECOMPUTE_LUMPED = ("ep", "cp")
 all-to-alls, Ulysses' all-to-alls); tensor parallelism and ring attention list those under the backward."""
 HOST_BOUND = "host-bound MoE launches"
 """Breakdown key: the time a stage's MoE layers wait for the host to launch their kernels."""
+OFFLOAD = "activation offload"
+"""Breakdown key: the time a stage's layers wait for offloaded activations to reach host memory (forward)
+or to come back (backward) beyond what the next layer's compute hides (Plan.offload_layers)."""
+STALLS = (HOST_BOUND, OFFLOAD)
+"""Breakdown keys of waits that stretch a stage's compute (the simulator runs the stretched layers)."""
 
 
 def _set_exposure(entries: list[CommEntry], windows: dict[str, float], overlap: float,
@@ -420,7 +425,26 @@ def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, floa
         stored = tokens * (c.n_dense * a_dense + c.n_moe * a_moe)
         if freed[0] or freed[1]:  # one layer's discarded tensors, re-created for its backward
             working = tokens * max(freed[0] if c.n_dense else 0.0, freed[1] if c.n_moe else 0.0)
+        if c.plan.offload_layers:
+            stored -= tokens * _offloaded_bytes_per_token(c, a_dense, a_moe)
     return held * stored, held * tokens * st.embedding, working, tokens * st.logits
+
+
+def offloaded_layers(offload_layers: int, n_dense: int, n_moe: int) -> tuple[int, int]:
+    """(dense, MoE) layers of a stage whose activations Plan.offload_layers moves to host memory: the first
+    ones, dense first (Transformer Engine's offload context counts layers from the first)."""
+    d = min(offload_layers, n_dense)
+    return d, min(offload_layers - d, n_moe)
+
+
+def _offloaded_bytes_per_token(c: _StageCtx, a_dense: float, a_moe: float) -> float:
+    """Activation bytes per token that offloading takes out of HBM at the stage's peak, the end of the
+    forward: every offloaded layer's. TE's offload handler copies a layer's tensors while the next layer
+    runs and frees them when the copy ends, and Megatron leaves at least the last layer in HBM, so by the
+    last forward every copy has ended; in the backward a layer comes back while the one after it computes,
+    when the layers after it have freed theirs."""
+    d, e = offloaded_layers(c.plan.offload_layers, c.n_dense, c.n_moe)
+    return d * a_dense + e * a_moe
 
 
 def _stage_peak_bytes(c: _StageCtx, st: _StaticMemory) -> float:
@@ -617,8 +641,26 @@ def _host_waits_s(c: _StageCtx, compute: ComputeParams, ledger: list[CommEntry],
     return (max(0.0, host_f - fwd_s - stalls["forward"]), max(0.0, host_b - bwd_s - stalls["backward"]))
 
 
-def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) -> StageDetail:
-    """Communication ledger, exposure and the stage's step time [s]."""
+def _offload_waits_s(c: _StageCtx, st: _StaticMemory, fwd_s: float, bwd_s: float) -> tuple[float, float]:
+    """Per micro-batch, how long stage ``c.s``'s layers wait for activation offloading, forward and backward
+    [s]. Each offloaded layer's saved tensors cross the host link (ClusterSpec.host_bytes_per_s) while the
+    next layer computes: its copy out during the next forward, its copy back during the backward of the
+    layer after it (Transformer Engine's offload handler); a copy longer than that layer's compute (the
+    stage's mean, ``fwd_s`` and ``bwd_s`` over its layers) holds the compute up by the difference. The
+    copies run on the copy engines; the HBM bandwidth they take (a few per cent of it) is not modelled."""
+    host = c.cluster.host_bytes_per_s
+    layers = c.n_dense + c.n_moe
+    if not c.plan.offload_layers or not host or not layers:
+        return 0.0, 0.0
+    flash = c.job.flash_attention
+    d, e = offloaded_layers(c.plan.offload_layers, c.n_dense, c.n_moe)
+    copies = [(d, c.tokens * st.a_dense[flash] / host), (e, c.tokens * st.a_moe[flash] / host)]
+    return tuple(sum(n * max(0.0, t - phase / layers) for n, t in copies)  # type: ignore[return-value]
+                 for phase in (fwd_s, bwd_s))
+
+
+def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...], st: _StaticMemory) -> StageDetail:
+    """Communication ledger, exposure and the stage's step time [s]; ``st``: its ``_static_memory``."""
     plan, m = c.plan, c.m
     lf, lb, t_w, t_r, attn, hf, hb = times
     ledger = _stage_ledger(c)
@@ -627,10 +669,12 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) 
         ledger = [replace(e, time_s=e.time_s / eff, edge_s=e.edge_s / eff) if e.axis in SHARDED_DP_AXES else e
                   for e in ledger]
     bwd = lb + t_w + t_r
-    wait_f, wait_b = _host_waits_s(c, compute, ledger, lf, bwd)
+    host_f, host_b = _host_waits_s(c, compute, ledger, lf, bwd)
+    off_f, off_b = _offload_waits_s(c, st, lf, bwd)
+    wait_f, wait_b = host_f + off_f, host_b + off_b
     r_share = t_r / bwd if bwd else 0.0
-    if wait_f:  # the phase runs at the host's pace: its parts stretched alike, bubble and windows with them
-        lf *= 1.0 + wait_f / lf
+    if wait_f:  # the phase runs at the host's (or the copies') pace: its parts stretched alike, bubble and
+        lf *= 1.0 + wait_f / lf  # windows with them
     if wait_b:
         k = 1.0 + wait_b / bwd
         lb, t_w, t_r = lb * k, t_w * k, t_r * k
@@ -660,7 +704,9 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) 
     if wait_f or wait_b:
         breakdown["compute"] -= m * (wait_f + wait_b * (1.0 - r_share))
         breakdown["recompute"] -= m * wait_b * r_share
-        breakdown[HOST_BOUND] = m * (wait_f + wait_b)
+        for key, wait in ((HOST_BOUND, host_f + host_b), (OFFLOAD, off_f + off_b)):
+            if wait:
+                breakdown[key] = m * wait
     breakdown["pipeline bubble"] = bubble
     breakdown["optimizer step"] = opt
     breakdown["comm contention"] = compute.comm_slowdown * hidden
@@ -725,6 +771,22 @@ def _batch_reasons(job: JobSpec, plan: Plan) -> tuple[list[str], int]:
     return reasons, m
 
 
+def _offload_reasons(cluster: ClusterSpec, job: JobSpec, plan: Plan, layout: list[tuple[int, int]]) -> list[str]:
+    """Why ``plan``'s activation offloading cannot run here (empty if it can): Megatron offloads at most the
+    layers less one, needs the host link's rate (ClusterSpec.host_bytes_per_s) to be timed, and does not
+    run inside CUDA graphs (Megatron Bridge's CPU-offloading guide)."""
+    reasons = []
+    layers = max(d + e for d, e in layout)
+    if plan.offload_layers > layers - 1:
+        reasons.append(f"offload_layers={plan.offload_layers}: Megatron offloads at most the layers less one "
+                       f"({layers - 1} of {layers})")
+    if cluster.host_bytes_per_s is None:
+        reasons.append("activation offloading needs the node's host link rate (cluster node key host_gb_per_s)")
+    if job.cuda_graphs:
+        reasons.append("activation offloading does not run inside CUDA graphs (job cuda_graphs = true)")
+    return reasons
+
+
 def bounding_stages(layout: list[tuple[int, int]]) -> list[int]:
     """The stages that bound the step and the memory: the first (embedding, and the most micro-batches in
     flight), the last (LM head, MTP) and the earliest middle stage of each (dense, MoE) layer count that no
@@ -782,6 +844,8 @@ class _Probe(NamedTuple):
 def _probe(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan,
            shared: _PlanShared) -> _Probe:
     reasons, m = _batch_reasons(job, plan)
+    if plan.offload_layers:
+        reasons += _offload_reasons(cluster, job, plan, shared.layout)
     peak = max(_stage_peak_bytes(c, shared.static[c.s]) for c in _stage_ctxs(model, counts, cluster, job, plan, m,
                                                                              shared))
     return _Probe(plan, not reasons and peak <= cluster.accelerator.hbm_capacity_bytes, peak)
@@ -803,6 +867,8 @@ def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec,
                    tokens, fraction)
     peak = cluster.accelerator.peak_flop_per_s(job.precision)
     ctxs = _stage_ctxs(model, counts, cluster, job, plan, m, shared)
+    if plan.offload_layers:
+        reasons += _offload_reasons(cluster, job, plan, shared.layout)
     mem_report = _peak_memory(ctxs, shared)
     if mem_report.peak_bytes > mem_report.capacity_bytes:
         reasons.append(_memory_reason(mem_report))
@@ -821,9 +887,10 @@ def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec,
         scale = target / kernel if kernel > 0 else 1.0
         times = [tuple(x * scale for x in t) for t in times]  # type: ignore[misc]
     times = [_with_fsdp_copies(c, compute, t) for c, t in zip(ctxs, times, strict=True)]
-    details = tuple(_stage_time(c, compute, t) for c, t in zip(ctxs, times, strict=True))
+    details = tuple(_stage_time(c, compute, t, shared.static[c.s]) for c, t in zip(ctxs, times, strict=True))
     slowest = max(details, key=lambda x: x.time_s)
     step = slowest.time_s
+    notes = [_offload_note(ctxs[0], shared.static[0], cluster)] if plan.offload_layers else []
     return Estimate(
         model=model.name, cluster=cluster.name, n_gpus=cluster.n_gpus, plan=plan, n_microbatches=m,
         global_batch_tokens=tokens, seq_len=job.seq_len, feasible=not reasons, infeasible_reasons=reasons,
@@ -831,27 +898,46 @@ def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec,
         mfu=flops.model_flop_per_step / (cluster.n_gpus * peak * step),
         hfu=flops.hardware_flop_per_step / (cluster.n_gpus * peak * step),
         comm=slowest.comm, bubble_fraction=bubble_fraction(schedule=plan.schedule, pp=plan.pp, m=m, vpp=plan.vpp),
-        stages=details,
+        stages=details, notes=notes,
         compute_source=f"assumed MFU {mfu:.0%}" if mfu is not None else f"kernel model ({compute.source})",
     )
+
+
+def _offload_note(c: _StageCtx, st: _StaticMemory, cluster: ClusterSpec) -> str:
+    """What activation offloading moves, for the report (pp = 1: one stage)."""
+    flash = c.job.flash_attention
+    moved = c.tokens * _offloaded_bytes_per_token(c, st.a_dense[flash], st.a_moe[flash])
+    host = cluster.host_bytes_per_s
+    link = f"over the host link at {host / GB:,.0f} GB/s per GPU per direction" if host else "(no host link rate)"
+    return (f"activation offload: {c.plan.offload_layers} of {c.n_dense + c.n_moe} layers, {moved / GB:,.1f} GB to "
+            f"host memory and back per micro-batch {link}")
 
 
 _PLAN_FIELDS = tuple(f.name for f in fields(Plan))
 
 
-def _with_choice(plan: Plan, mbs: int, recompute: str, recompute_layers: int | None) -> Plan:
+OFFLOAD_MODE = "offload"
+"""The choice's mode for activation offloading (Plan.offload_layers) instead of recomputation; its layer
+count is chosen as full recomputation's is."""
+
+
+def _with_choice(plan: Plan, mbs: int, recompute: str, layers: int | None) -> Plan:
     """``replace(plan, mbs=..., recompute=..., recompute_modules=..., recompute_layers=...)`` from a
-    Plan.recompute_key without re-validating the other fields (a valid plan's): the hot path of the
-    micro-batch and recompute search, whose values are valid by construction (a divisor of the batch, a
-    mode of RECOMPUTE or a key of Megatron's modules, layers only with 'full')."""
+    Plan.recompute_key, or ``offload_layers=layers`` for OFFLOAD_MODE (a plan left to choose its offloading
+    offloads none under the other modes), without re-validating the other fields (a valid plan's): the hot
+    path of the micro-batch and recompute search, whose values are valid by construction (a divisor of the
+    batch, a mode of RECOMPUTE or a key of Megatron's modules, layers only with 'full' or offloading)."""
     new = object.__new__(Plan)
     for name in _PLAN_FIELDS:
         object.__setattr__(new, name, getattr(plan, name))
     object.__setattr__(new, "mbs", mbs)
-    mode, _, modules = recompute.partition(":")  # a Plan.recompute_key: 'selective:layernorm+moe_act'
+    offload = recompute == OFFLOAD_MODE
+    mode, _, modules = ("none" if offload else recompute).partition(":")  # 'selective:layernorm+moe_act'
     object.__setattr__(new, "recompute", mode)
     object.__setattr__(new, "recompute_modules", modules)
-    object.__setattr__(new, "recompute_layers", recompute_layers)
+    object.__setattr__(new, "recompute_layers", None if offload else layers)
+    if offload or plan.offload_layers is None:
+        object.__setattr__(new, "offload_layers", layers if offload else 0)
     return new
 
 
@@ -1035,19 +1121,23 @@ def megatron_selective_keys(model: ModelSpec, flash_attention: bool = True) -> l
 
 
 def recompute_options(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[str], int]:
-    """The recompute modes ``evaluate`` chooses among for ``plan``, least recomputation first, and the
-    largest number of layers per stage it may recompute partially (full recomputation of the first 1..L-1
-    layers of an L-layer stage, searched when nothing is fixed; 0: none)."""
+    """The recompute modes ``evaluate`` chooses among for ``plan``, least recomputation first (and
+    OFFLOAD_MODE last where the plan leaves its offloading to the choice), and the largest number of layers
+    per stage it may recompute partially (full recomputation of the first 1..L-1 layers of an L-layer
+    stage, searched when nothing is fixed; 0: none)."""
+    offload = [OFFLOAD_MODE] if plan.offload_layers is None else []  # after the rest: it frees the most
     if plan.recompute:
-        return [plan.recompute_key], 0
+        return [plan.recompute_key, *offload], 0
     if plan.recompute_layers:
         return ["full"], 0
+    if plan.offload_layers:  # Megatron offloads only without recomputation
+        return ["none"], 0
     modes = ["none", "sac", "full"] if job.flash_attention else ["none", "selective", "sac", "full"]
     if plan.sharding == "megatron" or job.software == "megatron":  # Megatron-core has modules, not op-level SAC
         modes[modes.index("sac"):modes.index("sac") + 1] = megatron_selective_keys(model, job.flash_attention)
     if plan.ep_overlap:  # Megatron's all-to-all overlap runs without full recomputation
-        return modes[:-1], 0
-    return modes, max(d + e for d, e in _plan_stage_layers(model, plan)) - 1
+        return modes[:-1] + offload, 0
+    return modes + offload, max(d + e for d, e in _plan_stage_layers(model, plan)) - 1
 
 
 def _bisect(ok: Callable[[int], bool], lo: int, hi: int) -> int | None:
@@ -1092,6 +1182,9 @@ class _Choice:
         self.shared = _plan_shared(model, self.counts, cluster, job, plan)
         self.mbs_list = [plan.mbs] if plan.mbs else micro_batch_sizes(job, plan.dp)  # largest first
         self.recomputes, self.partial_layers = recompute_options(model, job, plan)
+        # the most layers a stage may offload (Megatron: all but one), when the choice includes offloading
+        offered = OFFLOAD_MODE in self.recomputes and cluster.host_bytes_per_s is not None and not job.cuda_graphs
+        self.offload_max = max(d + e for d, e in self.shared.layout) - 1 if offered else 0
         self.best: Estimate | None = None
         self._plans: dict[_Key, Plan] = {}
         self._probes: dict[_Key, _Probe] = {}
@@ -1154,6 +1247,8 @@ class _Choice:
     def bound(self, rc: str, b: int, n: int | None = None) -> float:
         """``_compute_bound_s`` of a combination; b = 0: the least over every micro-batch size. ``n`` None:
         the plan's own recompute_layers (as ``variant`` does)."""
+        if rc == OFFLOAD_MODE:  # offloading only adds to the compute of the same micro-batch without it
+            return self.bound("none", b)
         n = n or self.plan.recompute_layers
         key = (rc, b, n)
         if key not in self._bounds:
@@ -1184,15 +1279,24 @@ class _Choice:
         needs the least memory, infeasible (timed only if ``time_infeasible``). With a cutoff, also None
         when nothing can beat it."""
         mbs = self.mbs_list
-        if not self.fits(self.recomputes[-1], mbs[-1]):  # even the most lenient combination does not fit
-            return None if self.cutoff_s is not None else self.at(self.recomputes[-1], mbs[-1], timed=time_infeasible)
+        # the most lenient combinations: the most recomputation, and the most offloading where offered
+        lenient = [(rc, None) for rc in self.recomputes if rc != OFFLOAD_MODE][-1:]
+        lenient += [(OFFLOAD_MODE, self.offload_max)] if self.offload_max else []
+        if not any(self.fits(rc, mbs[-1], n) for rc, n in lenient):  # even those do not fit
+            if self.cutoff_s is not None:
+                return None
+            rc, n = min(lenient, key=lambda x: self.probe(x[0], mbs[-1], x[1]).peak_bytes)
+            return self.at(rc, mbs[-1], n, timed=time_infeasible)
         first_fits: dict[str, int | None] = {}
-        smallest: _Probe | None = None
+        smallest: tuple[float, str, int, int | None] | None = None  # (peak, mode, mbs, layers) if none fits
         hi_bound = len(mbs) - 1  # a mode fits no smaller a micro-batch than the one before it (less recompute)
         for rc in self.recomputes:
             best = self.best
             if best is not None and self.plan.pp == 1 and best.plan.mbs == mbs[0] and best.plan.recompute == "none":
                 break  # nothing recomputed at the largest micro-batch: recomputing can only be slower
+            if rc == OFFLOAD_MODE:
+                smallest = self._offload(smallest)
+                continue
             # every micro-batch size, and for full recomputation the fewest layers it may recompute
             if self.pruned(rc, 0, 1 if rc == "full" and self.partial_layers else None):
                 continue
@@ -1200,8 +1304,8 @@ class _Choice:
             first_fits[rc] = first_fit
             if first_fit is None:
                 probe = self.probe(rc, mbs[-1])
-                if smallest is None or probe.peak_bytes < smallest.peak_bytes:
-                    smallest = probe
+                if smallest is None or probe.peak_bytes < smallest[0]:
+                    smallest = (probe.peak_bytes, rc, mbs[-1], None)
                 continue
             hi_bound = first_fit
             none_fit = first_fits.get("none")
@@ -1222,4 +1326,26 @@ class _Choice:
         if self.best is not None or self.cutoff_s is not None:
             return self.best
         assert smallest is not None
-        return self.at(smallest.plan.recompute_key, smallest.plan.mbs or 1)
+        return self.at(*smallest[1:])
+
+    def _offload(self, smallest: tuple[float, str, int, int | None] | None
+                 ) -> tuple[float, str, int, int | None] | None:
+        """Consider activation offloading: at each micro-batch size ``tries`` picks from the largest that
+        fits with the most offloading, the fewest offloaded layers that fit, which are the fastest (each
+        offloaded layer can only add time). Returns ``smallest`` updated where nothing fits."""
+        mbs, rc, most = self.mbs_list, OFFLOAD_MODE, self.offload_max
+        if most < 1 or self.pruned(rc, 0):
+            return smallest
+        first_fit = _bisect(lambda i: self.fits(rc, mbs[i], most), 0, len(mbs) - 1)
+        if first_fit is None:
+            probe = self.probe(rc, mbs[-1], most)
+            return (probe.peak_bytes, rc, mbs[-1], most) if smallest is None or probe.peak_bytes < smallest[0] \
+                else smallest
+        for i in self.tries(first_fit):
+            b = mbs[i]
+            if self.pruned(rc, b):
+                continue
+            n = _bisect(lambda k, b=b: self.fits(rc, b, k), 1, most)
+            if n is not None:
+                self.consider(rc, b, n)
+        return smallest

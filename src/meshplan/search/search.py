@@ -99,16 +99,19 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
             variants.append(v)
             base_of.append(k)
     total = len(plans) + len(variants)
-    counted: dict[tuple[int, int, bool, bool], int] = {}
+    counted: dict[tuple[int, int, bool, bool, bool], int] = {}
 
     def configurations(p: Plan) -> int:
         """Micro-batch sizes x (recompute modes + partial recomputation layer counts) that evaluate chooses
-        among; for the search's plans (mbs and recompute unset) that depends on dp, pp, ep_overlap and
-        whether Megatron runs it (its selective modules instead of op-level SAC) only."""
-        key = (p.dp, p.pp, p.ep_overlap, p.sharding == "megatron")
+        among; for the search's plans (mbs and recompute unset) that depends on dp, pp, ep_overlap,
+        whether Megatron runs it (its selective modules instead of op-level SAC) and whether it may
+        offload activations only."""
+        key = (p.dp, p.pp, p.ep_overlap, p.sharding == "megatron", p.offload_layers is None)
         if key not in counted:
             modes, partial = recompute_options(model, job, p)
-            counted[key] = (len(modes) + partial) * len(micro_batch_sizes(job, p.dp))
+            # offloading 1..L-1 layers (pp = 1): OFFLOAD_MODE counts one of them
+            offload = max(0, model.n_layers + model.mtp_layers - 2) if p.offload_layers is None else 0
+            counted[key] = (len(modes) + partial + offload) * len(micro_batch_sizes(job, p.dp))
         return counted[key]
 
     def tick(i: int) -> None:

@@ -62,9 +62,10 @@ def needs_more_memory(variant: Plan) -> bool:
     micro-batch (or model chunk) of activations and rules out full recomputation, and async TP, the CP
     exchange, the MoE dispatch and DDP's sync frequency change no memory term. The exception is FSDP2
     under a pipeline resharding per micro-batch, which frees what the default keeps (tested in
-    test_properties), and expert-TP, which divides the experts' states by tp but gathers their tokens."""
+    test_properties), expert-TP, which divides the experts' states by tp but gathers their tokens, and
+    activation offloading, which frees activations."""
     return not ((variant.sharding == "fsdp" and variant.pp > 1 and variant.shard_degree > 1)
-                or variant.etp is not None)
+                or variant.etp is not None or variant.offload_layers != 0)
 
 
 def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan) -> Iterator[Plan]:
@@ -81,7 +82,10 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
     - Megatron MoE: DeepEP dispatch where it sends less than an all-to-all (the expert-parallel group
       spans nodes, or a GPU holds several experts of a token's top-k), the all-to-all
       overlap with another micro-batch (without a pipeline, or with the interleaved schedule), and
-      with TP the routed experts split over the tp ranks too (expert-TP = tp).
+      with TP the routed experts split over the tp ranks too (expert-TP = tp);
+    - Megatron without a pipeline (its distributed optimizer, or any sharding with job.software =
+      'megatron', as Megatron-FSDP): activation offloading, ``evaluate`` taking the fewest layers that fit
+      where it beats recomputation, on nodes whose host link rate is known and without CUDA graphs.
 
     Options that change nothing for the plan (grad sync with one micro-batch, a partial reshard that
     is the whole group) are not generated, so no configuration is counted twice.
@@ -128,6 +132,9 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
             continue  # the default plan itself
         yield replace(plan, sp=sp, async_tp=async_tp, cp_impl=cp_impl, reshard_after_forward=raf, grad_sync=sync,
                       ep_dispatch=dispatch, ep_overlap=ep_overlap, etp=etp)
+    if (plan.pp == 1 and cluster.host_bytes_per_s is not None and not job.cuda_graphs
+            and (plan.sharding == "megatron" or job.software == "megatron")):
+        yield replace(plan, offload_layers=None)
 
 
 def family(plan: Plan) -> str:

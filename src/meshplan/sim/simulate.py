@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from meshplan.cost.estimate import Estimate, StageDetail
-from meshplan.cost.step import HOST_BOUND
+from meshplan.cost.step import HOST_BOUND, OFFLOAD, STALLS
 from meshplan.sim.build import stage_ops
 from meshplan.sim.engine import Op, run
 from meshplan.sim.pipeline import Task, schedule_pipeline
@@ -131,18 +131,20 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
 
 
 def _ordered(br: dict[str, float], detail: StageDetail, m: int) -> dict[str, float]:
-    """``br`` in the closed form's order, the host's wait named as the closed form names it."""
-    br = _host_wait_named(br, detail, m)
-    keys = ["compute", "recompute", HOST_BOUND, *sorted(k for k in br if k.startswith("exposed")),
+    """``br`` in the closed form's order, the host's and the offload copies' waits named as the closed form
+    names them."""
+    br = _stalls_named(br, detail, m)
+    keys = ["compute", "recompute", HOST_BOUND, OFFLOAD, *sorted(k for k in br if k.startswith("exposed")),
             "pipeline bubble", "comm contention", "other", "optimizer step", "step overhead"]
     return {k: br[k] for k in keys if k in br and math.isfinite(br[k])}
 
 
-def _host_wait_named(br: dict[str, float], detail: StageDetail, m: int) -> dict[str, float]:
-    """``br`` with the share of compute and of recomputation that the closed form attributes to the host's
-    kernel launches (cost.step.HOST_BOUND) moved there: the simulator runs the stretched layers, so its
-    compute and recomputation include the wait."""
-    wait = detail.breakdown.get(HOST_BOUND, 0.0)
+def _stalls_named(br: dict[str, float], detail: StageDetail, m: int) -> dict[str, float]:
+    """``br`` with the share of compute and of recomputation that the closed form attributes to waits
+    (cost.step.STALLS: the host's kernel launches, activation offload copies) moved there, each wait its
+    share: the simulator runs the stretched layers, so its compute and recomputation include them."""
+    waits = {k: detail.breakdown.get(k, 0.0) for k in STALLS}
+    wait = sum(waits.values())
     if wait <= 0.0:
         return br
     br = dict(br)
@@ -152,7 +154,9 @@ def _host_wait_named(br: dict[str, float], detail: StageDetail, m: int) -> dict[
                          ("recompute", closed_r, wait_r)):
         moved = br.get(k, 0.0) * w / (closed + w) if closed + w > 0.0 else 0.0
         br[k] = br.get(k, 0.0) - moved
-        br[HOST_BOUND] = br.get(HOST_BOUND, 0.0) + moved
+        for key, v in waits.items():
+            if v:
+                br[key] = br.get(key, 0.0) + moved * v / wait
     return br
 
 

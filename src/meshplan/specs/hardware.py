@@ -117,11 +117,17 @@ class ClusterSpec:
     gpus_per_node: int
     intra: IntraNodeLink
     inter: InterNodeLink
+    host_bytes_per_s: float | None = None
+    """Copy bandwidth between a GPU's HBM and host memory, per GPU per direction, with every GPU of the
+    node copying at once (PCIe to the CPU, or NVLink-C2C to a Grace CPU); None where the node spec does
+    not say. What activation offloading (Plan.offload_layers) moves its tensors at."""
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         positive_int("cluster.nodes", self.n_nodes)
         positive_int("cluster.gpus_per_node", self.gpus_per_node)
+        if self.host_bytes_per_s is not None:
+            positive_number("cluster.node.host_gb_per_s", self.host_bytes_per_s)
 
     @property
     def n_gpus(self) -> int:

@@ -82,6 +82,13 @@ class Plan:
     comma-separated), from RECOMPUTE_MODULES, e.g. 'layernorm+moe_act'. Empty: Megatron's default,
     core_attn. What each frees and re-runs: memory.selective_freed_bytes_per_token and
     compute.selective_recompute_s."""
+    offload_layers: int | None = 0
+    """Activation offloading (Megatron-core --cpu-offloading-num-layers, Transformer Engine's CPU offload
+    context): the saved activations of the first this-many layers are copied to host memory during the
+    forward and back during the backward, asynchronously, instead of staying in HBM. Megatron runs it
+    without pipeline parallelism and without recomputation, on up to the layers less one. 0: none. None
+    ('auto' in a plan string): evaluate weighs the fewest offloaded layers that fit against recomputation
+    and keeps the faster."""
     sharding: str = "fsdp"
     """Semantics of the dp_shard axis: 'fsdp' (PyTorch FSDP2 fully_shard), 'zero1'/'zero2'/'zero3'
     (DeepSpeed), 'megatron' (Megatron-LM distributed optimizer)."""
@@ -154,6 +161,8 @@ class Plan:
             positive_int("plan.recompute_layers", self.recompute_layers)
             if self.recompute not in (None, "full"):
                 raise SpecError("plan.recompute_layers", f"needs recompute=full; got recompute={self.recompute}")
+        if self.offload_layers != 0:
+            self._check_offload()
         one_of("plan.sharding", self.sharding, SHARDING)
         one_of("plan.schedule", self.schedule, SCHEDULES)
         if self.cp_impl is not None:
@@ -205,6 +214,19 @@ class Plan:
         if empty and not (empty == [self.pp - 1] and any(c.mtp for c in chunks)):
             raise SpecError("plan.layout", f"leaves pipeline rank(s) {empty} without a decoder layer (t); meshplan "
                                            "needs one on every rank but a last rank that holds MTP layers")
+
+    def _check_offload(self) -> None:
+        """Megatron-core's conditions for activation offloading (TransformerConfig.__post_init__; Megatron
+        Bridge's CPU-offloading guide: "PP must be 1", recomputation off)."""
+        if self.offload_layers is not None and (not isinstance(self.offload_layers, int) or self.offload_layers < 0):
+            raise SpecError("plan.offload_layers", f"must be a whole number of layers >= 0, or "
+                                                   f"auto; got {self.offload_layers!r}")
+        if self.pp > 1:
+            raise SpecError("plan.offload_layers", f"offloads activations without pipeline parallelism only; "
+                                                   f"needs pp=1, got pp={self.pp}")
+        if self.recompute not in (None, "none") or self.recompute_layers is not None:
+            raise SpecError("plan.offload_layers", f"runs without activation recomputation; use recompute=none or "
+                                                   f"leave it out, got recompute={self.recompute}")
 
     def _check_ep_overlap(self) -> None:
         """Megatron-core's conditions for --overlap-moe-expert-parallel-comm (TransformerConfig.__post_init__,
@@ -285,7 +307,8 @@ class Plan:
         return self.vpp if self.schedule == "interleaved" else 1
 
     def unfixed(self, **changes: object) -> Plan:
-        """This plan (with ``changes``) whose micro-batch size and recomputation evaluate chooses."""
+        """This plan (with ``changes``) whose micro-batch size and recomputation evaluate chooses (its
+        activation offloading kept)."""
         return replace(self, mbs=None, recompute=None, recompute_layers=None, recompute_modules="",
                        **changes)  # type: ignore[arg-type]
 
@@ -313,7 +336,8 @@ class Plan:
         """The options set here rather than left to the framework's default (None or False)."""
         out = [name for name in ("sp", "cp_impl", "reshard_after_forward", "grad_sync", "ep_dispatch", "etp")
                if getattr(self, name) is not None]
-        return out + [name for name in ("async_tp", "ep_overlap") if getattr(self, name)]
+        return out + [name for name in ("async_tp", "ep_overlap") if getattr(self, name)] + (
+            ["offload_layers"] if self.offload_layers != 0 else [])
 
     def option_labels(self) -> list[str]:
         """The plan's options in short form for tables: sharding, schedule, and every non-default option."""
@@ -336,6 +360,8 @@ class Plan:
             out.append(f"etp:{self.etp}")
         if self.ep_overlap:
             out.append("ep-overlap")
+        if self.offload_layers != 0:
+            out.append(f"offload:{'auto' if self.offload_layers is None else self.offload_layers}")
         return out
 
     def label(self) -> str:
@@ -368,7 +394,8 @@ class Plan:
         for f in fields(self):
             v = getattr(self, f.name)
             if v != getattr(default, f.name):
-                out.append(f"{f.name}={str(v).lower() if isinstance(v, bool) else v}")
+                text = "auto" if v is None else str(v).lower() if isinstance(v, bool) else v  # None: offload_layers
+                out.append(f"{f.name}={text}")
         return ",".join(out) or "dp_replicate=1"
 
 
@@ -385,6 +412,8 @@ def _parse_value(key: str, raw: str) -> object:
         if low in ("false", "0", "no", "off"):
             return False
         raise SpecError(f"plan.{key}", f"must be true or false; got {raw!r}")
+    if key == "offload_layers" and low == "auto":
+        return None
     if "int" in str(ftype):
         return _int(key, raw)
     if key == "layout":  # case matters: E and L, t and m

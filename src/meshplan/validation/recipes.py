@@ -1,9 +1,9 @@
 """What the published tables leave out and the recipe files of the same release state: the MoE token
-dispatcher, the expert-parallel overlap, full-iteration CUDA graphs and the activation recomputation of
-NeMo / Megatron-Bridge runs (moe_recipes.toml, each entry with the file and commit it was read from), and
-the layout a run had where its table row disagrees with every version of its preset. A row takes an entry
-only when its model, GPU, release, precision and layout all match the entry's; every other row keeps
-meshplan's defaults.
+dispatcher, the expert-parallel overlap, full-iteration CUDA graphs, the activation recomputation and the
+activation offloading of NeMo / Megatron-Bridge runs (moe_recipes.toml, each entry with the file and
+commit it was read from), and the layout a run had where its table row disagrees with every version of
+its preset. A row takes an entry only when its model, GPU, release, precision and layout all match the
+entry's; every other row keeps meshplan's defaults.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class RecipeSettings(NamedTuple):
 def _tables() -> dict[str, tuple[dict[str, Any], ...]]:
     text = resources.files("meshplan.validation").joinpath("moe_recipes.toml").read_text()
     data = tomllib.loads(text)
-    return {name: tuple(data.get(name, ())) for name in ("recipe", "recompute", "layout")}
+    return {name: tuple(data.get(name, ())) for name in ("recipe", "recompute", "offload", "layout")}
 
 
 def _release(software: str) -> str:
@@ -84,6 +84,19 @@ def recipe_recompute(row: dict[str, str], layout: dict[str, int]) -> RecomputeSe
         return None
     modules = r.get("modules", "")
     return RecomputeSettings("selective" if modules else "none", modules, r["source"])
+
+
+class OffloadSettings(NamedTuple):
+    layers: int
+    """Megatron-core's cpu_offloading_num_layers (Plan.offload_layers); the recipe runs no recomputation."""
+    source: str
+
+
+def recipe_offload(row: dict[str, str], layout: dict[str, int]) -> OffloadSettings | None:
+    """The activation offloading a NeMo / Megatron-Bridge row's recipe file sets (moe_recipes.toml,
+    [[offload]]), or None where none was read for it."""
+    r = _match("offload", row, layout)
+    return None if r is None else OffloadSettings(int(r["layers"]), r["source"])
 
 
 class LayoutCorrection(NamedTuple):

@@ -17,7 +17,7 @@ from meshplan.cost.step import evaluate
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.units import GiB
-from meshplan.validation.recipes import RecipeSettings, moe_recipe, recipe_layout, recipe_recompute
+from meshplan.validation.recipes import RecipeSettings, moe_recipe, recipe_layout, recipe_offload, recipe_recompute
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,6 +396,10 @@ def _plan(row: dict[str, str], model: ModelSpec,
         plan = replace(plan, recompute=rc_recipe.recompute, recompute_modules=rc_recipe.modules)
         said = f"modules={rc_recipe.modules}" if rc_recipe.modules else "none"
         imputed = (*imputed, f"{RECIPE_RECOMPUTE}{said} from {rc_recipe.source}")
+    offload = recipe_offload(row, layout) if recompute is None and rc_recipe is None else None
+    if offload is not None:
+        plan = replace(plan, recompute="none", offload_layers=offload.layers)
+        imputed = (*imputed, f"offload_layers={offload.layers}, recompute=none from {offload.source}")
     recipe = moe_recipe(row, layout)
     if recipe is None:
         return plan, imputed, None
