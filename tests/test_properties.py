@@ -202,7 +202,7 @@ def _draw_combination(model, cluster, job, data):
     b = data.draw(st.sampled_from(micro_batch_sizes(job, plan.dp)))
     rc = data.draw(st.sampled_from(recompute_options(model, job, plan)[0]))
     if rc == OFFLOAD_MODE:  # a plan left to choose its offloading: some number of offloaded layers
-        n = data.draw(st.integers(1, max(1, model.n_layers + model.mtp_layers - 1)))
+        n = data.draw(st.integers(1, max(1, model.n_layers - 1)))
         return replace(plan, offload_layers=n), b, "none"
     return (replace(plan, offload_layers=0) if plan.offload_layers is None else plan), b, rc
 
@@ -267,7 +267,7 @@ def test_evaluate_finds_the_fastest_recomputation_that_fits(model, cluster, job,
     tried += [replace(fixed, recompute="full", recompute_layers=n) for n in range(1, partial + 1)]
     if OFFLOAD_MODE in modes:  # every number of offloaded layers, where offloading can run at all
         tried += [replace(plan, recompute="none", offload_layers=n)
-                  for n in range(1, model.n_layers + model.mtp_layers)]
+                  for n in range(1, model.n_layers)]
     times = [e.step_time_s for e in (evaluate(model, cluster, job, p) for p in tried) if e.feasible]
     if times:
         assert chosen.feasible

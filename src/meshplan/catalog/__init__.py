@@ -29,7 +29,8 @@ _ACCEL_KEYS = {"name", "description", "bf16_dense_tflop_per_s", "fp8_dense_tflop
                "hbm_bandwidth_tb_per_s", "gemm_efficiency", "node", "sources"}
 _NODE_KEYS = {"gpus_per_node", "intra_kind", "intra_link_gb_per_s", "ring_busbw_gb_per_s",
               "nvls_busbw_gb_per_s", "nvls_min_gpus", "p2p_gb_per_s", "intra_latency_us", "nic_gb_per_s",
-              "nic_efficiency", "inter_latency_us", "host_gb_per_s"}
+              "nic_efficiency", "inter_latency_us", "host_gb_per_s",
+              "host_memory_gib"}
 _CLUSTER_FILE_KEYS = {"name", "accelerator", "nodes", "node"}
 
 
@@ -192,5 +193,6 @@ def load_cluster(ref: str, *, nodes: int | None = None, gpus_per_node: int | Non
                                                                              "gpus_per_node"),
         intra=intra, inter=inter,
         host_bytes_per_s=None if node.get("host_gb_per_s") is None else float(node["host_gb_per_s"]) * GB,
+        host_memory_bytes=None if node.get("host_memory_gib") is None else float(node["host_memory_gib"]) * GiB,
         sources=dict(data.get("sources", {})),
     )

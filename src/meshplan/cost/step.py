@@ -643,10 +643,8 @@ def _host_waits_s(c: _StageCtx, compute: ComputeParams, ledger: list[CommEntry],
 
 def _offload_waits_s(c: _StageCtx, st: _StaticMemory, fwd_s: float, bwd_s: float) -> tuple[float, float]:
     """Per micro-batch, how long stage ``c.s``'s layers wait for activation offloading, forward and backward
-    [s]. Each offloaded layer's saved tensors cross the host link (ClusterSpec.host_bytes_per_s) while the
-    next layer computes: its copy out during the next forward, its copy back during the backward of the
-    layer after it (Transformer Engine's offload handler); a copy longer than that layer's compute (the
-    stage's mean, ``fwd_s`` and ``bwd_s`` over its layers) holds the compute up by the difference. The
+    [s] (offload_stalls_s, with each offloaded layer's saved tensors over the host link,
+    ClusterSpec.host_bytes_per_s, and the stage's mean layer: ``fwd_s`` and ``bwd_s`` over its layers). The
     copies run on the copy engines; the HBM bandwidth they take (a few per cent of it) is not modelled."""
     host = c.cluster.host_bytes_per_s
     layers = c.n_dense + c.n_moe
@@ -654,9 +652,49 @@ def _offload_waits_s(c: _StageCtx, st: _StaticMemory, fwd_s: float, bwd_s: float
         return 0.0, 0.0
     flash = c.job.flash_attention
     d, e = offloaded_layers(c.plan.offload_layers, c.n_dense, c.n_moe)
-    copies = [(d, c.tokens * st.a_dense[flash] / host), (e, c.tokens * st.a_moe[flash] / host)]
-    return tuple(sum(n * max(0.0, t - phase / layers) for n, t in copies)  # type: ignore[return-value]
-                 for phase in (fwd_s, bwd_s))
+    copies = [c.tokens * st.a_dense[flash] / host] * d + [c.tokens * st.a_moe[flash] / host] * e
+    # TE schedules over the decoder's layers (Megatron passes num_layers; MTP layers run after them)
+    return offload_stalls_s(fwd_s / layers, bwd_s / layers, copies, c.model.n_layers)
+
+
+def offload_stalls_s(layer_f_s: float, layer_b_s: float, copies_s: list[float], n_layers: int
+                     ) -> tuple[float, float]:
+    """The compute stream's waits, forward and backward [s], of ``n_layers`` layers of equal time whose first
+    len(``copies_s``) = N offload their saved tensors, each copy taking its ``copies_s`` each way, as
+    Transformer Engine schedules them by default from TE 2.10 (cpu_offload.py, DefaultOffloadSynchronizer;
+    TE PR #1762): one copy stream for both directions, in order; layer i's copy out is queued when it
+    ends, and layer L - N + i waits for it before it starts (so at most L - N layers' tensors are ever in
+    HBM); in the backward, layer i's copy back is queued when the backward of layer L - 1 - N + i begins
+    and its own backward waits for it. The limit is the link's throughput, not one layer's compute:
+    uniform layers wait N·c - (L - 2)·t in all when a copy c outlasts a layer t. (TE 2.9 and earlier bulk
+    copied each layer with about L / N layers to hide it: waits of about max(0, c - t·L / N) each.)"""
+    n_off, t = len(copies_s), 0.0
+    done, stream = [0.0] * n_off, 0.0
+    for j in range(n_layers):  # layer j + 1, forward
+        i = j - (n_layers - n_off)  # the offloaded layer whose copy must have ended (0-based), if any
+        if i >= 0:
+            t = max(t, done[i])
+        t += layer_f_s
+        if j < n_off:
+            stream = max(stream, t) + copies_s[j]
+            done[j] = stream
+    fwd_wait = _beyond(t, n_layers * layer_f_s)
+    t, stream = 0.0, max(0.0, stream - t)  # the backward starts where the forward ends
+    back = [0.0] * n_off
+    for j in range(n_layers - 1, -1, -1):  # layer j + 1, backward
+        i = j - (n_layers - 1 - n_off)  # the layer whose copy back its start queues
+        if 0 <= i < n_off:
+            stream = max(stream, t) + copies_s[i]
+            back[i] = stream
+        if j < n_off:
+            t = max(t, back[j])
+        t += layer_b_s
+    return fwd_wait, _beyond(t, n_layers * layer_b_s)
+
+
+def _beyond(t: float, compute: float) -> float:
+    """How far ``t`` runs past ``compute`` [s], rounding error (summing layer times) taken as none."""
+    return t - compute if t > compute * (1.0 + 1e-9) else 0.0
 
 
 def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...], st: _StaticMemory) -> StageDetail:
@@ -670,7 +708,7 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...], 
                   for e in ledger]
     bwd = lb + t_w + t_r
     host_f, host_b = _host_waits_s(c, compute, ledger, lf, bwd)
-    off_f, off_b = _offload_waits_s(c, st, lf, bwd)
+    off_f, off_b = _offload_waits_s(c, st, lf + host_f, bwd + host_b)  # the copies overlap the host's pace too
     wait_f, wait_b = host_f + off_f, host_b + off_b
     r_share = t_r / bwd if bwd else 0.0
     if wait_f:  # the phase runs at the host's (or the copies') pace: its parts stretched alike, bubble and
@@ -771,20 +809,40 @@ def _batch_reasons(job: JobSpec, plan: Plan) -> tuple[list[str], int]:
     return reasons, m
 
 
-def _offload_reasons(cluster: ClusterSpec, job: JobSpec, plan: Plan, layout: list[tuple[int, int]]) -> list[str]:
-    """Why ``plan``'s activation offloading cannot run here (empty if it can): Megatron offloads at most the
-    layers less one, needs the host link's rate (ClusterSpec.host_bytes_per_s) to be timed, and does not
-    run inside CUDA graphs (Megatron Bridge's CPU-offloading guide)."""
+def _offload_reasons(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, ctxs: list[_StageCtx],
+                     shared: _PlanShared) -> list[str]:
+    """Why ``plan``'s activation offloading cannot run here (empty if it can): it is Megatron-core's (TE's
+    offload context under Megatron's transformer block); Megatron offloads at most the decoder layers less
+    one (cpu_offloading_num_layers < num_layers, MTP layers not counted); the host link's rate must be known
+    to time it (ClusterSpec.host_bytes_per_s); it runs in a CUDA graph only if the graph is the whole
+    iteration (offload_runs_with); and the offloaded tensors must fit in the GPU's share of host memory
+    where the node spec gives it (ClusterSpec.host_memory_bytes)."""
     reasons = []
-    layers = max(d + e for d, e in layout)
-    if plan.offload_layers > layers - 1:
-        reasons.append(f"offload_layers={plan.offload_layers}: Megatron offloads at most the layers less one "
-                       f"({layers - 1} of {layers})")
+    if plan.sharding != "megatron" and job.software != "megatron":
+        reasons.append(f"activation offloading is Megatron-core's (Transformer Engine's offload context): needs "
+                       f"sharding=megatron or job software = megatron, got sharding={plan.sharding} and software="
+                       f"{job.software}")
+    if plan.offload_layers > model.n_layers - 1:
+        reasons.append(f"offload_layers={plan.offload_layers}: Megatron offloads at most the decoder layers less "
+                       f"one ({model.n_layers - 1} of {model.n_layers})")
     if cluster.host_bytes_per_s is None:
         reasons.append("activation offloading needs the node's host link rate (cluster node key host_gb_per_s)")
-    if job.cuda_graphs:
-        reasons.append("activation offloading does not run inside CUDA graphs (job cuda_graphs = true)")
+    if not offload_runs_with(job):
+        reasons.append("activation offloading does not run inside per-layer CUDA graphs (job cuda_graphs = true "
+                       "with cuda_graph_scope = layers; a full_iteration graph can)")
+    host_memory = cluster.host_memory_bytes
+    if host_memory is not None:
+        moved = max(_offloaded_bytes(c, shared.static[c.s]) for c in ctxs)
+        if moved > host_memory:
+            reasons.append(f"the offloaded activations need {format_gib(moved)} of host memory per GPU, over "
+                           f"the {format_gib(host_memory)} the node has per GPU")
     return reasons
+
+
+def offload_runs_with(job: JobSpec) -> bool:
+    """Whether Megatron-core runs activation offloading with ``job``'s CUDA graphs: without any, or with one
+    graph for the whole iteration (TransformerConfig.__post_init__ refuses other cuda_graph_impl values)."""
+    return not job.cuda_graphs or job.cuda_graph_scope == "full_iteration"
 
 
 def bounding_stages(layout: list[tuple[int, int]]) -> list[int]:
@@ -844,10 +902,10 @@ class _Probe(NamedTuple):
 def _probe(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan,
            shared: _PlanShared) -> _Probe:
     reasons, m = _batch_reasons(job, plan)
+    ctxs = _stage_ctxs(model, counts, cluster, job, plan, m, shared)
     if plan.offload_layers:
-        reasons += _offload_reasons(cluster, job, plan, shared.layout)
-    peak = max(_stage_peak_bytes(c, shared.static[c.s]) for c in _stage_ctxs(model, counts, cluster, job, plan, m,
-                                                                             shared))
+        reasons += _offload_reasons(model, cluster, job, plan, ctxs, shared)
+    peak = max(_stage_peak_bytes(c, shared.static[c.s]) for c in ctxs)
     return _Probe(plan, not reasons and peak <= cluster.accelerator.hbm_capacity_bytes, peak)
 
 
@@ -868,7 +926,7 @@ def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec,
     peak = cluster.accelerator.peak_flop_per_s(job.precision)
     ctxs = _stage_ctxs(model, counts, cluster, job, plan, m, shared)
     if plan.offload_layers:
-        reasons += _offload_reasons(cluster, job, plan, shared.layout)
+        reasons += _offload_reasons(model, cluster, job, plan, ctxs, shared)
     mem_report = _peak_memory(ctxs, shared)
     if mem_report.peak_bytes > mem_report.capacity_bytes:
         reasons.append(_memory_reason(mem_report))
@@ -903,10 +961,17 @@ def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec,
     )
 
 
+def _offloaded_bytes(c: _StageCtx, st: _StaticMemory) -> float:
+    """The activations one micro-batch offloads to host memory on stage ``c.s`` [bytes] (one micro-batch
+    at a time without a pipeline; two with the MoE all-to-all overlap)."""
+    flash = c.job.flash_attention
+    held = 2 if c.plan.ep_overlap else 1
+    return held * c.tokens * _offloaded_bytes_per_token(c, st.a_dense[flash], st.a_moe[flash])
+
+
 def _offload_note(c: _StageCtx, st: _StaticMemory, cluster: ClusterSpec) -> str:
     """What activation offloading moves, for the report (pp = 1: one stage)."""
-    flash = c.job.flash_attention
-    moved = c.tokens * _offloaded_bytes_per_token(c, st.a_dense[flash], st.a_moe[flash])
+    moved = _offloaded_bytes(c, st) / (2 if c.plan.ep_overlap else 1)
     host = cluster.host_bytes_per_s
     link = f"over the host link at {host / GB:,.0f} GB/s per GPU per direction" if host else "(no host link rate)"
     return (f"activation offload: {c.plan.offload_layers} of {c.n_dense + c.n_moe} layers, {moved / GB:,.1f} GB to "
@@ -1183,8 +1248,8 @@ class _Choice:
         self.mbs_list = [plan.mbs] if plan.mbs else micro_batch_sizes(job, plan.dp)  # largest first
         self.recomputes, self.partial_layers = recompute_options(model, job, plan)
         # the most layers a stage may offload (Megatron: all but one), when the choice includes offloading
-        offered = OFFLOAD_MODE in self.recomputes and cluster.host_bytes_per_s is not None and not job.cuda_graphs
-        self.offload_max = max(d + e for d, e in self.shared.layout) - 1 if offered else 0
+        offered = OFFLOAD_MODE in self.recomputes and cluster.host_bytes_per_s is not None and offload_runs_with(job)
+        self.offload_max = model.n_layers - 1 if offered else 0
         self.best: Estimate | None = None
         self._plans: dict[_Key, Plan] = {}
         self._probes: dict[_Key, _Probe] = {}
@@ -1281,7 +1346,8 @@ class _Choice:
         mbs = self.mbs_list
         # the most lenient combinations: the most recomputation, and the most offloading where offered
         lenient = [(rc, None) for rc in self.recomputes if rc != OFFLOAD_MODE][-1:]
-        lenient += [(OFFLOAD_MODE, self.offload_max)] if self.offload_max else []
+        if self.offload_max:
+            lenient.append((OFFLOAD_MODE, self.fewest_offloaded(mbs[-1]) or self.offload_max))
         if not any(self.fits(rc, mbs[-1], n) for rc, n in lenient):  # even those do not fit
             if self.cutoff_s is not None:
                 return None
@@ -1330,22 +1396,29 @@ class _Choice:
 
     def _offload(self, smallest: tuple[float, str, int, int | None] | None
                  ) -> tuple[float, str, int, int | None] | None:
-        """Consider activation offloading: at each micro-batch size ``tries`` picks from the largest that
-        fits with the most offloading, the fewest offloaded layers that fit, which are the fastest (each
-        offloaded layer can only add time). Returns ``smallest`` updated where nothing fits."""
-        mbs, rc, most = self.mbs_list, OFFLOAD_MODE, self.offload_max
-        if most < 1 or self.pruned(rc, 0):
+        """Consider activation offloading at every micro-batch size: the fewest offloaded layers that fit
+        in HBM there, which are the fastest (each offloaded layer can only add time) and need the least host
+        memory. A smaller micro-batch needs fewer layers offloaded and may so wait less on the copies, so
+        no size is skipped but by its bound. Returns ``smallest`` updated where nothing fits."""
+        mbs, rc = self.mbs_list, OFFLOAD_MODE
+        if self.offload_max < 1 or self.pruned(rc, 0):
             return smallest
-        first_fit = _bisect(lambda i: self.fits(rc, mbs[i], most), 0, len(mbs) - 1)
-        if first_fit is None:
-            probe = self.probe(rc, mbs[-1], most)
-            return (probe.peak_bytes, rc, mbs[-1], most) if smallest is None or probe.peak_bytes < smallest[0] \
-                else smallest
-        for i in self.tries(first_fit):
-            b = mbs[i]
+        fitted = False
+        for b in mbs:
             if self.pruned(rc, b):
                 continue
-            n = _bisect(lambda k, b=b: self.fits(rc, b, k), 1, most)
-            if n is not None:
+            n = self.fewest_offloaded(b)
+            if n is not None and self.fits(rc, b, n):
+                fitted = True
                 self.consider(rc, b, n)
+        if not fitted:
+            probe = self.probe(rc, mbs[-1], self.offload_max)
+            if smallest is None or probe.peak_bytes < smallest[0]:
+                return probe.peak_bytes, rc, mbs[-1], self.offload_max
         return smallest
+
+    def fewest_offloaded(self, b: int) -> int | None:
+        """The fewest layers whose offloading brings micro-batch size ``b`` within HBM, or None (HBM only:
+        host memory grows with the layers, so the fewest is also the likeliest to fit there)."""
+        cap = self.cluster.accelerator.hbm_capacity_bytes
+        return _bisect(lambda k: self.probe(OFFLOAD_MODE, b, k).peak_bytes <= cap, 1, self.offload_max)

@@ -110,7 +110,7 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
         if key not in counted:
             modes, partial = recompute_options(model, job, p)
             # offloading 1..L-1 layers (pp = 1): OFFLOAD_MODE counts one of them
-            offload = max(0, model.n_layers + model.mtp_layers - 2) if p.offload_layers is None else 0
+            offload = max(0, model.n_layers - 2) if p.offload_layers is None else 0
             counted[key] = (len(modes) + partial + offload) * len(micro_batch_sizes(job, p.dp))
         return counted[key]
 

@@ -17,6 +17,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from meshplan.cost.step import offload_runs_with
 from meshplan.cost.validate import ulysses_fits
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.specs.plan import FRAMEWORK_CP, FRAMEWORK_EP_DISPATCH, FRAMEWORK_SCHEDULES
@@ -85,7 +86,8 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
       with TP the routed experts split over the tp ranks too (expert-TP = tp);
     - Megatron without a pipeline (its distributed optimizer, or any sharding with job.software =
       'megatron', as Megatron-FSDP): activation offloading, ``evaluate`` taking the fewest layers that fit
-      where it beats recomputation, on nodes whose host link rate is known and without CUDA graphs.
+      where it beats recomputation, on nodes whose host link rate is known and without per-layer CUDA
+      graphs.
 
     Options that change nothing for the plan (grad sync with one micro-batch, a partial reshard that
     is the whole group) are not generated, so no configuration is counted twice.
@@ -132,7 +134,7 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
             continue  # the default plan itself
         yield replace(plan, sp=sp, async_tp=async_tp, cp_impl=cp_impl, reshard_after_forward=raf, grad_sync=sync,
                       ep_dispatch=dispatch, ep_overlap=ep_overlap, etp=etp)
-    if (plan.pp == 1 and cluster.host_bytes_per_s is not None and not job.cuda_graphs
+    if (plan.pp == 1 and cluster.host_bytes_per_s is not None and offload_runs_with(job)
             and (plan.sharding == "megatron" or job.software == "megatron")):
         yield replace(plan, offload_layers=None)
 

@@ -121,6 +121,9 @@ class ClusterSpec:
     """Copy bandwidth between a GPU's HBM and host memory, per GPU per direction, with every GPU of the
     node copying at once (PCIe to the CPU, or NVLink-C2C to a Grace CPU); None where the node spec does
     not say. What activation offloading (Plan.offload_layers) moves its tensors at."""
+    host_memory_bytes: float | None = None
+    """Host memory per GPU (the node's CPU memory over its GPUs) that offloaded activations may take; None
+    where the node spec does not say (then not checked)."""
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -128,6 +131,8 @@ class ClusterSpec:
         positive_int("cluster.gpus_per_node", self.gpus_per_node)
         if self.host_bytes_per_s is not None:
             positive_number("cluster.node.host_gb_per_s", self.host_bytes_per_s)
+        if self.host_memory_bytes is not None:
+            positive_number("cluster.node.host_memory_gib", self.host_memory_bytes)
 
     @property
     def n_gpus(self) -> int:

@@ -307,10 +307,11 @@ class Plan:
         return self.vpp if self.schedule == "interleaved" else 1
 
     def unfixed(self, **changes: object) -> Plan:
-        """This plan (with ``changes``) whose micro-batch size and recomputation evaluate chooses (its
-        activation offloading kept)."""
+        """This plan (with ``changes``) whose micro-batch size, recomputation and, if it offloads, number of
+        offloaded layers evaluate chooses."""
+        offload = {"offload_layers": None} if self.offload_layers != 0 and "offload_layers" not in changes else {}
         return replace(self, mbs=None, recompute=None, recompute_layers=None, recompute_modules="",
-                       **changes)  # type: ignore[arg-type]
+                       **offload, **changes)  # type: ignore[arg-type]
 
     def with_recompute(self, key: str) -> Plan:
         """This plan recomputing as a ``recompute_key`` says ('full', 'selective:layernorm+moe_act')."""
