@@ -32,18 +32,25 @@ def test_a_recipe_applies_only_to_its_model_gpu_release_and_layout():
     assert moe_recipe(_row(source_group="torchtitan"), LAYOUT) is None
 
 
-def test_recipe_entries_are_well_formed():
+MATCH_KEYS = {"model", "gpu", "releases", "precision", "pp", "vpp", "ep", "mbs", "source"}
+
+
+def _entries(table: str, *keys: str) -> list[dict]:
+    """moe_recipes.toml's ``table``, each entry holding only the match keys and ``keys``, a release and a
+    source, and no source twice."""
     text = resources.files("meshplan.validation").joinpath("moe_recipes.toml").read_text()
-    entries = tomllib.loads(text)["recipe"]
-    allowed = {"model", "gpu", "releases", "precision", "pp", "vpp", "ep", "mbs", "ep_dispatch", "ep_overlap",
-               "cuda_graphs", "source"}
+    entries = tomllib.loads(text)[table]
     for e in entries:
-        assert set(e) <= allowed, set(e) - allowed
-        assert e.get("ep_dispatch", "alltoall") in EP_DISPATCH and isinstance(e["ep_overlap"], bool)
-        assert isinstance(e.get("cuda_graphs", False), bool)
-        assert e.get("precision", "bf16") in ("bf16", "fp8", "mxfp8")
-        assert e["releases"] and e["source"] and e["ep"] >= 2
+        assert set(e) <= MATCH_KEYS | set(keys), set(e) - MATCH_KEYS - set(keys)
+        assert e["releases"] and e["source"] and e.get("precision", "bf16") in ("bf16", "fp8", "mxfp8")
     assert len({e["source"] for e in entries}) == len(entries)
+    return entries
+
+
+def test_recipe_entries_are_well_formed():
+    for e in _entries("recipe", "ep_dispatch", "ep_overlap", "cuda_graphs"):
+        assert e.get("ep_dispatch", "alltoall") in EP_DISPATCH and isinstance(e["ep_overlap"], bool)
+        assert isinstance(e.get("cuda_graphs", False), bool) and e["ep"] >= 2
 
 
 @pytest.mark.skipif(not os.path.exists(SHARED), reason="shared data not beside the repository")
@@ -245,14 +252,8 @@ def test_deepseek_rows_run_mtp_unless_their_table_says_without():
 
 def test_recompute_entries_are_well_formed():
     from meshplan.specs.plan import RECOMPUTE_MODULES
-    text = resources.files("meshplan.validation").joinpath("moe_recipes.toml").read_text()
-    entries = tomllib.loads(text)["recompute"]
-    allowed = {"model", "gpu", "releases", "precision", "pp", "vpp", "ep", "mbs", "modules", "source"}
-    for e in entries:
-        assert set(e) <= allowed, set(e) - allowed
+    for e in _entries("recompute", "modules"):
         assert all(m in RECOMPUTE_MODULES for m in e.get("modules", "").split("+") if m)
-        assert e["releases"] and e["source"]
-    assert len({e["source"] for e in entries}) == len(entries)
 
 
 @pytest.mark.skipif(not os.path.exists(SHARED), reason="shared data not beside the repository")
@@ -338,12 +339,8 @@ def test_megatron_rows_whose_chunks_divide_only_the_layers_and_two_run_megatrons
 
 
 def test_offload_entries_are_well_formed():
-    text = resources.files("meshplan.validation").joinpath("moe_recipes.toml").read_text()
-    entries = tomllib.loads(text)["offload"]
-    allowed = {"model", "gpu", "releases", "precision", "pp", "vpp", "ep", "mbs", "layers", "source"}
-    for e in entries:
-        assert set(e) <= allowed, set(e) - allowed
-        assert e["pp"] == 1 and e["layers"] >= 1 and e["releases"] and "@" in e["source"]
+    for e in _entries("offload", "layers"):
+        assert e["pp"] == 1 and e["layers"] >= 1 and "@" in e["source"]
 
 
 @pytest.mark.skipif(not os.path.exists(SHARED), reason="shared data not beside the repository")
