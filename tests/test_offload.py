@@ -40,8 +40,9 @@ def test_offloaded_layers_leave_hbm_and_only_add_time(host):
 
 def test_the_copies_wait_only_where_the_link_cannot_keep_up_with_the_layers():
     """Transformer Engine's default schedule runs the copies on one stream and makes layer L - N + i wait
-    for layer i's: with uniform layers of time t and copies of time c >= t, the forward waits N·c - (L-2)·t
-    in all, and so does the backward with its own layer time."""
+    for layer i's: with N <= L - 2 uniform layers of time t and copies of time c >= t, the forward waits
+    N·c - (L-2)·t, and so does the backward with its own layer time; with N = L - 1 each layer waits for
+    the copy before it, however fast the link."""
     from meshplan.cost.step import offload_stalls_s
 
     fwd, bwd = offload_stalls_s(0.0145, 0.0286, [0.122] * 40, 80)
@@ -170,3 +171,18 @@ def test_a_plan_left_to_choose_again_chooses_its_offloading_again():
     chosen again there, and a plan that did not offload still does not."""
     assert parse_plan("dp_shard=64,mbs=2,offload_layers=40").unfixed().offload_layers is None
     assert parse_plan("dp_shard=64,mbs=2,recompute=full").unfixed().offload_layers == 0
+
+
+def test_recomputation_is_weighed_at_every_micro_batch_size_too():
+    """Without a pipeline a smaller micro-batch recomputes fewer layers: the choice must find what timing
+    every micro-batch size and partial recomputation finds, or offloading would be weighed against a
+    slower recomputation than there is."""
+    chosen = _at("dp_shard=64,offload_layers=0")
+    times = [e.step_time_s for e in (_at(f"dp_shard=64,mbs={b},recompute=full,recompute_layers={n}")
+                                     for b in (1, 2, 4) for n in range(1, LLAMA.n_layers)) if e.feasible]
+    assert chosen.feasible and chosen.step_time_s <= min(times) * (1 + 1e-9)
+
+
+def test_offloading_is_not_modelled_with_the_moe_overlap():
+    with pytest.raises(SpecError, match="ep_overlap"):
+        parse_plan("ep=8,dp_shard=64,sharding=megatron,ep_overlap=true,offload_layers=auto")

@@ -665,9 +665,12 @@ def offload_stalls_s(layer_f_s: float, layer_b_s: float, copies_s: list[float], 
     TE PR #1762): one copy stream for both directions, in order; layer i's copy out is queued when it
     ends, and layer L - N + i waits for it before it starts (so at most L - N layers' tensors are ever in
     HBM); in the backward, layer i's copy back is queued when the backward of layer L - 1 - N + i begins
-    and its own backward waits for it. The limit is the link's throughput, not one layer's compute:
-    uniform layers wait N·c - (L - 2)·t in all when a copy c outlasts a layer t. (TE 2.9 and earlier bulk
-    copied each layer with about L / N layers to hide it: waits of about max(0, c - t·L / N) each.)"""
+    and its own backward waits for it. The limit is the link's throughput, not one layer's compute: with
+    N <= L - 2, uniform layers wait N·c - (L - 2)·t in each phase when a copy c outlasts a layer t; with
+    N = L - 1 every layer waits for the copy before it whatever the link (TE warns that it prevents
+    overlap). TE queues each tensor's copy when it is saved, not when its layer ends, so this is slightly
+    pessimistic. (TE 2.9 and earlier bulk copied each layer with about L / N layers to hide it: waits of
+    about max(0, c - t·L / N) each.)"""
     n_off, t = len(copies_s), 0.0
     done, stream = [0.0] * n_off, 0.0
     for j in range(n_layers):  # layer j + 1, forward
@@ -963,19 +966,17 @@ def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec,
 
 def _offloaded_bytes(c: _StageCtx, st: _StaticMemory) -> float:
     """The activations one micro-batch offloads to host memory on stage ``c.s`` [bytes] (one micro-batch
-    at a time without a pipeline; two with the MoE all-to-all overlap)."""
+    at a time: no pipeline, no MoE all-to-all overlap)."""
     flash = c.job.flash_attention
-    held = 2 if c.plan.ep_overlap else 1
-    return held * c.tokens * _offloaded_bytes_per_token(c, st.a_dense[flash], st.a_moe[flash])
+    return c.tokens * _offloaded_bytes_per_token(c, st.a_dense[flash], st.a_moe[flash])
 
 
 def _offload_note(c: _StageCtx, st: _StaticMemory, cluster: ClusterSpec) -> str:
     """What activation offloading moves, for the report (pp = 1: one stage)."""
-    moved = _offloaded_bytes(c, st) / (2 if c.plan.ep_overlap else 1)
     host = cluster.host_bytes_per_s
     link = f"over the host link at {host / GB:,.0f} GB/s per GPU per direction" if host else "(no host link rate)"
-    return (f"activation offload: {c.plan.offload_layers} of {c.n_dense + c.n_moe} layers, {moved / GB:,.1f} GB to "
-            f"host memory and back per micro-batch {link}")
+    return (f"activation offload: {c.plan.offload_layers} of {c.model.n_layers} decoder layers, "
+            f"{_offloaded_bytes(c, st) / GB:,.1f} GB to host memory and back per micro-batch {link}")
 
 
 _PLAN_FIELDS = tuple(f.name for f in fields(Plan))
@@ -1200,8 +1201,8 @@ def recompute_options(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[
     modes = ["none", "sac", "full"] if job.flash_attention else ["none", "selective", "sac", "full"]
     if plan.sharding == "megatron" or job.software == "megatron":  # Megatron-core has modules, not op-level SAC
         modes[modes.index("sac"):modes.index("sac") + 1] = megatron_selective_keys(model, job.flash_attention)
-    if plan.ep_overlap:  # Megatron's all-to-all overlap runs without full recomputation
-        return modes[:-1] + offload, 0
+    if plan.ep_overlap:  # Megatron's all-to-all overlap runs without full recomputation (or offloading)
+        return modes[:-1], 0
     return modes + offload, max(d + e for d, e in _plan_stage_layers(model, plan)) - 1
 
 
@@ -1375,7 +1376,12 @@ class _Choice:
                 continue
             hi_bound = first_fit
             none_fit = first_fits.get("none")
-            for i in self.tries(first_fit):
+            tries = self.tries(first_fit)
+            if rc == "full" and self.partial_layers and self.plan.pp == 1:
+                # without a pipeline too, a smaller micro-batch recomputes fewer layers and may so be the
+                # faster: every size from the largest that fits recomputing to the largest that fits without
+                tries = list(range(first_fit, none_fit if none_fit is not None else len(mbs))) or tries
+            for i in tries:
                 b = mbs[i]
                 if rc == "full" and self.partial_layers and (none_fit is None or i < none_fit):
                     # Partial recomputation at this micro-batch size: time grows and memory shrinks with

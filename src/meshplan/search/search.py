@@ -109,9 +109,10 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
         key = (p.dp, p.pp, p.ep_overlap, p.sharding == "megatron", p.offload_layers is None)
         if key not in counted:
             modes, partial = recompute_options(model, job, p)
-            # offloading 1..L-1 layers (pp = 1): OFFLOAD_MODE counts one of them
-            offload = max(0, model.n_layers - 2) if p.offload_layers is None else 0
-            counted[key] = (len(modes) + partial + offload) * len(micro_batch_sizes(job, p.dp))
+            if p.offload_layers is None:  # what its base plan does not: offloading 1..L-1 layers (pp = 1)
+                counted[key] = (model.n_layers - 1) * len(micro_batch_sizes(job, p.dp))
+            else:
+                counted[key] = (len(modes) + partial) * len(micro_batch_sizes(job, p.dp))
         return counted[key]
 
     def tick(i: int) -> None:

@@ -227,6 +227,10 @@ class Plan:
         if self.recompute not in (None, "none") or self.recompute_layers is not None:
             raise SpecError("plan.offload_layers", f"runs without activation recomputation; use recompute=none or "
                                                    f"leave it out, got recompute={self.recompute}")
+        if self.ep_overlap:  # TE keeps one offload state per layer; the overlap runs two micro-batches at once
+            raise SpecError("plan.offload_layers", "is not modelled with the MoE all-to-all overlap (ep_overlap), "
+                                                   "which runs a second micro-batch's forward before the first's "
+                                                   "backward has reloaded its layers")
 
     def _check_ep_overlap(self) -> None:
         """Megatron-core's conditions for --overlap-moe-expert-parallel-comm (TransformerConfig.__post_init__,
