@@ -115,8 +115,8 @@ def measure_first(best: Estimate, conditions: list[Condition]) -> list[Measureme
             "both directions), and a profiler trace of the offloaded layers",
             f"the plan offloads {best.plan.offload_layers} layers' activations to host memory; the model takes "
             "the node spec's host_gb_per_s and charges "
-            f"{format_seconds(best.time_breakdown.get(OFFLOAD, 0.0))} per step for copies the next layer's compute "
-            "does not hide; a slower link means more waiting, or recomputation instead"))
+            f"{format_seconds(best.time_breakdown.get(OFFLOAD, 0.0))} per step for copies the layers' compute does "
+            "not hide; a slower link means more waiting, or recomputation instead"))
     out.append(Measurement(
         "peak memory per rank (torch.cuda.max_memory_allocated)",
         f"predicted {format_gib(best.memory.peak_bytes)} of {format_gib(best.memory.capacity_bytes)}; with more "

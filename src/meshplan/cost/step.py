@@ -189,7 +189,7 @@ HOST_BOUND = "host-bound MoE launches"
 """Breakdown key: the time a stage's MoE layers wait for the host to launch their kernels."""
 OFFLOAD = "activation offload"
 """Breakdown key: the time a stage's layers wait for offloaded activations to reach host memory (forward)
-or to come back (backward) beyond what the next layer's compute hides (Plan.offload_layers)."""
+or to come back (backward) beyond what the layers' compute hides (Plan.offload_layers, offload_stalls_s)."""
 STALLS = (HOST_BOUND, OFFLOAD)
 """Breakdown keys of waits that stretch a stage's compute (the simulator runs the stretched layers)."""
 
@@ -438,11 +438,9 @@ def offloaded_layers(offload_layers: int, n_dense: int, n_moe: int) -> tuple[int
 
 
 def _offloaded_bytes_per_token(c: _StageCtx, a_dense: float, a_moe: float) -> float:
-    """Activation bytes per token that offloading takes out of HBM at the stage's peak, the end of the
-    forward: every offloaded layer's. TE's offload handler copies a layer's tensors while the next layer
-    runs and frees them when the copy ends, and Megatron leaves at least the last layer in HBM, so by the
-    last forward every copy has ended; in the backward a layer comes back while the one after it computes,
-    when the layers after it have freed theirs."""
+    """Activation bytes per token that offloading takes out of HBM at the stage's peak: every offloaded
+    layer's. TE's schedule (offload_stalls_s) frees layer i's tensors when layer L - N + i starts and
+    reloads them only as the backward nears them, so at most L - N layers' tensors are ever in HBM."""
     d, e = offloaded_layers(c.plan.offload_layers, c.n_dense, c.n_moe)
     return d * a_dense + e * a_moe
 
