@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from meshplan.cost.estimate import Estimate
 from meshplan.cost.simplified import evaluate_simplified
-from meshplan.cost.step import HOST_BOUND, OFFLOAD, evaluate, offload_runs_with
+from meshplan.cost.step import HOST_BOUND, OFFLOAD, evaluate, offload_offered
 from meshplan.errors import SpecError
 from meshplan.search.conditions import Condition, find_conditions
 from meshplan.search.rank import TIE_BAND
@@ -216,7 +216,7 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
                         f"{full.time_breakdown.get('recompute', 0.0) / full.step_time_s:.0%} of the step")
                 # Megatron can offload activations to host memory instead (as the search offers it)
                 off = (_try(model, cluster, job, Plan(dp_shard=n, offload_layers=None), mfu)
-                       if job.software == "megatron" and cluster.host_bytes_per_s and offload_runs_with(job) else None)
+                       if offload_offered(cluster, job, Plan(dp_shard=n)) else None)
                 if off is not None and off.feasible and off.plan.offload_layers:
                     line += (f"; offloading the activations of {off.plan.offload_layers} layers to host memory "
                              f"instead (micro-batch {off.plan.mbs}) gives a step of {format_seconds(off.step_time_s)}, "

@@ -846,6 +846,15 @@ def offload_runs_with(job: JobSpec) -> bool:
     return not job.cuda_graphs or job.cuda_graph_scope == "full_iteration"
 
 
+def offload_offered(cluster: ClusterSpec, job: JobSpec, plan: Plan) -> bool:
+    """Whether activation offloading is an option for ``plan`` at all (the search's variant, the memory
+    question's alternative): a Megatron plan (its distributed optimizer, or job software = megatron, as
+    Megatron-FSDP) without a pipeline, on a node whose host link rate is known, outside per-layer CUDA
+    graphs (_offload_reasons names each of these where a plan offloads anyway)."""
+    return (plan.pp == 1 and cluster.host_bytes_per_s is not None and offload_runs_with(job)
+            and (plan.sharding == "megatron" or job.software == "megatron"))
+
+
 def bounding_stages(layout: list[tuple[int, int]]) -> list[int]:
     """The stages that bound the step and the memory: the first (embedding, and the most micro-batches in
     flight), the last (LM head, MTP) and the earliest middle stage of each (dense, MoE) layer count that no

@@ -17,7 +17,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from meshplan.cost.step import offload_runs_with
+from meshplan.cost.step import offload_offered
 from meshplan.cost.validate import ulysses_fits
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.specs.plan import FRAMEWORK_CP, FRAMEWORK_EP_DISPATCH, FRAMEWORK_SCHEDULES
@@ -134,8 +134,7 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
             continue  # the default plan itself
         yield replace(plan, sp=sp, async_tp=async_tp, cp_impl=cp_impl, reshard_after_forward=raf, grad_sync=sync,
                       ep_dispatch=dispatch, ep_overlap=ep_overlap, etp=etp)
-    if (plan.pp == 1 and cluster.host_bytes_per_s is not None and offload_runs_with(job)
-            and (plan.sharding == "megatron" or job.software == "megatron")):
+    if offload_offered(cluster, job, plan):
         yield replace(plan, offload_layers=None)
 
 
