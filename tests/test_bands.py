@@ -1,18 +1,12 @@
 """The uncertainty band and its leave-one-out coverage (validation.calibrate)."""
 
 import random
-from types import SimpleNamespace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.helpers import stub_row as _row
 
 from meshplan.validation.calibrate import BAND_MIN_ROWS, band_coverage, uncertainty_bands
-
-
-def _row(cv_error: float, *, moe: bool = False, accelerator: str = "h100", software: str = "megatron"):
-    sc = SimpleNamespace(cluster=SimpleNamespace(accelerator=SimpleNamespace(name=accelerator)),
-                         job=SimpleNamespace(software=software), model=SimpleNamespace(is_moe=moe))
-    return SimpleNamespace(cv_error=cv_error, scenario=sc)
 
 
 def test_errors_drawn_alike_land_in_the_band_about_as_often_as_it_claims():

@@ -13,10 +13,12 @@ Procedure (docs/calibration.md):
    few rows whose published configuration is incomplete).
 3. Optimiser: cyclic coordinate descent, a golden-section search per parameter within physical bounds,
    starting from the stated defaults, in rounds until one improves the loss by less than 0.2 % (at most
-   eight); a parameter's search re-evaluates only the rows it affects.
-4. Cross-validation: k folds (rows assigned by index, deterministic), each fitted from the defaults on
-   the other folds and used to predict its own rows; the reported error is over those out-of-fold
-   predictions. Optionally leave-one-source-group-out.
+   eight); a parameter's search re-evaluates only the rows it affects. After each round, a line search
+   along the round's net step (Hooke and Jeeves's pattern move) follows the valleys that single
+   coordinates descend slowly.
+4. Cross-validation: k folds (deterministic, stratified by GPU family, stack and kind of model), each
+   fitted from the defaults on the other folds and used to predict its own rows; the reported error is
+   over those out-of-fold predictions. Optionally leave-one-source-group-out.
 """
 
 from __future__ import annotations
@@ -161,7 +163,7 @@ def total_loss(rows: list[RowResult], state: State) -> float:
     return sum(_row_loss(r, state) for r in rows)
 
 
-def fit(rows: list[RowResult], *, rounds: int = MAX_ROUNDS, tol: float = TOLERANCE,
+def fit(rows: list[RowResult], *, rounds: int = MAX_ROUNDS, tol: float = TOLERANCE, pattern: bool = True,
         progress: Callable[[str], None] | None = None) -> State:
     """Fit the parameter space on ``rows`` (which must have scenarios) from the defaults: rounds of
     coordinate descent until one improves the loss by less than ``tol`` (relative), at most ``rounds``."""
@@ -170,6 +172,7 @@ def fit(rows: list[RowResult], *, rounds: int = MAX_ROUNDS, tol: float = TOLERAN
     space = parameter_space(rows)
     before = total_loss(rows, state)
     for rnd in range(rounds):
+        before_round = _values(state, space, defaults)
         for p in space:
             subset = [r for r in rows if _affects(p, r)]
             if not subset:
@@ -184,11 +187,49 @@ def fit(rows: list[RowResult], *, rounds: int = MAX_ROUNDS, tol: float = TOLERAN
             table[p.key] = _golden(loss, p, start)
             if progress:
                 progress(f"round {rnd + 1}/{rounds} {p.scope}.{p.key} = {table[p.key]:.4g}")
+        if pattern:
+            _pattern_move(rows, state, space, before_round, _values(state, space, defaults))
         after = total_loss(rows, state)
         if before - after < tol * before:
             break
         before = after
     return state
+
+
+def _values(state: State, space: list[Param], defaults: ComputeParams) -> list[float]:
+    """Every parameter of ``space``'s current value (its default where the fit has not set it)."""
+    return [_table(state, p.scope).get(p.key, getattr(defaults, p.key)) for p in space]
+
+
+PATTERN_REACH = 3.0
+"""How far a pattern move may extrapolate a round's step (in multiples of it)."""
+
+
+def _pattern_move(rows: list[RowResult], state: State, space: list[Param], start: list[float],
+                  end: list[float]) -> None:
+    """Hooke and Jeeves's pattern move: a line search along the step the last round of coordinate searches
+    took, from where it ended (in log space for log-scaled parameters, clipped to the bounds). Where
+    parameters trade off along a valley (a GPU family's GEMM scale against a stack's kernel scale, the
+    GEMM shape constant against both), single coordinates zig-zag down it; the round's net step points
+    along it. Keeps the round's end unless the line finds a lower loss."""
+    def u(p: Param, x: float) -> float:
+        return math.log(x) if p.log else x
+
+    moved = [(p, u(p, a), u(p, b)) for p, a, b in zip(space, start, end, strict=True) if a != b]
+    if not moved:
+        return
+    tables = [_table(state, p.scope) for p, _, _ in moved]
+    lo_u = [u(p, p.lo) for p, _, _ in moved]
+    hi_u = [u(p, p.hi) for p, _, _ in moved]
+
+    def loss(t: float) -> float:
+        for (p, a, b), table, lo, hi in zip(moved, tables, lo_u, hi_u, strict=True):
+            v = min(hi, max(lo, b + t * (b - a)))
+            table[p.key] = math.exp(v) if p.log else v
+        return total_loss(rows, state)
+
+    t = _golden(loss, Param("t", "pattern", 0.0, PATTERN_REACH), 0.0, iters=10)
+    loss(t)
 
 
 def _golden(loss: Callable[[float], float], p: Param, start: float, iters: int = 14) -> float:
@@ -219,10 +260,27 @@ def _golden(loss: Callable[[float], float], p: Param, start: float, iters: int =
 
 
 def folds(rows: list[RowResult], k: int) -> list[list[RowResult]]:
-    """Deterministic k-fold split of the modelled rows (by a multiplicative hash of the row index)."""
-    out: list[list[RowResult]] = [[] for _ in range(k)]
+    """Deterministic stratified k-fold split of the modelled rows.
+
+    The strata are the most specific uncertainty tables (GPU family, software stack, dense or MoE;
+    ``band_keys``). Each stratum's rows, in the order of a multiplicative hash of their index, are dealt
+    to the folds in turn, the deal carrying on from one stratum to the next so that folds stay within one
+    row of each other in size. Every fold then trains on about (k-1)/k of each kind of run, as the
+    catalog's own fit does on all of them; a split by the hash alone could leave a fold's training set with
+    few rows of a small stratum (56 MoE rows over six GPU families), and the out-of-fold error of those
+    rows then measured the split more than the model (docs/calibration.md, ninth session)."""
+    strata: dict[str, list[RowResult]] = {}
     for r in rows:
-        out[(r.row * 2654435761) % (2**32) % k].append(r)
+        sc = r.scenario
+        key = (band_keys(sc.cluster.accelerator.name, sc.job.software, sc.model.is_moe)[0]
+               if sc is not None else "unmodelled")
+        strata.setdefault(key, []).append(r)
+    out: list[list[RowResult]] = [[] for _ in range(k)]
+    deal = 0
+    for key in sorted(strata):
+        for r in sorted(strata[key], key=lambda r: ((r.row * 2654435761) % (2**32), r.row)):
+            out[deal % k].append(r)
+            deal += 1
     return out
 
 
