@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -166,7 +167,8 @@ def total_loss(rows: list[RowResult], state: State) -> float:
 def fit(rows: list[RowResult], *, rounds: int = MAX_ROUNDS, tol: float = TOLERANCE, pattern: bool = True,
         progress: Callable[[str], None] | None = None) -> State:
     """Fit the parameter space on ``rows`` (which must have scenarios) from the defaults: rounds of
-    coordinate descent until one improves the loss by less than ``tol`` (relative), at most ``rounds``."""
+    coordinate descent, each followed by a pattern move unless ``pattern`` is false, until one improves
+    the loss by less than ``tol`` (relative), at most ``rounds``."""
     state = empty_state()
     defaults = ComputeParams()
     space = parameter_space(rows)
@@ -212,24 +214,25 @@ def _pattern_move(rows: list[RowResult], state: State, space: list[Param], start
     parameters trade off along a valley (a GPU family's GEMM scale against a stack's kernel scale, the
     GEMM shape constant against both), single coordinates zig-zag down it; the round's net step points
     along it. Keeps the round's end unless the line finds a lower loss."""
-    def u(p: Param, x: float) -> float:
-        return math.log(x) if p.log else x
-
-    moved = [(p, u(p, a), u(p, b)) for p, a, b in zip(space, start, end, strict=True) if a != b]
+    moved = [(p, a, b) for p, a, b in zip(space, start, end, strict=True) if a != b]
     if not moved:
         return
     tables = [_table(state, p.scope) for p, _, _ in moved]
-    lo_u = [u(p, p.lo) for p, _, _ in moved]
-    hi_u = [u(p, p.hi) for p, _, _ in moved]
+
+    def along(p: Param, a: float, b: float, t: float) -> float:
+        if t == 0.0:
+            return b  # exactly the round's end, not exp(log(b))
+        x = b * (b / a) ** t if p.log else b + t * (b - a)
+        return min(p.hi, max(p.lo, x))
 
     def loss(t: float) -> float:
-        for (p, a, b), table, lo, hi in zip(moved, tables, lo_u, hi_u, strict=True):
-            v = min(hi, max(lo, b + t * (b - a)))
-            table[p.key] = math.exp(v) if p.log else v
+        for (p, a, b), table in zip(moved, tables, strict=True):
+            table[p.key] = along(p, a, b, t)
         return total_loss(rows, state)
 
-    t = _golden(loss, Param("t", "pattern", 0.0, PATTERN_REACH), 0.0, iters=10)
-    loss(t)
+    # the step multiple t is searched like a parameter (scope "pattern" only names it); _golden leaves the
+    # state at the best t, 0 unless another is lower
+    _golden(loss, Param("t", "pattern", 0.0, PATTERN_REACH), 0.0, iters=10)
 
 
 def _golden(loss: Callable[[float], float], p: Param, start: float, iters: int = 14) -> float:
@@ -264,11 +267,12 @@ def folds(rows: list[RowResult], k: int) -> list[list[RowResult]]:
 
     The strata are the most specific uncertainty tables (GPU family, software stack, dense or MoE;
     ``band_keys``). Each stratum's rows, in the order of a multiplicative hash of their index, are dealt
-    to the folds in turn, the deal carrying on from one stratum to the next so that folds stay within one
-    row of each other in size. Every fold then trains on about (k-1)/k of each kind of run, as the
-    catalog's own fit does on all of them; a split by the hash alone could leave a fold's training set with
-    few rows of a small stratum (56 MoE rows over six GPU families), and the out-of-fold error of those
-    rows then measured the split more than the model (docs/calibration.md, ninth session)."""
+    to the folds in turn, starting at a fold chosen by a hash of the stratum's name. Every fold then trains
+    on about (k-1)/k of each kind of run, as the catalog's own fit does on all of them; a split by the
+    hash alone could leave a fold's training set with few rows of a small stratum (56 MoE rows in three
+    GPU families), and the out-of-fold error of those rows then measured the split more than the model
+    (docs/calibration.md, ninth session). A row added or dropped moves only rows of its own stratum to
+    other folds."""
     strata: dict[str, list[RowResult]] = {}
     for r in rows:
         sc = r.scenario
@@ -276,11 +280,10 @@ def folds(rows: list[RowResult], k: int) -> list[list[RowResult]]:
                if sc is not None else "unmodelled")
         strata.setdefault(key, []).append(r)
     out: list[list[RowResult]] = [[] for _ in range(k)]
-    deal = 0
     for key in sorted(strata):
-        for r in sorted(strata[key], key=lambda r: ((r.row * 2654435761) % (2**32), r.row)):
-            out[deal % k].append(r)
-            deal += 1
+        first = zlib.crc32(key.encode())
+        for i, r in enumerate(sorted(strata[key], key=lambda r: ((r.row * 2654435761) % (2**32), r.row))):
+            out[(first + i) % k].append(r)
     return out
 
 
