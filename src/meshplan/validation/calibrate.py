@@ -170,7 +170,7 @@ def fit(rows: list[RowResult], *, rounds: int = MAX_ROUNDS, tol: float = TOLERAN
     coordinate descent, each followed by a pattern move unless ``pattern`` is false, until one improves
     the loss by less than ``tol`` (relative), at most ``rounds``."""
     state = empty_state()
-    defaults = ComputeParams()
+    defaults = params_from([_load("default")], "defaults")  # what params_for falls back to
     space = parameter_space(rows)
     before = total_loss(rows, state)
     for rnd in range(rounds):
