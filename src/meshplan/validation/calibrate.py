@@ -180,7 +180,7 @@ def fit(rows: list[RowResult], *, rounds: int = MAX_ROUNDS, tol: float = TOLERAN
             if not subset:
                 continue
             table = _table(state, p.scope)
-            start = table.get(p.key, getattr(defaults, p.key))
+            start = _value(state, p, defaults)
 
             def loss(x: float, table: dict = table, p: Param = p, subset: list = subset) -> float:
                 table[p.key] = x
@@ -198,9 +198,14 @@ def fit(rows: list[RowResult], *, rounds: int = MAX_ROUNDS, tol: float = TOLERAN
     return state
 
 
+def _value(state: State, p: Param, defaults: ComputeParams) -> float:
+    """A parameter's current value in ``state`` (its default where the fit has not set it)."""
+    return _table(state, p.scope).get(p.key, getattr(defaults, p.key))
+
+
 def _values(state: State, space: list[Param], defaults: ComputeParams) -> list[float]:
-    """Every parameter of ``space``'s current value (its default where the fit has not set it)."""
-    return [_table(state, p.scope).get(p.key, getattr(defaults, p.key)) for p in space]
+    """Every parameter of ``space``'s current value."""
+    return [_value(state, p, defaults) for p in space]
 
 
 PATTERN_REACH = 3.0
@@ -275,10 +280,7 @@ def folds(rows: list[RowResult], k: int) -> list[list[RowResult]]:
     other folds."""
     strata: dict[str, list[RowResult]] = {}
     for r in rows:
-        sc = r.scenario
-        key = (band_keys(sc.cluster.accelerator.name, sc.job.software, sc.model.is_moe)[0]
-               if sc is not None else "unmodelled")
-        strata.setdefault(key, []).append(r)
+        strata.setdefault(_row_band_keys(r)[0] if r.scenario is not None else "unmodelled", []).append(r)
     out: list[list[RowResult]] = [[] for _ in range(k)]
     for key in sorted(strata):
         first = zlib.crc32(key.encode())
@@ -326,6 +328,13 @@ BAND_NOMINAL = 0.8  # the band runs from the 10th to the 90th percentile: 80 % o
 BAND_MIN_ROWS = 8  # fewer rows than this and a table falls back to the next, wider one
 
 
+def _row_band_keys(r: RowResult) -> tuple[str, ...]:
+    """The band tables of a modelled row, most specific first (calibration.band_keys)."""
+    sc = r.scenario
+    assert sc is not None
+    return band_keys(sc.cluster.accelerator.name, sc.job.software, sc.model.is_moe)
+
+
 def _band_residuals(rows: list[RowResult]) -> tuple[dict[str, list[float]], list[tuple[bool, tuple[str, ...], float]]]:
     """Each band table's out-of-fold step-time ratios (predicted step over measured step, minus one), and
     per row (MoE?, its band_keys chain, its own ratio)."""
@@ -336,11 +345,10 @@ def _band_residuals(rows: list[RowResult]) -> tuple[dict[str, list[float]], list
         if e is None or r.scenario is None:
             continue
         step_ratio = 1.0 / (1.0 + e) - 1.0  # tokens/s over-predicted by e: the step under-predicted
-        sc = r.scenario
-        keys = band_keys(sc.cluster.accelerator.name, sc.job.software, sc.model.is_moe)
+        keys = _row_band_keys(r)
         for key in keys:
             groups.setdefault(key, []).append(step_ratio)
-        per_row.append((sc.model.is_moe, keys, step_ratio))
+        per_row.append((r.scenario.model.is_moe, keys, step_ratio))
     return groups, per_row
 
 
