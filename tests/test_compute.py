@@ -229,3 +229,50 @@ def test_compiled_blocks_move_the_fused_minimum_of_elementwise_traffic():
     assert compiled.step_time_s < eager.step_time_s
     assert compiled.time_breakdown["compute"] == pytest.approx(fused.time_breakdown["compute"], rel=1e-12)
     assert step_time_lower_bound_s(m, c, replace(job, compiled=True), plan, eager_params) <= compiled.step_time_s
+
+
+def test_fp8_attention_runs_the_attention_core_faster_by_its_cited_ratio():
+    """JobSpec.fp8_attention divides the fused attention kernel's time by FP8_ATTENTION_SPEEDUP, forward
+    and backward, and nothing else: the step saves exactly what a BF16 attention kernel that much faster
+    saves, the search's lower bound still holds, and the job refuses it without FP8 or a fused kernel."""
+    from dataclasses import replace
+
+    from meshplan import JobSpec, parse_plan
+    from meshplan.cost.compute import FP8_ATTENTION_SPEEDUP
+    from meshplan.cost.step import evaluate, step_time_lower_bound_s
+    from meshplan.errors import SpecError
+    m, c = load_model("llama-3-8b"), load_cluster("h100-sxm")
+    job = JobSpec(global_batch_tokens=8 * 2 * 8192, seq_len=8192, precision="fp8", software="megatron")
+    plan = parse_plan("dp_shard=8,mbs=1,recompute=none")
+    params = ComputeParams()
+    bf16_attn = evaluate(m, c, job, plan, compute=params)
+    fp8_attn = evaluate(m, c, replace(job, fp8_attention=True), plan, compute=params)
+    faster_kernel = evaluate(m, c, job, plan, compute=replace(
+        params, attention_kernel_scale=params.attention_kernel_scale * FP8_ATTENTION_SPEEDUP))
+    assert fp8_attn.step_time_s < bf16_attn.step_time_s
+    assert fp8_attn.step_time_s == pytest.approx(faster_kernel.step_time_s, rel=1e-12)
+    assert step_time_lower_bound_s(m, c, replace(job, fp8_attention=True), plan, params) <= fp8_attn.step_time_s
+    for bad in ({"precision": "bf16"}, {"flash_attention": False}):
+        with pytest.raises(SpecError, match=r"job\.fp8_attention"):
+            replace(job, fp8_attention=True, **bad)
+
+
+def test_a_fused_grouped_mlp_drops_only_the_routed_activation_traffic():
+    """JobSpec.fused_grouped_mlp: the routed experts' activation runs in the first GEMM's epilogue, so an MoE
+    layer's elementwise time falls by exactly that activation's traffic (act elements per routed copy), its
+    GEMMs and attention unchanged; a dense layer does not change."""
+    from meshplan.cost.compute import BF16_BYTES
+    m, c = load_model("mixtral-8x7b"), load_cluster("b200")
+    p = ComputeParams()
+    args = {"tokens": 8192, "seq_len": 4096, "cp": 1, "tp": 1, "precision": "fp8", "moe": True,
+            "expert_tokens": 8192 * m.top_k / m.n_experts * 8, "local_experts": m.n_experts / 8}
+    plain = layer_times(m, c.accelerator, p, **args)
+    fused = layer_times(m, c.accelerator, p, **args, fused_expert_act=True)
+    hbm = c.accelerator.hbm_bytes_per_s * p.memory_efficiency
+    act_s = BF16_BYTES * 8192 * 3 * m.expert_ffn_hidden * m.top_k * p.elementwise_passes / hbm
+    assert plain.fwd_s - fused.fwd_s == pytest.approx(act_s, rel=1e-9)
+    assert plain.bwd_input_s - fused.bwd_input_s == pytest.approx(2 * act_s, rel=1e-9)
+    assert fused.gemm_fwd_s == plain.gemm_fwd_s and fused.attention_fwd_s == plain.attention_fwd_s
+    assert fused.routed_act_fwd_s == 0.0 < plain.routed_act_fwd_s
+    dense = {k: v for k, v in args.items() if k not in ("moe", "expert_tokens", "local_experts")}
+    assert layer_times(m, c.accelerator, p, **dense, fused_expert_act=True) == layer_times(m, c.accelerator, p, **dense)

@@ -48,9 +48,15 @@ def _entries(table: str, *keys: str) -> list[dict]:
 
 
 def test_recipe_entries_are_well_formed():
-    for e in _entries("recipe", "ep_dispatch", "ep_overlap", "cuda_graphs"):
+    for e in _entries("recipe", "ep_dispatch", "ep_overlap", "cuda_graphs", "fp8_attention", "fused_grouped_mlp"):
         assert e.get("ep_dispatch", "alltoall") in EP_DISPATCH and isinstance(e["ep_overlap"], bool)
         assert isinstance(e.get("cuda_graphs", False), bool) and e["ep"] >= 2
+        assert isinstance(e.get("fp8_attention", False), bool)
+        # FP8 attention only where the entry is an FP8 recipe and its source names the setting
+        assert not e.get("fp8_attention") or (e.get("precision") in ("fp8", "mxfp8")
+                                              and "fp8_dot_product_attention" in e["source"])
+        assert not e.get("fused_grouped_mlp") or (e.get("precision") == "mxfp8"
+                                                  and "NVTE_CUTEDSL_FUSED_GROUPED_MLP=1" in e["source"])
 
 
 @pytest.mark.skipif(not os.path.exists(SHARED), reason="shared data not beside the repository")
@@ -357,3 +363,23 @@ def test_recipe_offloading_reaches_its_rows():
     assert {k: sc.plan.offload_layers for k, sc in hits.items()} == {102: 40, 105: 20, 107: 20}
     assert all(sc.plan.recompute == "none" for sc in hits.values())
     assert all(r.scenario.plan.offload_layers == 0 for r in results if r.row not in hits)
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED), reason="shared data not beside the repository")
+def test_fp8_attention_and_fused_grouped_mlps_only_where_a_recipe_sets_them():
+    """The eight rows of the full-iteration MXFP8 recipes (DeepSeek-V3, Qwen3 and GPT-OSS, 26.06 / 26.08)
+    run FP8 attention, and all but GPT-OSS's the fused grouped MLP, each saying so in its imputed note; no
+    other row does."""
+    from meshplan.validation.validate import load_scenarios, read_rows
+
+    rows = read_rows(SHARED)
+    results = [r for r in load_scenarios(rows) if r.scenario is not None]
+    fp8_attn = {r.row for r in results if r.scenario.job.fp8_attention}
+    fused = {r.row for r in results if r.scenario.job.fused_grouped_mlp}
+    assert len(fp8_attn) == 8 and len(fused) == 7 and fused < fp8_attn  # GPT-OSS's recipe turns the fuser off
+    assert all(any("fused_grouped_mlp=true" in n for n in r.scenario.imputed) for r in results if r.row in fused)
+    for r in results:
+        if r.row in fp8_attn:
+            assert r.scenario.job.precision == "fp8" and r.scenario.job.cuda_graphs
+            assert any("fp8_attention=true" in n for n in r.scenario.imputed)
+            assert rows[r.row]["software"].split("/")[0].strip() in ("NeMo 26.06", "NeMo 26.08")

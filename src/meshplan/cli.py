@@ -43,7 +43,7 @@ def _add_scenario(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seq-len", type=positive_size, default=None, help=f"sequence length (default {DEFAULT_SEQ_LEN})")
     g.add_argument("--job", default=None, metavar="FILE",
                    help="job spec .toml (optimizer, precision, reduce_dtype_bytes, compiled, cuda_graphs, "
-                        "cuda_graph_scope, flop_convention, ...)")
+                        "cuda_graph_scope, fp8_attention, fused_grouped_mlp, flop_convention, ...)")
     g.add_argument("--mfu", type=fraction, default=None,
                    help="assume this MFU for compute instead of the kernel model")
     g.add_argument("--json", action="store_true", help="write JSON (schema in the README)")
@@ -118,11 +118,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         from meshplan.uncertainty import attach_band
 
         est = attach_band(est, accelerator=cluster.accelerator.name, software=job.software, moe=model.is_moe)
-    if job.software != "generic" or job.compiled or job.cuda_graphs:
+    if job.software != "generic" or job.compiled or job.cuda_graphs or job.fp8_attention or job.fused_grouped_mlp:
         est = replace(est, notes=[*est.notes, f"software stack: {job.software}"
                                   + (", torch.compile'd blocks (job.compiled)" if job.compiled else "")
                                   + (f", CUDA graphs of scope {job.cuda_graph_scope} (job.cuda_graphs)"
-                                     if job.cuda_graphs else "")])
+                                     if job.cuda_graphs else "")
+                                  + (", FP8 attention (job.fp8_attention)" if job.fp8_attention else "")
+                                  + (", fused grouped expert MLPs (job.fused_grouped_mlp)"
+                                     if job.fused_grouped_mlp else "")])
     if args.profile_notes:
         est = replace(est, notes=[*est.notes, *args.profile_notes])
     print(json.dumps(estimate_dict(est), indent=2) if args.json else estimate_text(est))

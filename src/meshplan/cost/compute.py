@@ -142,6 +142,14 @@ def gemm_curve(accel: AcceleratorSpec, params: ComputeParams, precision: str) ->
     return peak, e_max, params.gemm_half_dim * (params.fp8_half_dim_ratio if fp8 else 1.0)
 
 
+FP8_ATTENTION_SPEEDUP = 1.5
+"""Fused attention in FP8 against the same kernel in BF16 (JobSpec.fp8_attention). NVIDIA's "Accelerating
+Transformers with NVIDIA cuDNN 9" (developer.nvidia.com blog, 2024) puts cuDNN's SDPA at up to 2x the best
+PyTorch eager implementation in BF16 and up to 3x in FP8 (up to 1.2 PFLOP/s in FP8 on an H200); the ratio
+of the two, 3/2, is taken as FP8's gain over cuDNN's BF16 kernel. Measured on Hopper; Blackwell's FP8 tensor cores are
+also twice its BF16 ones, and its softmax is bound by the same exponential units in both precisions.
+Applied to the forward and the backward alike (TE's FP8 attention runs both in FP8)."""
+
 FLASH_TILE = 128
 """Query tile of FlashAttention's kernels [tokens], the granularity at which a causal mask is skipped
 (FlashAttention-2 forward: kBlockM = 128, and kBlockN = 128 for head dimension 64,
@@ -221,7 +229,7 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
                 seq_len: int, cp: int, tp: int, precision: str, causal_kernel: bool = True, cp_chunked: bool = True,
                 flash_attention: bool = True,
                 moe: bool = False, expert_tokens: float = 0.0, local_experts: float = 0.0,
-                expert_tp: int = 1, sequence_parallel: bool = False) -> LayerTimes:
+                expert_tp: int = 1, sequence_parallel: bool = False, fused_expert_act: bool = False) -> LayerTimes:
     """Forward and backward time of one transformer layer for ``tokens`` tokens on a rank (T = b·S/cp).
 
     GEMM shapes after tensor-parallel splitting (Megatron column/row split): QKV [T, D]x[D, (h_q+2h_kv)/t],
@@ -232,7 +240,8 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     the key tiles of the band (window_key_span; the layer's mean over windowed and global layers);
     FlashAttention's backward is 2.5x its forward (it recomputes QKᵀ), unfused attention's backward runs
     twice the forward's batched GEMMs and its own elementwise traffic over the score matrix, which it
-    computes whole, window or not.
+    computes whole, window or not. ``fused_expert_act``: the routed experts' activation runs in their first
+    GEMM's epilogue (JobSpec.fused_grouped_mlp), so it moves no elementwise traffic of its own.
     """
     D, t = model.hidden, float(tp)
     peak, e_max, hd = gemm_curve(accel, params, precision)
@@ -306,7 +315,8 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     per_token = (4 * D + 6 * D) / sp_share
     if model.learned_pos_emb == 0:
         per_token += 2 * (model.q_dim + model.kv_dim) / t
-    per_token += act * f_local
+    if not (moe and fused_expert_act):
+        per_token += act * f_local
     ew_bytes = BF16_BYTES * tokens * per_token * params.elementwise_passes
     if moe:  # token permutation to experts and back: each copy written and read, dispatch and combine
         ew_bytes += BF16_BYTES * params.moe_permute_passes * expert_tokens * local_experts * D
@@ -326,7 +336,7 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
         mlp_fwd_s=own_mlp + ew_element_s * tokens * act * own_f,
         norm_fwd_s=ew_element_s * tokens * 2 * D / sp_share,
         routed_act_fwd_s=(ew_element_s * expert_tokens * local_experts * act * model.expert_ffn_hidden / expert_tp
-                          if moe else 0.0),
+                          if moe and not fused_expert_act else 0.0),
     )
 
 

@@ -25,6 +25,7 @@ from typing import NamedTuple
 from meshplan.cost import memory as mem
 from meshplan.cost.comm import PARAM_DTYPE_BYTES, StageTraffic, Unit, comm_ledger
 from meshplan.cost.compute import (
+    FP8_ATTENTION_SPEEDUP,
     ComputeParams,
     LayerTimes,
     layer_times,
@@ -69,18 +70,21 @@ def _accel_key(accel: AcceleratorSpec) -> _AccelKey:
 @functools.lru_cache(maxsize=16384)
 def _layer_times(model: ModelSpec, accel: _AccelKey, compute: ComputeParams, tokens: float, seq_len: int, cp: int,
                  tp: int, precision: str, moe: bool, expert_tokens: float, local: float, cp_chunked: bool,
-                 flash_attention: bool, etp: int, sp: bool) -> LayerTimes:
+                 flash_attention: bool, etp: int, sp: bool, fused_act: bool = False) -> LayerTimes:
     """layer_times, memoised: a search evaluates the same layer shapes under many sharding variants."""
     return layer_times(model, accel, compute, tokens=tokens, seq_len=seq_len, cp=cp, tp=tp,  # type: ignore[arg-type]
                        precision=precision, moe=moe, expert_tokens=expert_tokens, local_experts=local,
                        cp_chunked=cp_chunked, flash_attention=flash_attention, expert_tp=etp,
-                       sequence_parallel=sp and tp > 1)
+                       sequence_parallel=sp and tp > 1, fused_expert_act=fused_act)
 
 
 @functools.lru_cache(maxsize=64)
 def _kernel_params(compute: ComputeParams, job: JobSpec) -> ComputeParams:
     """``compute`` as the job's kernels run: compiled blocks at the fused minimum of elementwise traffic,
-    and under a whole-iteration CUDA graph no per-MoE-layer gaps (JobSpec.cuda_graph_scope)."""
+    under a whole-iteration CUDA graph no per-MoE-layer gaps (JobSpec.cuda_graph_scope), and FP8 attention
+    FP8_ATTENTION_SPEEDUP faster than the stack's BF16 kernel (JobSpec.fp8_attention)."""
+    if job.fp8_attention:
+        compute = replace(compute, attention_kernel_scale=compute.attention_kernel_scale * FP8_ATTENTION_SPEEDUP)
     if job.compiled:
         compute = replace(compute, elementwise_passes=1.0)
     if job.cuda_graphs and job.cuda_graph_scope == "full_iteration":
@@ -561,7 +565,8 @@ def _stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute
                              / model.n_experts)
             local = model.n_experts / ep
         return _layer_times(model, accel, _kernel_params(compute, job), tokens, job.seq_len, cp, tp,
-                            job.precision, moe, expert_tokens, local, cp_chunked, job.flash_attention, etp, sp)
+                            job.precision, moe, expert_tokens, local, cp_chunked, job.flash_attention, etp, sp,
+                            job.fused_grouped_mlp)
 
     kinds = [(n_dense, lt(False))] + ([(n_moe, lt(True))] if n_moe else [])
     t_f = sum(n * x.fwd_s for n, x in kinds)

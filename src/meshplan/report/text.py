@@ -86,7 +86,9 @@ def plan_text(a: PlanAnalysis, *, top: int = 10) -> str:
              f"{a.job.seq_len}, {a.job.optimizer}, {a.job.precision}"
              + (f", {a.job.software}" if a.job.software != "generic" else "")
              + (", torch.compile" if a.job.compiled else "")
-             + (f", CUDA graphs ({a.job.cuda_graph_scope})" if a.job.cuda_graphs else ""),
+             + (f", CUDA graphs ({a.job.cuda_graph_scope})" if a.job.cuda_graphs else "")
+             + (", FP8 attention" if a.job.fp8_attention else "")
+             + (", fused grouped expert MLPs" if a.job.fused_grouped_mlp else ""),
              f"searched {r.n_plans + r.n_pruned:,} plans ({r.n_configurations:,} configurations with micro-batch "
              f"sizes and recompute modes) in {r.elapsed_s:.2f} s: {r.n_plans:,} evaluated, {len(r.feasible):,} of "
              f"them fit in memory; {r.n_pruned:,} option variants pruned (provably outside the tie band, or "

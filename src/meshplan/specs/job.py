@@ -67,6 +67,17 @@ class JobSpec:
     reduce_dtype_bytes: float = 4.0
     """Bytes per element of gradient reduction (FSDP2 MixedPrecisionPolicy.reduce_dtype; fp32 = 4)."""
     flash_attention: bool = True
+    fp8_attention: bool = False
+    """The fused attention kernel runs its two batched GEMMs in FP8, forward and backward (Transformer
+    Engine's ``fp8_dot_product_attention``, Megatron-core's ``--fp8-dot-product-attention``; cuDNN's FP8
+    SDPA): cost.compute.FP8_ATTENTION_SPEEDUP over the BF16 kernel. Needs precision='fp8' and
+    flash_attention. The FP8 copies of Q, K, V and O the backward keeps are not modelled (BF16 assumed)."""
+    fused_grouped_mlp: bool = False
+    """The routed experts run as one fused grouped MLP with the activation in the first GEMM's epilogue
+    (Transformer Engine's op fuser with ``NVTE_CUTEDSL_FUSED_GROUPED_MLP=1``: cuDNN frontend's CuTe DSL
+    grouped GEMM with a GLU epilogue, on Blackwell (SM100) under an MXFP8 or NVFP4 recipe,
+    transformer_engine/pytorch/ops/fused): the activation's elementwise traffic over every routed copy is
+    not paid (cost.compute.layer_times ``fused_expert_act``). Needs precision='fp8'."""
     compiled: bool = False
     """The transformer blocks run under torch.compile: Inductor fuses each chain of elementwise ops (norms
     with their residual adds, rotary, the activation, casts) into one kernel, so their memory traffic is
@@ -105,13 +116,18 @@ class JobSpec:
         one_of("job.software", self.software, SOFTWARE)
         one_of("job.loss", self.loss, LOSSES)
         positive_number("job.reduce_dtype_bytes", self.reduce_dtype_bytes)
-        for f in ("fp8_param_gather", "flash_attention", "compiled", "cuda_graphs"):
+        for f in ("fp8_param_gather", "flash_attention", "fp8_attention", "fused_grouped_mlp", "compiled",
+                  "cuda_graphs"):
             boolean(f"job.{f}", getattr(self, f))
         one_of("job.cuda_graph_scope", self.cuda_graph_scope, CUDA_GRAPH_SCOPES)
         if self.cuda_graph_scope != "layers" and not self.cuda_graphs:
             raise SpecError("job.cuda_graph_scope", f"{self.cuda_graph_scope!r} needs cuda_graphs=true")
         if self.fp8_param_gather and self.precision != "fp8":
             raise SpecError("job.fp8_param_gather", "needs precision='fp8'")
+        if self.fp8_attention and (self.precision != "fp8" or not self.flash_attention):
+            raise SpecError("job.fp8_attention", "needs precision='fp8' and flash_attention=true (a fused kernel)")
+        if self.fused_grouped_mlp and self.precision != "fp8":
+            raise SpecError("job.fused_grouped_mlp", "needs precision='fp8' (an MXFP8 or NVFP4 recipe)")
         positive_number("job.moe_capacity_factor", self.moe_capacity_factor)
         if self.moe_routing_imbalance < 1.0:
             raise SpecError("job.moe_routing_imbalance", f"must be >= 1.0, got {self.moe_routing_imbalance}")

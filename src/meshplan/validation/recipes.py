@@ -1,9 +1,9 @@
 """What the published tables leave out and the recipe files of the same release state: the MoE token
-dispatcher, the expert-parallel overlap, full-iteration CUDA graphs, the activation recomputation and the
-activation offloading of NeMo / Megatron-Bridge runs (moe_recipes.toml, each entry with the file and
-commit it was read from), and the layout a run had where its table row disagrees with every version of
-its preset. A row takes an entry only when its model, GPU, release, precision and layout all match the
-entry's; every other row keeps meshplan's defaults.
+dispatcher, the expert-parallel overlap, full-iteration CUDA graphs, FP8 attention, fused grouped MLPs, the
+activation recomputation and the activation offloading of NeMo / Megatron-Bridge runs (moe_recipes.toml,
+each entry with the file and commit it was read from), and the layout a run had where its table row
+disagrees with every version of its preset. A row takes an entry only when its model, GPU, release,
+precision and layout all match the entry's; every other row keeps meshplan's defaults.
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ class RecipeSettings(NamedTuple):
     cuda_graphs: bool
     """The recipe captures the whole iteration in a CUDA graph (JobSpec.cuda_graphs); False where the file
     does not say so."""
+    fp8_attention: bool
+    """The recipe runs attention in FP8 (fp8_dot_product_attention; JobSpec.fp8_attention)."""
+    fused_grouped_mlp: bool
+    """The recipe runs its experts as TE's CuTe DSL fused grouped MLP (JobSpec.fused_grouped_mlp)."""
     source: str
 
 
@@ -65,7 +69,8 @@ def moe_recipe(row: dict[str, str], layout: dict[str, int]) -> RecipeSettings | 
     r = _match("recipe", row, layout)
     if r is None:
         return None
-    return RecipeSettings(r.get("ep_dispatch"), bool(r["ep_overlap"]), bool(r.get("cuda_graphs", False)), r["source"])
+    return RecipeSettings(r.get("ep_dispatch"), bool(r["ep_overlap"]), bool(r.get("cuda_graphs", False)),
+                          bool(r.get("fp8_attention", False)), bool(r.get("fused_grouped_mlp", False)), r["source"])
 
 
 class RecomputeSettings(NamedTuple):

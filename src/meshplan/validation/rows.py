@@ -407,9 +407,13 @@ def _plan(row: dict[str, str], model: ModelSpec,
     try:
         plan = replace(plan, **settings)
     except SpecError as exc:  # a recipe meshplan's plan checks refuse: keep the defaults, say so
-        kept = "; cuda_graphs=true, cuda_graph_scope=full_iteration from it kept" if recipe.cuda_graphs else ""
+        kept = ("; cuda_graphs=true, cuda_graph_scope=full_iteration from it kept" if recipe.cuda_graphs else "")
+        kept += "; fp8_attention=true from it kept" if recipe.fp8_attention else ""
+        kept += "; fused_grouped_mlp=true from it kept" if recipe.fused_grouped_mlp else ""
         return plan, (*imputed, f"recipe {recipe.source}'s plan settings not applied: {exc}{kept}"), recipe
     said = ", ".join(f"{k}={str(v).lower()}" for k, v in settings.items())
+    said += ", fp8_attention=true" if recipe.fp8_attention else ""
+    said += ", fused_grouped_mlp=true" if recipe.fused_grouped_mlp else ""
     said += ", cuda_graphs=true, cuda_graph_scope=full_iteration" if recipe.cuda_graphs else ""
     return plan, (*imputed, f"{said} from {recipe.source}"), recipe
 
@@ -514,6 +518,8 @@ def scenario_from_row(idx: int, row: dict[str, str]) -> Scenario:
                       fp8_param_gather=precision == "fp8" and "fp8 fsdp all-gather" in row["precision"].lower(),
                       loss=loss, reduce_dtype_bytes=reduce_bytes,
                       flash_attention=not (row.get("flash_attention") or "").lower().startswith("n"),
+                      fp8_attention=recipe is not None and recipe.fp8_attention and precision == "fp8",
+                      fused_grouped_mlp=recipe is not None and recipe.fused_grouped_mlp and precision == "fp8",
                       compiled=compiled, cuda_graphs=graphs, cuda_graph_scope=graph_scope, software=_software(row))
     except SpecError as exc:
         raise Skip(f"job: {exc}") from None
