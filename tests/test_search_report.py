@@ -204,6 +204,15 @@ def test_validate_cli_on_a_few_rows(capsys, tmp_path):
     assert code == 0
     code, _ = _run(capsys, "validate", str(sub), "--cv", "0", "--json", "--max-memory-mape", "0.0001")
     assert code == 1
+    # --by-source: each row predicted by a fit that saw no row of its source group, kept per row
+    code, out = _run(capsys, "validate", str(sub), "--cv", "0", "--by-source", "--cv-rounds", "1", "--json")
+    d = json.loads(out)
+    lso = [r for r in d["rows"] if "leave_one_source_out_error" in r]
+    assert code == 0 and len({r["source_group"] for r in lso}) >= 2
+    assert len(lso) == d["summary"]["leave_one_source_out"]["tokens_per_s_per_gpu"]["count"]
+    assert all(r["cv_error"] is None and r["leave_one_source_out_predicted_tokens_per_s_per_gpu"] > 0 for r in lso)
+    mape = sum(abs(r["leave_one_source_out_error"]) for r in lso) / len(lso)
+    assert mape == pytest.approx(d["summary"]["leave_one_source_out"]["tokens_per_s_per_gpu"]["mape"])
 
 
 def test_validate_fails_when_a_measured_run_is_predicted_not_to_fit(capsys, tmp_path):

@@ -59,6 +59,9 @@ def _record(r: RowResult) -> dict[str, Any]:
         "measured_step_time_s": r.measured_step_time_s,
         "predicted_fits_in_memory": r.predicted_feasible,
     }
+    if r.lso_predicted_tokens_per_s_per_gpu is not None:
+        d["leave_one_source_out_predicted_tokens_per_s_per_gpu"] = r.lso_predicted_tokens_per_s_per_gpu
+        d["leave_one_source_out_error"] = r.lso_error
     if r.scenario.imputed:
         d["imputed"] = list(r.scenario.imputed)
     if r.measured_peak_memory_bytes:
@@ -221,6 +224,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         cal.cross_validate(results, by_group=True, rounds=args.cv_rounds, progress=_progress)
         group_sum = summary(results, use_cv=True)
         for r, v in zip(results, saved, strict=True):
+            r.lso_predicted_tokens_per_s_per_gpu = r.cv_predicted_tokens_per_s_per_gpu
             r.cv_predicted_tokens_per_s_per_gpu = v
     if sys.stderr.isatty():
         print(file=sys.stderr)

@@ -37,6 +37,8 @@ class RowResult:
     predicted_feasible: bool | None = None
     skipped: str | None = None
     cv_predicted_tokens_per_s_per_gpu: float | None = None
+    lso_predicted_tokens_per_s_per_gpu: float | None = None
+    """Predicted by a fit that saw no row of this row's source group (validate --by-source)."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -51,6 +53,12 @@ class RowResult:
         if self.cv_predicted_tokens_per_s_per_gpu is None or not self.measured_tokens_per_s_per_gpu:
             return None
         return self.cv_predicted_tokens_per_s_per_gpu / self.measured_tokens_per_s_per_gpu - 1.0
+
+    @property
+    def lso_error(self) -> float | None:
+        if self.lso_predicted_tokens_per_s_per_gpu is None or not self.measured_tokens_per_s_per_gpu:
+            return None
+        return self.lso_predicted_tokens_per_s_per_gpu / self.measured_tokens_per_s_per_gpu - 1.0
 
     @property
     def memory_error(self) -> float | None:
