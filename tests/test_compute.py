@@ -267,7 +267,7 @@ def test_a_fused_grouped_mlp_drops_only_the_routed_activation_traffic():
     args = {"tokens": 8192, "seq_len": 4096, "cp": 1, "tp": 1, "precision": "fp8", "moe": True,
             "expert_tokens": 8192 * m.top_k / m.n_experts * 8, "local_experts": m.n_experts / 8}
     plain = layer_times(m, c.accelerator, p, **args)
-    fused = layer_times(m, c.accelerator, p, **args, fused_expert_act=True)
+    fused = layer_times(m, c.accelerator, p, **args, fused_grouped_mlp=True)
     hbm = c.accelerator.hbm_bytes_per_s * p.memory_efficiency
     act_s = BF16_BYTES * 8192 * 3 * m.expert_ffn_hidden * m.top_k * p.elementwise_passes / hbm
     assert plain.fwd_s - fused.fwd_s == pytest.approx(act_s, rel=1e-9)
@@ -275,4 +275,5 @@ def test_a_fused_grouped_mlp_drops_only_the_routed_activation_traffic():
     assert fused.gemm_fwd_s == plain.gemm_fwd_s and fused.attention_fwd_s == plain.attention_fwd_s
     assert fused.routed_act_fwd_s == 0.0 < plain.routed_act_fwd_s
     dense = {k: v for k, v in args.items() if k not in ("moe", "expert_tokens", "local_experts")}
-    assert layer_times(m, c.accelerator, p, **dense, fused_expert_act=True) == layer_times(m, c.accelerator, p, **dense)
+    assert (layer_times(m, c.accelerator, p, **dense, fused_grouped_mlp=True)
+            == layer_times(m, c.accelerator, p, **dense))

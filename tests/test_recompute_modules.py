@@ -153,3 +153,18 @@ def test_a_megatron_plans_recompute_modes_hold_ever_less_memory(name, flash, tp,
     peaks = [evaluate(model, cluster, job, plan.with_recompute(m), time_infeasible=False).memory.peak_bytes
              for m in modes]
     assert all(b <= a * (1 + 1e-12) for a, b in itertools.pairwise(peaks))
+
+
+def test_a_fused_grouped_mlp_has_no_separate_activation_to_recompute():
+    """With JobSpec.fused_grouped_mlp the routed activation runs inside the experts' fused GEMMs: a plan
+    that names moe_act is refused with the modules allowed, and evaluate's own choices leave it out."""
+    from meshplan.cost.step import megatron_selective_keys
+
+    with pytest.raises(SpecError, match="moe_act needs MoE layers whose activation runs on its own"):
+        _dsv3("recompute=selective,recompute_modules=moe_act", precision="fp8", fused_grouped_mlp=True)
+    model = load_model("deepseek-v3")
+    assert all("moe_act" in k for k in megatron_selective_keys(model))
+    assert not any("moe_act" in k for k in megatron_selective_keys(model, fused_grouped_mlp=True))
+    fused = _dsv3("recompute=selective,recompute_modules=mla_up_proj", precision="fp8", fused_grouped_mlp=True)
+    plain = _dsv3("recompute=selective,recompute_modules=mla_up_proj", precision="fp8")
+    assert fused.step_time_s < plain.step_time_s  # the routed activation's traffic is gone

@@ -143,12 +143,14 @@ def gemm_curve(accel: AcceleratorSpec, params: ComputeParams, precision: str) ->
 
 
 FP8_ATTENTION_SPEEDUP = 1.5
-"""Fused attention in FP8 against the same kernel in BF16 (JobSpec.fp8_attention). NVIDIA's "Accelerating
-Transformers with NVIDIA cuDNN 9" (developer.nvidia.com blog, 2024) puts cuDNN's SDPA at up to 2x the best
-PyTorch eager implementation in BF16 and up to 3x in FP8 (up to 1.2 PFLOP/s in FP8 on an H200); the ratio
-of the two, 3/2, is taken as FP8's gain over cuDNN's BF16 kernel. Measured on Hopper; Blackwell's FP8 tensor cores are
-also twice its BF16 ones, and its softmax is bound by the same exponential units in both precisions.
-Applied to the forward and the backward alike (TE's FP8 attention runs both in FP8)."""
+"""Fused attention in FP8 against the same kernel in BF16 (JobSpec.fp8_attention); an assumption, not a
+matched measurement. NVIDIA's "Accelerating Transformers with NVIDIA cuDNN 9" (developer.nvidia.com blog,
+2024) puts cuDNN's SDPA at up to 2x the best PyTorch eager implementation in BF16 and up to 3x in FP8 (up
+to 1.2 PFLOP/s in FP8 on an H200); the ratio of the two "up to" figures, 3/2, is taken as FP8's gain over
+cuDNN's BF16 kernel. The same post's end-to-end Llama 2 70B LoRA run on 8 H200 (1.11x with cuDNN's BF16
+attention, 1.15x with its FP8 one: 3.6 %) fits it if attention took about a tenth of that step. Applied to
+the forward and the backward alike (TE's FP8 attention runs both in FP8) and to every GPU with FP8,
+Blackwell included, where it was not measured."""
 
 FLASH_TILE = 128
 """Query tile of FlashAttention's kernels [tokens], the granularity at which a causal mask is skipped
@@ -229,7 +231,7 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
                 seq_len: int, cp: int, tp: int, precision: str, causal_kernel: bool = True, cp_chunked: bool = True,
                 flash_attention: bool = True,
                 moe: bool = False, expert_tokens: float = 0.0, local_experts: float = 0.0,
-                expert_tp: int = 1, sequence_parallel: bool = False, fused_expert_act: bool = False) -> LayerTimes:
+                expert_tp: int = 1, sequence_parallel: bool = False, fused_grouped_mlp: bool = False) -> LayerTimes:
     """Forward and backward time of one transformer layer for ``tokens`` tokens on a rank (T = b·S/cp).
 
     GEMM shapes after tensor-parallel splitting (Megatron column/row split): QKV [T, D]x[D, (h_q+2h_kv)/t],
@@ -240,8 +242,8 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     the key tiles of the band (window_key_span; the layer's mean over windowed and global layers);
     FlashAttention's backward is 2.5x its forward (it recomputes QKᵀ), unfused attention's backward runs
     twice the forward's batched GEMMs and its own elementwise traffic over the score matrix, which it
-    computes whole, window or not. ``fused_expert_act``: the routed experts' activation runs in their first
-    GEMM's epilogue (JobSpec.fused_grouped_mlp), so it moves no elementwise traffic of its own.
+    computes whole, window or not. ``fused_grouped_mlp`` (JobSpec.fused_grouped_mlp): the routed experts'
+    activation runs inside their fused GEMMs, so it moves no elementwise traffic of its own.
     """
     D, t = model.hidden, float(tp)
     peak, e_max, hd = gemm_curve(accel, params, precision)
@@ -315,7 +317,7 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     per_token = (4 * D + 6 * D) / sp_share
     if model.learned_pos_emb == 0:
         per_token += 2 * (model.q_dim + model.kv_dim) / t
-    if not (moe and fused_expert_act):
+    if not (moe and fused_grouped_mlp):
         per_token += act * f_local
     ew_bytes = BF16_BYTES * tokens * per_token * params.elementwise_passes
     if moe:  # token permutation to experts and back: each copy written and read, dispatch and combine
@@ -336,7 +338,7 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
         mlp_fwd_s=own_mlp + ew_element_s * tokens * act * own_f,
         norm_fwd_s=ew_element_s * tokens * 2 * D / sp_share,
         routed_act_fwd_s=(ew_element_s * expert_tokens * local_experts * act * model.expert_ffn_hidden / expert_tp
-                          if moe and not fused_expert_act else 0.0),
+                          if moe and not fused_grouped_mlp else 0.0),
     )
 
 

@@ -70,12 +70,12 @@ def _accel_key(accel: AcceleratorSpec) -> _AccelKey:
 @functools.lru_cache(maxsize=16384)
 def _layer_times(model: ModelSpec, accel: _AccelKey, compute: ComputeParams, tokens: float, seq_len: int, cp: int,
                  tp: int, precision: str, moe: bool, expert_tokens: float, local: float, cp_chunked: bool,
-                 flash_attention: bool, etp: int, sp: bool, fused_act: bool = False) -> LayerTimes:
+                 flash_attention: bool, etp: int, sp: bool, fused_grouped_mlp: bool) -> LayerTimes:
     """layer_times, memoised: a search evaluates the same layer shapes under many sharding variants."""
     return layer_times(model, accel, compute, tokens=tokens, seq_len=seq_len, cp=cp, tp=tp,  # type: ignore[arg-type]
                        precision=precision, moe=moe, expert_tokens=expert_tokens, local_experts=local,
                        cp_chunked=cp_chunked, flash_attention=flash_attention, expert_tp=etp,
-                       sequence_parallel=sp and tp > 1, fused_expert_act=fused_act)
+                       sequence_parallel=sp and tp > 1, fused_grouped_mlp=fused_grouped_mlp)
 
 
 @functools.lru_cache(maxsize=64)
@@ -1182,15 +1182,18 @@ def _evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, 
     return _Choice(model, cluster, job, plan, compute, mfu, cutoff_s).choose(time_infeasible=time_infeasible)
 
 
-def megatron_selective_keys(model: ModelSpec, flash_attention: bool = True) -> list[str]:
+def megatron_selective_keys(model: ModelSpec, flash_attention: bool = True,
+                            fused_grouped_mlp: bool = False) -> list[str]:
     """The selective recomputations evaluate offers a Megatron plan, least first (Plan.recompute_key): the
     modules that discard cheap outputs (the norms that run on their own, the routed experts' activation,
-    MLA's up-projections), where the model has them; then those and the MLPs (dense layers' and shared
-    experts'); without FlashAttention each with core_attn too, as plain 'selective' before them. Each frees
-    a superset of the one before, as the choice's bisection needs."""
+    unless a fused grouped MLP keeps it inside its kernel, MLA's up-projections), where the model has them;
+    then those and the MLPs (dense layers' and shared experts'); without FlashAttention each with core_attn
+    too, as plain 'selective' before them. Each frees a superset of the one before, as the choice's
+    bisection needs."""
     core = [] if flash_attention else ["core_attn"]
     light = [m for m, has in (("layernorm", model.n_moe_layers > 0 or model.is_mla),
-                              ("moe_act", model.n_moe_layers > 0), ("mla_up_proj", model.is_mla)) if has]
+                              ("moe_act", model.n_moe_layers > 0 and not fused_grouped_mlp),
+                              ("mla_up_proj", model.is_mla)) if has]
     heavy = light + [m for m, has in (("mlp", model.n_layers > model.n_moe_layers),
                                       ("shared_experts", model.n_moe_layers > 0 and model.n_shared_experts > 0))
                      if has]
@@ -1212,7 +1215,8 @@ def recompute_options(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[
         return ["none"], 0
     modes = ["none", "sac", "full"] if job.flash_attention else ["none", "selective", "sac", "full"]
     if plan.sharding == "megatron" or job.software == "megatron":  # Megatron-core has modules, not op-level SAC
-        modes[modes.index("sac"):modes.index("sac") + 1] = megatron_selective_keys(model, job.flash_attention)
+        keys = megatron_selective_keys(model, job.flash_attention, job.fused_grouped_mlp)
+        modes[modes.index("sac"):modes.index("sac") + 1] = keys
     if plan.ep_overlap:  # Megatron's all-to-all overlap runs without full recomputation (or offloading)
         return modes[:-1], 0
     return modes + offload, max(d + e for d, e in _plan_stage_layers(model, plan)) - 1

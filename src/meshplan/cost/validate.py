@@ -97,7 +97,8 @@ def _check_recompute_modules(model: ModelSpec, job: JobSpec, plan: Plan) -> None
         raise SpecError("plan.recompute_modules", f"are Megatron-core's; the {job.software} stack has none: use "
                                                   "recompute=none, sac or full")
     needs = {"mla_up_proj": (model.is_mla, "multi-latent attention"),
-             "moe_act": (model.is_moe, "MoE layers"),
+             "moe_act": (model.is_moe and not job.fused_grouped_mlp,
+                         "MoE layers whose activation runs on its own (not job.fused_grouped_mlp)"),
              "shared_experts": (model.is_moe and model.n_shared_experts > 0, "shared experts")}
     for module in plan.recompute_modules.split("+"):
         has, what = needs.get(module, (True, ""))

@@ -71,13 +71,17 @@ class JobSpec:
     """The fused attention kernel runs its two batched GEMMs in FP8, forward and backward (Transformer
     Engine's ``fp8_dot_product_attention``, Megatron-core's ``--fp8-dot-product-attention``; cuDNN's FP8
     SDPA): cost.compute.FP8_ATTENTION_SPEEDUP over the BF16 kernel. Needs precision='fp8' and
-    flash_attention. The FP8 copies of Q, K, V and O the backward keeps are not modelled (BF16 assumed)."""
+    flash_attention; meant for Transformer Engine stacks (FlashAttention-2 has no FP8 path). The FP8
+    copies of Q, K, V and O the backward keeps are not modelled (BF16 assumed)."""
     fused_grouped_mlp: bool = False
-    """The routed experts run as one fused grouped MLP with the activation in the first GEMM's epilogue
-    (Transformer Engine's op fuser with ``NVTE_CUTEDSL_FUSED_GROUPED_MLP=1``: cuDNN frontend's CuTe DSL
-    grouped GEMM with a GLU epilogue, on Blackwell (SM100) under an MXFP8 or NVFP4 recipe,
-    transformer_engine/pytorch/ops/fused): the activation's elementwise traffic over every routed copy is
-    not paid (cost.compute.layer_times ``fused_expert_act``). Needs precision='fp8'."""
+    """The routed experts run as one fused grouped MLP with the activation inside its GEMMs (Transformer
+    Engine's op fuser with ``NVTE_CUTEDSL_FUSED_GROUPED_MLP=1``: cuDNN frontend's CuTe DSL grouped GEMM
+    with a GLU epilogue forward and the GLU's gradient fused into the backward's grouped GEMM, on Blackwell
+    (SM100) under an MXFP8 or NVFP4 recipe; transformer_engine/pytorch/ops/fused/, forward and
+    backward_grouped_mlp.py): the activation's elementwise traffic over every routed copy is not paid
+    (cost.compute.layer_times), and there is no separate activation for Megatron's ``moe_act``
+    recomputation to re-run. Needs precision='fp8'; a Blackwell feature, which meshplan does not check
+    against the cluster's GPU."""
     compiled: bool = False
     """The transformer blocks run under torch.compile: Inductor fuses each chain of elementwise ops (norms
     with their residual adds, rotary, the activation, casts) into one kernel, so their memory traffic is

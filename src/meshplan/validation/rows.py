@@ -404,17 +404,16 @@ def _plan(row: dict[str, str], model: ModelSpec,
     if recipe is None:
         return plan, imputed, None
     settings = {"ep_overlap": recipe.ep_overlap} | ({"ep_dispatch": recipe.ep_dispatch} if recipe.ep_dispatch else {})
+    job_settings = ", ".join(said for on, said in ((recipe.fp8_attention, "fp8_attention=true"),
+                                                  (recipe.fused_grouped_mlp, "fused_grouped_mlp=true"),
+                                                  (recipe.cuda_graphs, "cuda_graphs=true, "
+                                                                       "cuda_graph_scope=full_iteration")) if on)
     try:
         plan = replace(plan, **settings)
     except SpecError as exc:  # a recipe meshplan's plan checks refuse: keep the defaults, say so
-        kept = ("; cuda_graphs=true, cuda_graph_scope=full_iteration from it kept" if recipe.cuda_graphs else "")
-        kept += "; fp8_attention=true from it kept" if recipe.fp8_attention else ""
-        kept += "; fused_grouped_mlp=true from it kept" if recipe.fused_grouped_mlp else ""
+        kept = f"; {job_settings} from it kept" if job_settings else ""
         return plan, (*imputed, f"recipe {recipe.source}'s plan settings not applied: {exc}{kept}"), recipe
-    said = ", ".join(f"{k}={str(v).lower()}" for k, v in settings.items())
-    said += ", fp8_attention=true" if recipe.fp8_attention else ""
-    said += ", fused_grouped_mlp=true" if recipe.fused_grouped_mlp else ""
-    said += ", cuda_graphs=true, cuda_graph_scope=full_iteration" if recipe.cuda_graphs else ""
+    said = ", ".join([*(f"{k}={str(v).lower()}" for k, v in settings.items()), *filter(None, [job_settings])])
     return plan, (*imputed, f"{said} from {recipe.source}"), recipe
 
 

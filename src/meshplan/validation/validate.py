@@ -44,27 +44,26 @@ class RowResult:
     @property
     def error(self) -> float | None:
         """Signed relative error of tokens/s: predicted / measured - 1."""
-        if self.predicted_tokens_per_s_per_gpu is None or not self.measured_tokens_per_s_per_gpu:
-            return None
-        return self.predicted_tokens_per_s_per_gpu / self.measured_tokens_per_s_per_gpu - 1.0
+        return _relative_error(self.predicted_tokens_per_s_per_gpu, self.measured_tokens_per_s_per_gpu)
 
     @property
     def cv_error(self) -> float | None:
-        if self.cv_predicted_tokens_per_s_per_gpu is None or not self.measured_tokens_per_s_per_gpu:
-            return None
-        return self.cv_predicted_tokens_per_s_per_gpu / self.measured_tokens_per_s_per_gpu - 1.0
+        return _relative_error(self.cv_predicted_tokens_per_s_per_gpu, self.measured_tokens_per_s_per_gpu)
 
     @property
     def lso_error(self) -> float | None:
-        if self.lso_predicted_tokens_per_s_per_gpu is None or not self.measured_tokens_per_s_per_gpu:
-            return None
-        return self.lso_predicted_tokens_per_s_per_gpu / self.measured_tokens_per_s_per_gpu - 1.0
+        return _relative_error(self.lso_predicted_tokens_per_s_per_gpu, self.measured_tokens_per_s_per_gpu)
 
     @property
     def memory_error(self) -> float | None:
-        if self.predicted_peak_memory_bytes is None or not self.measured_peak_memory_bytes:
-            return None
-        return self.predicted_peak_memory_bytes / self.measured_peak_memory_bytes - 1.0
+        return _relative_error(self.predicted_peak_memory_bytes, self.measured_peak_memory_bytes)
+
+
+def _relative_error(predicted: float | None, measured: float | None) -> float | None:
+    """predicted / measured - 1, or None where either is missing (or nothing was measured)."""
+    if predicted is None or not measured:
+        return None
+    return predicted / measured - 1.0
 
 
 def read_rows(path: str | Path) -> list[dict[str, str]]:
