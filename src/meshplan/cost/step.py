@@ -45,7 +45,7 @@ from meshplan.cost.pipeline import (
     stage_layers,
     unpaired_microbatches,
 )
-from meshplan.cost.validate import validate_plan
+from meshplan.cost.validate import recompute_module_needs, validate_plan
 from meshplan.memo import cache_by_identity
 from meshplan.specs import AcceleratorSpec, ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.specs.plan import recompute_modules_of
@@ -1191,12 +1191,11 @@ def megatron_selective_keys(model: ModelSpec, flash_attention: bool = True,
     too, as plain 'selective' before them. Each frees a superset of the one before, as the choice's
     bisection needs."""
     core = [] if flash_attention else ["core_attn"]
+    needs = recompute_module_needs(model, fused_grouped_mlp)
     light = [m for m, has in (("layernorm", model.n_moe_layers > 0 or model.is_mla),
-                              ("moe_act", model.n_moe_layers > 0 and not fused_grouped_mlp),
-                              ("mla_up_proj", model.is_mla)) if has]
+                              ("moe_act", needs["moe_act"][0]), ("mla_up_proj", needs["mla_up_proj"][0])) if has]
     heavy = light + [m for m, has in (("mlp", model.n_layers > model.n_moe_layers),
-                                      ("shared_experts", model.n_moe_layers > 0 and model.n_shared_experts > 0))
-                     if has]
+                                      ("shared_experts", needs["shared_experts"][0])) if has]
     keys = ["selective:" + "+".join(core + mods) for mods in (light, heavy) if mods]
     return list(dict.fromkeys(keys))  # a model without dense layers or shared experts: one key
 

@@ -91,15 +91,24 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
         raise SpecError("plan.reshard_after_forward", "is an FSDP2 option; use sharding=fsdp")
 
 
+def recompute_module_needs(model: ModelSpec, fused_grouped_mlp: bool) -> dict[str, tuple[bool, str]]:
+    """Megatron-core's --recompute-modules that only some models have: module -> (whether ``model``, run with
+    or without a fused grouped MLP, has it; what it needs). The others every model has. One answer for the
+    check of a given plan (_check_recompute_modules) and for what the search offers
+    (step.megatron_selective_keys)."""
+    moe = model.n_moe_layers > 0
+    return {"mla_up_proj": (model.is_mla, "multi-latent attention"),
+            "moe_act": (moe and not fused_grouped_mlp,
+                        "MoE layers whose activation runs on its own (not job.fused_grouped_mlp)"),
+            "shared_experts": (moe and model.n_shared_experts > 0, "shared experts")}
+
+
 def _check_recompute_modules(model: ModelSpec, job: JobSpec, plan: Plan) -> None:
     """Megatron-core's --recompute-modules need Megatron and the parts of the model they name."""
     if job.software in ("torchtitan", "llm-foundry", "maxtext"):
         raise SpecError("plan.recompute_modules", f"are Megatron-core's; the {job.software} stack has none: use "
                                                   "recompute=none, sac or full")
-    needs = {"mla_up_proj": (model.is_mla, "multi-latent attention"),
-             "moe_act": (model.is_moe and not job.fused_grouped_mlp,
-                         "MoE layers whose activation runs on its own (not job.fused_grouped_mlp)"),
-             "shared_experts": (model.is_moe and model.n_shared_experts > 0, "shared experts")}
+    needs = recompute_module_needs(model, job.fused_grouped_mlp)
     for module in plan.recompute_modules.split("+"):
         has, what = needs.get(module, (True, ""))
         if not has:

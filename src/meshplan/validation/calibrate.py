@@ -289,39 +289,52 @@ def folds(rows: list[RowResult], k: int) -> list[list[RowResult]]:
     return out
 
 
+def cv_rows(rows: list[RowResult]) -> list[RowResult]:
+    """The rows cross-validation folds and predicts: modelled, with a measured throughput."""
+    return [r for r in rows if r.scenario is not None and r.measured_tokens_per_s_per_gpu]
+
+
+@dataclass(frozen=True, slots=True)
+class FoldFit:
+    """One cross-validation fold: the rows it held out and the parameters fitted without them."""
+
+    held_out_rows: tuple[int, ...]
+    state: State
+
+
 def cross_validate(rows: list[RowResult], *, k: int = 5, rounds: int = MAX_ROUNDS, by_group: bool = False,
-                   progress: Callable[[str], None] | None = None) -> None:
-    """Fill ``cv_predicted_tokens_per_s_per_gpu`` of every row from a fit that did not see it."""
-    modelled = [r for r in rows if r.scenario is not None and r.measured_tokens_per_s_per_gpu]
+                   progress: Callable[[str], None] | None = None) -> list[FoldFit]:
+    """Fill ``cv_predicted_tokens_per_s_per_gpu`` of every row from a fit that did not see it; return the
+    fits."""
+    modelled = cv_rows(rows)
     if by_group:
         groups = sorted({r.source_group for r in modelled})
         parts = [[r for r in modelled if r.source_group == g] for g in groups]
     else:
         parts = folds(modelled, k)
 
-    def fold(i: int) -> list[tuple[int, float]]:  # runs in a forked worker: parts is inherited, not pickled
+    def fold(i: int) -> State:  # runs in a forked worker: parts is inherited, not pickled
         held_ids = {r.row for r in parts[i]}
-        return _fold([r for r in modelled if r.row not in held_ids], parts[i], rounds)
-
-    outcomes = parallel_map(fold, range(len(parts)))
-    by_row = {r.row: r for r in modelled}
-    for i, preds in enumerate(outcomes):
-        for row, pred in preds:
-            by_row[row].cv_predicted_tokens_per_s_per_gpu = pred
+        state = fit([r for r in modelled if r.row not in held_ids], rounds=rounds)
         if progress:
             progress(f"fold {i + 1}/{len(parts)} done")
+        return state
+
+    fits = [FoldFit(tuple(sorted(r.row for r in part)), state)
+            for part, state in zip(parts, parallel_map(fold, range(len(parts))), strict=True)]
+    predict_out_of_fold(rows, fits)
+    return fits
 
 
-def _fold(train: list[RowResult], held: list[RowResult], rounds: int) -> list[tuple[int, float]]:
-    """Fit on the training rows, predict the held-out ones (one cross-validation fold)."""
-    state = fit(train, rounds=rounds)
-    out = []
-    for r in held:
-        sc = r.scenario
-        assert sc is not None
-        out.append((r.row, predict(sc, params_for(state, sc.cluster.accelerator.name,
-                                                  sc.job.software)).tokens_per_s_per_gpu))
-    return out
+def predict_out_of_fold(rows: list[RowResult], fits: list[FoldFit]) -> None:
+    """Set each held-out row's ``cv_predicted_tokens_per_s_per_gpu`` from its fold's fit."""
+    by_row = {r.row: r for r in cv_rows(rows)}
+    for f in fits:
+        for row in f.held_out_rows:
+            sc = by_row[row].scenario
+            assert sc is not None
+            by_row[row].cv_predicted_tokens_per_s_per_gpu = predict(
+                sc, params_for(f.state, sc.cluster.accelerator.name, sc.job.software)).tokens_per_s_per_gpu
 
 
 BAND_NOMINAL = 0.8  # the band runs from the 10th to the 90th percentile: 80 % of rows inside
@@ -394,22 +407,28 @@ def band_coverage(rows: list[RowResult]) -> dict[str, object] | None:
     return {"nominal": BAND_NOMINAL, **{k: {"rows": len(v), "inside": sum(v) / len(v)} for k, v in inside.items() if v}}
 
 
-def to_toml(state: State, *, source: str, summary: dict, bands: dict[str, dict[str, float]]) -> str:
-    """The fitted parameters as catalog/calibration/fitted.toml."""
+def state_toml(state: State, prefix: str = "") -> list[str]:
+    """The tables of a fitted ``state`` as TOML lines, each table's name after ``prefix``."""
     def table(d: dict) -> list[str]:
         return [f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {float(v):.6g}" for k, v in sorted(d.items())]
 
+    lines = ["", f"[{prefix}global]", *table(state["global"])]
+    for name, t in sorted(state["accelerator"].items()):
+        lines += ["", f"[{prefix}accelerator.{name}]", *table(t)]
+    for name, t in sorted(state["software"].items()):
+        lines += ["", f"[{prefix}software.{name}]", *table(t)]
+    for name, t in sorted(state["stack"].items()):
+        lines += ["", f'[{prefix}stack."{name}"]', *table(t)]
+    return lines
+
+
+def to_toml(state: State, *, source: str, summary: dict, bands: dict[str, dict[str, float]]) -> str:
+    """The fitted parameters as catalog/calibration/fitted.toml."""
     lines = ["# Written by `meshplan validate --calibrate`; see docs/calibration.md for the procedure.",
              f"source = {source!r}"]
     for k, v in summary.items():
         lines.append(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v:.6g}")
-    lines += ["", "[global]", *table(state["global"])]
-    for name, t in sorted(state["accelerator"].items()):
-        lines += ["", f"[accelerator.{name}]", *table(t)]
-    for name, t in sorted(state["software"].items()):
-        lines += ["", f"[software.{name}]", *table(t)]
-    for name, t in sorted(state["stack"].items()):
-        lines += ["", f'[stack."{name}"]', *table(t)]
+    lines += state_toml(state)
     for key, b in sorted(bands.items()):
         lines += ["", f'[uncertainty."{key}"]', f"low = {b['low']:.4f}", f"high = {b['high']:.4f}",
                   f"rows = {b['rows']}"]

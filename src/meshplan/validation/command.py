@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from meshplan.calibration import compute_params_for
+from meshplan.calibration import _load, compute_params_for
+from meshplan.validation import folds
 from meshplan.validation.calibrate import MAX_ROUNDS, TOLERANCE
 from meshplan.validation.validate import RowResult, load_scenarios, read_rows, run, summary
 
@@ -21,10 +22,13 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="one record per row and summaries")
     p.add_argument("--plot", metavar="FILE", help="write predicted against measured tokens/s (PNG)")
     p.add_argument("--cv", type=int, default=5, metavar="K",
-                   help="k-fold cross-validation: refit on k-1 folds, predict the k-th (0: skip; default 5)")
+                   help="k-fold cross-validation: fit on k-1 folds, predict the k-th (0: skip; default 5); the "
+                        "catalog's stored fold fits serve where they were made for this data, k and rounds")
     p.add_argument("--cv-rounds", type=int, default=MAX_ROUNDS,
                    help=f"most coordinate-descent rounds per fold; each fit stops earlier once a round gains "
                         f"less than {TOLERANCE * 100:.1f} %% (default {MAX_ROUNDS})")
+    p.add_argument("--cv-refit", action="store_true",
+                   help="refit every fold even where the catalog stores fold fits for this data (validation.folds)")
     p.add_argument("--by-source", action="store_true", help="also leave one source group out at a time")
     p.add_argument("--calibrate", metavar="TOML", help="fit on every row and write the parameters to TOML")
     p.add_argument("--profile", default=None, metavar="FILE",
@@ -121,6 +125,8 @@ def text_report(results: list[RowResult], fit: dict, cv: dict | None, group_cv: 
         lines.append(f"  cross-validated (k-fold)      {_fmt(cv['tokens_per_s_per_gpu'])}")
     if group_cv:
         lines.append(f"  leave-one-source-group-out    {_fmt(group_cv['tokens_per_s_per_gpu'])}")
+    if cv and cv.get("fold_fits"):
+        lines.append(f"  fold fits: {cv['fold_fits']}")
     if cv and cv.get("band_coverage"):
         lines.append(_coverage(cv["band_coverage"]))
     main = cv or fit
@@ -182,7 +188,8 @@ def _plot(results: list[RowResult], path: str, use_cv: bool) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     from meshplan.validation import calibrate as cal
 
-    results = load_scenarios(read_rows(args.path))
+    raw = read_rows(args.path)
+    results = load_scenarios(raw)
     if args.profile:
         from dataclasses import replace
 
@@ -197,13 +204,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     modelled = [r for r in results if r.scenario is not None]
     if args.calibrate:
         state = cal.fit(modelled, progress=_progress)
-        cal.cross_validate(results, k=max(2, args.cv or 5), rounds=args.cv_rounds, progress=_progress)
+        fits = cal.cross_validate(results, k=max(2, args.cv or 5), rounds=args.cv_rounds, progress=_progress)
+        fold_fits = f"refitted: {len(fits)} folds, written to {args.calibrate}"
         bands = cal.uncertainty_bands(results)
         cv_sum = summary(results, use_cv=True)["tokens_per_s_per_gpu"]
         text = cal.to_toml(state, source=f"fitted on {len(modelled)} rows of {Path(args.path).name} by "
                                          "meshplan validate --calibrate (docs/calibration.md)",
                            summary={"rows": float(len(modelled)), "cv_mape": cv_sum["mape"] or 0.0,
                                     "cv_median_ape": cv_sum["median_ape"] or 0.0}, bands=bands)
+        text += folds.to_toml(fits, rounds=args.cv_rounds, digest=folds.data_digest(raw, cal.cv_rows(results)))
         Path(args.calibrate).write_text(text)
         print(f"wrote {args.calibrate}", file=sys.stderr)
 
@@ -211,13 +220,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
             return cal.params_for(state, a, s)
     else:
         compute_for = compute_params_for
+        fold_fits = None
         if args.cv:
-            cal.cross_validate(results, k=args.cv, rounds=args.cv_rounds, progress=_progress)
+            stored, fold_fits = (None, "--cv-refit") if args.cv_refit else folds.stored(
+                _load("fitted"), raw, cal.cv_rows(results), k=args.cv, rounds=args.cv_rounds)
+            if stored is not None:
+                cal.predict_out_of_fold(results, stored)
+            else:
+                cal.cross_validate(results, k=args.cv, rounds=args.cv_rounds, progress=_progress)
+                fold_fits = f"refitted ({fold_fits})"
     run(results, compute_for)
     fit_sum = summary(results, use_cv=False)
     cv_sum = summary(results, use_cv=True) if (args.cv or args.calibrate) else None
     if cv_sum is not None:
         cv_sum["band_coverage"] = cal.band_coverage(results)
+        cv_sum["fold_fits"] = fold_fits
     group_sum = None
     if args.by_source:
         saved = [r.cv_predicted_tokens_per_s_per_gpu for r in results]
