@@ -97,3 +97,7 @@ def test_stored_fold_fits_predict_what_refitting_does(tmp_path, capsys, monkeypa
     for a, b in zip(again["rows"], refit["rows"], strict=True):
         assert a["cv_predicted_tokens_per_s_per_gpu"] == pytest.approx(b["cv_predicted_tokens_per_s_per_gpu"],
                                                                       rel=1e-4)
+    assert main(["validate", *args, "--cv-refit"]) == 0
+    forced = json.loads(capsys.readouterr().out)
+    assert forced["summary"]["cross_validated"]["fold_fits"] == "refitted (--cv-refit)"
+    assert [r["cv_error"] for r in forced["rows"]] == [r["cv_error"] for r in refit["rows"]]

@@ -226,6 +226,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 _load("fitted"), raw, cal.cv_rows(results), k=args.cv, rounds=args.cv_rounds)
             if stored is not None:
                 cal.predict_out_of_fold(results, stored)
+                at_fit = _load("fitted").get("cv_mape")
+                if at_fit is not None:
+                    fold_fits += f"; cross-validated MAPE {float(at_fit):.2%} when fitted"
             else:
                 cal.cross_validate(results, k=args.cv, rounds=args.cv_rounds, progress=_progress)
                 fold_fits = f"refitted ({fold_fits})"
