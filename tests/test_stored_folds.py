@@ -1,4 +1,4 @@
-"""Stored fold fits (validation.folds): written with the catalog's fit, used only for the data, folds and
+"""Stored fold fits (validation.fold_store): written with the catalog's fit, used only for the rows, folds and
 rounds they were made for, and giving the same out-of-fold predictions as refitting."""
 
 import csv
@@ -10,7 +10,7 @@ import pytest
 from tests.helpers import stub_row
 
 from meshplan.cli import main
-from meshplan.validation import calibrate, command, folds
+from meshplan.validation import calibrate, command, fold_store
 
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "published_runs.csv")
 
@@ -23,21 +23,22 @@ def _fits(rows, k):
         state["global"]["gemm_half_dim"] = 100.0 + i
         state["accelerator"]["h100"] = {"gemm_scale": 0.5 + i / 10}
         state["stack"]["llm-foundry/h100"] = {"kernel_scale": 0.9}
-        out.append(calibrate.FoldFit(tuple(sorted(r.row for r in part)), state))
+        out.append(calibrate.FoldFit(calibrate.held_out_ids(part), state))
     return out
 
 
-def _data(n):
-    rows = [stub_row(row=i, moe=i % 4 == 0) for i in range(n)]
-    raw = [{"model": f"m{i}", "tp": str(1 + i % 3)} for i in range(n)]
-    return rows, raw
+def _rows(n):
+    return [stub_row(row=i, moe=i % 4 == 0) for i in range(n)]
+
+
+def _stored(fits, rows, rounds=8):
+    return tomllib.loads(fold_store.to_toml(fits, rounds=rounds, digest=fold_store.inputs_digest(rows)))
 
 
 def test_fold_fits_round_trip_through_toml():
-    rows, raw = _data(23)
+    rows = _rows(23)
     fits = _fits(rows, 4)
-    stored = tomllib.loads(folds.to_toml(fits, rounds=8, digest=folds.data_digest(raw, rows)))
-    back, why = folds.stored(stored, raw, rows, k=4, rounds=8)
+    back, why = fold_store.load_fits(_stored(fits, rows), rows, k=4, rounds=8)
     assert back is not None, why
     assert [f.held_out_rows for f in back] == [f.held_out_rows for f in fits]
     assert [f.state for f in back] == [f.state for f in fits]  # values chosen to survive six digits
@@ -46,29 +47,27 @@ def test_fold_fits_round_trip_through_toml():
 @pytest.mark.parametrize("change, reason", [
     ({"k": 5}, "not 5 of 8"),
     ({"rounds": 3}, "not 4 of 3"),
-    ({"edit": True}, "other data"),
-    ({"drop": True}, "other data"),
+    ({"edit": True}, "made from other rows"),
+    ({"drop": True}, "made from other rows"),
 ])
-def test_fold_fits_serve_only_the_data_folds_and_rounds_they_were_made_for(change, reason):
-    rows, raw = _data(23)
-    stored = tomllib.loads(folds.to_toml(_fits(rows, 4), rounds=8, digest=folds.data_digest(raw, rows)))
-    if change.get("edit"):
-        raw = [dict(r) for r in raw]
-        raw[7]["tp"] = "8"
+def test_fold_fits_serve_only_the_rows_folds_and_rounds_they_were_made_for(change, reason):
+    rows = _rows(23)
+    stored = _stored(_fits(rows, 4), rows)
+    if change.get("edit"):  # one row modelled otherwise (a recipe, an imputation, a profile)
+        rows[7] = stub_row(row=7, moe=False, software="nemo")
     if change.get("drop"):
         rows = rows[:-1]
-    back, why = folds.stored(stored, raw, rows, k=change.get("k", 4), rounds=change.get("rounds", 8))
+    back, why = fold_store.load_fits(stored, rows, k=change.get("k", 4), rounds=change.get("rounds", 8))
     assert back is None and reason in why
 
 
 def test_fold_fits_that_held_out_other_rows_are_not_used():
-    rows, raw = _data(23)
+    rows = _rows(23)
     fits = _fits(rows, 4)
     fits[0], fits[1] = fits[1], fits[0]
-    stored = tomllib.loads(folds.to_toml(fits, rounds=8, digest=folds.data_digest(raw, rows)))
-    back, why = folds.stored(stored, raw, rows, k=4, rounds=8)
+    back, why = fold_store.load_fits(_stored(fits, rows), rows, k=4, rounds=8)
     assert back is None and "held out other rows" in why
-    assert folds.stored({}, raw, rows, k=4, rounds=8) == (None, "the catalog stores no fold fits")
+    assert fold_store.load_fits({}, rows, k=4, rounds=8) == (None, "the catalog stores no fold fits")
 
 
 @pytest.mark.skipif(not os.path.exists(SHARED), reason="shared/data/published_runs.csv not beside the checkout")
@@ -88,16 +87,16 @@ def test_stored_fold_fits_predict_what_refitting_does(tmp_path, capsys, monkeypa
     args = [str(small), "--json", "--cv", "2", "--cv-rounds", "1"]
     assert main(["validate", *args, "--calibrate", str(toml)]) == 0
     refit = json.loads(capsys.readouterr().out)
-    assert refit["summary"]["cross_validated"]["fold_fits"].startswith("refitted")
+    assert refit["summary"]["cross_validated"]["fold_fits_source"].startswith("refitted")
 
-    monkeypatch.setattr(command, "_load", lambda name: tomllib.loads(toml.read_text()))
+    monkeypatch.setattr(command, "catalog_fit", lambda: tomllib.loads(toml.read_text()))
     assert main(["validate", *args]) == 0
     again = json.loads(capsys.readouterr().out)
-    assert again["summary"]["cross_validated"]["fold_fits"].startswith("the catalog's 2 fold fits")
+    assert again["summary"]["cross_validated"]["fold_fits_source"].startswith("the catalog's 2 fold fits")
     for a, b in zip(again["rows"], refit["rows"], strict=True):
         assert a["cv_predicted_tokens_per_s_per_gpu"] == pytest.approx(b["cv_predicted_tokens_per_s_per_gpu"],
                                                                       rel=1e-4)
     assert main(["validate", *args, "--cv-refit"]) == 0
     forced = json.loads(capsys.readouterr().out)
-    assert forced["summary"]["cross_validated"]["fold_fits"] == "refitted (--cv-refit)"
+    assert forced["summary"]["cross_validated"]["fold_fits_source"] == "refitted (--cv-refit)"
     assert [r["cv_error"] for r in forced["rows"]] == [r["cv_error"] for r in refit["rows"]]

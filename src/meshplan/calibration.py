@@ -33,6 +33,11 @@ def _load(name: str) -> dict[str, Any]:
     return tomllib.loads(entry.read_text()) if entry.is_file() else {}
 
 
+def catalog_fit() -> dict[str, Any]:
+    """The catalog's fitted.toml as tables (empty where there is none)."""
+    return _load("fitted")
+
+
 def family(accelerator: str) -> str:
     return FAMILY.get(accelerator, accelerator)
 

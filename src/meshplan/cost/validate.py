@@ -93,9 +93,10 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
 
 def recompute_module_needs(model: ModelSpec, fused_grouped_mlp: bool) -> dict[str, tuple[bool, str]]:
     """Megatron-core's --recompute-modules that only some models have: module -> (whether ``model``, run with
-    or without a fused grouped MLP, has it; what it needs). The others every model has. One answer for the
-    check of a given plan (_check_recompute_modules) and for what the search offers
-    (step.megatron_selective_keys)."""
+    or without a fused grouped MLP, has it; what it needs). Megatron accepts the others for every model.
+    The check of a given plan (_check_recompute_modules) and the modules the search offers
+    (step.megatron_selective_keys, which further offers layernorm and mlp only where they free memory)
+    read these from here."""
     moe = model.n_moe_layers > 0
     return {"mla_up_proj": (model.is_mla, "multi-latent attention"),
             "moe_act": (moe and not fused_grouped_mlp,

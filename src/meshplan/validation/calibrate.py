@@ -108,9 +108,13 @@ def parameter_space(rows: list[RowResult]) -> list[Param]:
 State = dict[str, dict]
 
 
+STATE_KINDS = ("global", "accelerator", "software", "stack")
+"""The tables of a fit's state, as Param.scope names them (and fitted.toml stores them)."""
+
+
 def empty_state() -> State:
     """The tables a fit starts from: the MEASURED parameters, nothing fitted."""
-    state: State = {"global": {}, "accelerator": {}, "software": {}, "stack": {}}
+    state: State = {kind: {} for kind in STATE_KINDS}
     for (scope, key), value in MEASURED.items():
         _table(state, scope)[key] = value
     return state
@@ -294,6 +298,11 @@ def cv_rows(rows: list[RowResult]) -> list[RowResult]:
     return [r for r in rows if r.scenario is not None and r.measured_tokens_per_s_per_gpu]
 
 
+def held_out_ids(part: list[RowResult]) -> tuple[int, ...]:
+    """The row indices of a fold, sorted: how a FoldFit names the rows it held out."""
+    return tuple(sorted(r.row for r in part))
+
+
 @dataclass(frozen=True, slots=True)
 class FoldFit:
     """One cross-validation fold: the rows it held out and the parameters fitted without them."""
@@ -320,7 +329,7 @@ def cross_validate(rows: list[RowResult], *, k: int = 5, rounds: int = MAX_ROUND
             progress(f"fold {i + 1}/{len(parts)} done")
         return state
 
-    fits = [FoldFit(tuple(sorted(r.row for r in part)), state)
+    fits = [FoldFit(held_out_ids(part), state)
             for part, state in zip(parts, parallel_map(fold, range(len(parts))), strict=True)]
     predict_out_of_fold(rows, fits)
     return fits
@@ -407,10 +416,15 @@ def band_coverage(rows: list[RowResult]) -> dict[str, object] | None:
     return {"nominal": BAND_NOMINAL, **{k: {"rows": len(v), "inside": sum(v) / len(v)} for k, v in inside.items() if v}}
 
 
+def toml_line(key: str, value: str | float) -> str:
+    """``key = value``: a string quoted, a number to six significant digits (as fitted.toml keeps them)."""
+    return f"{key} = {value!r}" if isinstance(value, str) else f"{key} = {float(value):.6g}"
+
+
 def state_toml(state: State, prefix: str = "") -> list[str]:
     """The tables of a fitted ``state`` as TOML lines, each table's name after ``prefix``."""
     def table(d: dict) -> list[str]:
-        return [f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {float(v):.6g}" for k, v in sorted(d.items())]
+        return [toml_line(k, v) for k, v in sorted(d.items())]
 
     lines = ["", f"[{prefix}global]", *table(state["global"])]
     for name, t in sorted(state["accelerator"].items()):
@@ -426,8 +440,7 @@ def to_toml(state: State, *, source: str, summary: dict, bands: dict[str, dict[s
     """The fitted parameters as catalog/calibration/fitted.toml."""
     lines = ["# Written by `meshplan validate --calibrate`; see docs/calibration.md for the procedure.",
              f"source = {source!r}"]
-    for k, v in summary.items():
-        lines.append(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v:.6g}")
+    lines += [toml_line(k, v) for k, v in summary.items()]
     lines += state_toml(state)
     for key, b in sorted(bands.items()):
         lines += ["", f'[uncertainty."{key}"]', f"low = {b['low']:.4f}", f"high = {b['high']:.4f}",

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from meshplan.calibration import _load, compute_params_for
-from meshplan.validation import folds
+from meshplan.calibration import catalog_fit, compute_params_for
+from meshplan.validation import fold_store
 from meshplan.validation.calibrate import MAX_ROUNDS, TOLERANCE
 from meshplan.validation.validate import RowResult, load_scenarios, read_rows, run, summary
 
@@ -125,8 +125,8 @@ def text_report(results: list[RowResult], fit: dict, cv: dict | None, group_cv: 
         lines.append(f"  cross-validated (k-fold)      {_fmt(cv['tokens_per_s_per_gpu'])}")
     if group_cv:
         lines.append(f"  leave-one-source-group-out    {_fmt(group_cv['tokens_per_s_per_gpu'])}")
-    if cv and cv.get("fold_fits"):
-        lines.append(f"  fold fits: {cv['fold_fits']}")
+    if cv and cv.get("fold_fits_source"):
+        lines.append(f"  fold fits: {cv['fold_fits_source']}")
     if cv and cv.get("band_coverage"):
         lines.append(_coverage(cv["band_coverage"]))
     main = cv or fit
@@ -188,8 +188,7 @@ def _plot(results: list[RowResult], path: str, use_cv: bool) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     from meshplan.validation import calibrate as cal
 
-    raw = read_rows(args.path)
-    results = load_scenarios(raw)
+    results = load_scenarios(read_rows(args.path))
     if args.profile:
         from dataclasses import replace
 
@@ -203,16 +202,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 r.notes = notes
     modelled = [r for r in results if r.scenario is not None]
     if args.calibrate:
+        digest = fold_store.inputs_digest(cal.cv_rows(results))
         state = cal.fit(modelled, progress=_progress)
         fits = cal.cross_validate(results, k=max(2, args.cv or 5), rounds=args.cv_rounds, progress=_progress)
-        fold_fits = f"refitted: {len(fits)} folds, written to {args.calibrate}"
+        fold_fits_source = f"refitted: {len(fits)} folds, written to {args.calibrate}"
         bands = cal.uncertainty_bands(results)
         cv_sum = summary(results, use_cv=True)["tokens_per_s_per_gpu"]
         text = cal.to_toml(state, source=f"fitted on {len(modelled)} rows of {Path(args.path).name} by "
                                          "meshplan validate --calibrate (docs/calibration.md)",
                            summary={"rows": float(len(modelled)), "cv_mape": cv_sum["mape"] or 0.0,
                                     "cv_median_ape": cv_sum["median_ape"] or 0.0}, bands=bands)
-        text += folds.to_toml(fits, rounds=args.cv_rounds, digest=folds.data_digest(raw, cal.cv_rows(results)))
+        text += fold_store.to_toml(fits, rounds=args.cv_rounds, digest=digest)
         Path(args.calibrate).write_text(text)
         print(f"wrote {args.calibrate}", file=sys.stderr)
 
@@ -220,24 +220,24 @@ def cmd_validate(args: argparse.Namespace) -> int:
             return cal.params_for(state, a, s)
     else:
         compute_for = compute_params_for
-        fold_fits = None
+        fold_fits_source = None
         if args.cv:
-            stored, fold_fits = (None, "--cv-refit") if args.cv_refit else folds.stored(
-                _load("fitted"), raw, cal.cv_rows(results), k=args.cv, rounds=args.cv_rounds)
-            if stored is not None:
-                cal.predict_out_of_fold(results, stored)
-                at_fit = _load("fitted").get("cv_mape")
+            fits, fold_fits_source = (None, "--cv-refit") if args.cv_refit else fold_store.load_fits(
+                catalog_fit(), cal.cv_rows(results), k=args.cv, rounds=args.cv_rounds)
+            if fits is not None:
+                cal.predict_out_of_fold(results, fits)
+                at_fit = catalog_fit().get("cv_mape")
                 if at_fit is not None:
-                    fold_fits += f"; cross-validated MAPE {float(at_fit):.2%} when fitted"
+                    fold_fits_source += f"; cross-validated MAPE {float(at_fit):.2%} when fitted"
             else:
                 cal.cross_validate(results, k=args.cv, rounds=args.cv_rounds, progress=_progress)
-                fold_fits = f"refitted ({fold_fits})"
+                fold_fits_source = f"refitted ({fold_fits_source})"
     run(results, compute_for)
     fit_sum = summary(results, use_cv=False)
     cv_sum = summary(results, use_cv=True) if (args.cv or args.calibrate) else None
     if cv_sum is not None:
         cv_sum["band_coverage"] = cal.band_coverage(results)
-        cv_sum["fold_fits"] = fold_fits
+        cv_sum["fold_fits_source"] = fold_fits_source
     group_sum = None
     if args.by_source:
         saved = [r.cv_predicted_tokens_per_s_per_gpu for r in results]
