@@ -230,6 +230,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 if at_fit is not None:
                     fold_fits_source += f"; cross-validated MAPE {float(at_fit):.2%} when fitted"
             else:
+                print(f"meshplan: validate: refitting {args.cv} folds ({fold_fits_source}); on all published rows "
+                      "this takes about half an hour on two cores, and validate --calibrate stores the fits",
+                      file=sys.stderr)
                 cal.cross_validate(results, k=args.cv, rounds=args.cv_rounds, progress=_progress)
                 fold_fits_source = f"refitted ({fold_fits_source})"
     run(results, compute_for)
