@@ -72,19 +72,22 @@ def test_fold_fits_that_held_out_other_rows_are_not_used():
 
 @pytest.mark.skipif(not os.path.exists(SHARED), reason="shared/data/published_runs.csv not beside the checkout")
 def test_stored_fold_fits_predict_what_refitting_does(tmp_path, capsys, monkeypatch):
-    """validate --calibrate on a few published rows writes the fold fits; validate then uses them, not
-    refitting, and its out-of-fold predictions are the refit's (to the six digits the TOML keeps)."""
+    """validate --calibrate --by-source on a few published rows of two sources writes the fold fits and
+    the leave-one-source-out fits; validate then uses them, not refitting, and its out-of-fold predictions
+    are the refit's (to the six digits the TOML keeps)."""
     with open(SHARED, newline="") as fh:
         reader = csv.DictReader(fh)
-        picked = [r for r in reader if r["source_group"].startswith("torchtitan")][:8]
-        assert len(picked) == 8
+        every = list(reader)
+        picked = ([r for r in every if r["source_group"].startswith("torchtitan")][:5]
+                  + [r for r in every if r["source_group"].startswith("MosaicML")][:5])
+        assert len(picked) == 10
     small = tmp_path / "small.csv"
     with small.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(picked[0]))
         w.writeheader()
         w.writerows(picked)
     toml = tmp_path / "fitted.toml"
-    args = [str(small), "--json", "--cv", "2", "--cv-rounds", "1"]
+    args = [str(small), "--json", "--cv", "2", "--cv-rounds", "1", "--by-source"]
     assert main(["validate", *args, "--calibrate", str(toml)]) == 0
     refit = json.loads(capsys.readouterr().out)
     assert refit["summary"]["cross_validated"]["fold_fits_source"].startswith("refitted")
@@ -93,10 +96,15 @@ def test_stored_fold_fits_predict_what_refitting_does(tmp_path, capsys, monkeypa
     assert main(["validate", *args]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["summary"]["cross_validated"]["fold_fits_source"].startswith("the catalog's 2 fold fits")
+    assert again["summary"]["leave_one_source_out"]["fold_fits_source"].startswith(
+        "the catalog's 2 fold fits (fitted.toml [source_fold]")
     for a, b in zip(again["rows"], refit["rows"], strict=True):
-        assert a["cv_predicted_tokens_per_s_per_gpu"] == pytest.approx(b["cv_predicted_tokens_per_s_per_gpu"],
-                                                                      rel=1e-4)
+        for key in ("cv_predicted_tokens_per_s_per_gpu", "leave_one_source_out_predicted_tokens_per_s_per_gpu"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4)
+        assert a["cv_predicted_tokens_per_s_per_gpu"] != a["leave_one_source_out_predicted_tokens_per_s_per_gpu"]
     assert main(["validate", *args, "--cv-refit"]) == 0
     forced = json.loads(capsys.readouterr().out)
     assert forced["summary"]["cross_validated"]["fold_fits_source"] == "refitted (--cv-refit)"
-    assert [r["cv_error"] for r in forced["rows"]] == [r["cv_error"] for r in refit["rows"]]
+    assert forced["summary"]["leave_one_source_out"]["fold_fits_source"] == "refitted (--cv-refit)"
+    for key in ("cv_error", "leave_one_source_out_error"):
+        assert [r[key] for r in forced["rows"]] == [r[key] for r in refit["rows"]]

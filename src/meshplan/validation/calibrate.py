@@ -293,6 +293,11 @@ def folds(rows: list[RowResult], k: int) -> list[list[RowResult]]:
     return out
 
 
+def source_groups(rows: list[RowResult]) -> list[list[RowResult]]:
+    """The rows of each source group, groups in name order: leave-one-source-out's folds."""
+    return [[r for r in rows if r.source_group == g] for g in sorted({r.source_group for r in rows})]
+
+
 def cv_rows(rows: list[RowResult]) -> list[RowResult]:
     """The rows cross-validation folds and predicts: modelled, with a measured throughput."""
     return [r for r in rows if r.scenario is not None and r.measured_tokens_per_s_per_gpu]
@@ -313,14 +318,10 @@ class FoldFit:
 
 def cross_validate(rows: list[RowResult], *, k: int = 5, rounds: int = MAX_ROUNDS, by_group: bool = False,
                    progress: Callable[[str], None] | None = None) -> list[FoldFit]:
-    """Fill ``cv_predicted_tokens_per_s_per_gpu`` of every row from a fit that did not see it; return the
-    fits."""
+    """Fit each fold (``by_group``: each source group) on the other rows, on every core; return the fits.
+    ``out_of_fold`` predicts the held-out rows with them."""
     modelled = cv_rows(rows)
-    if by_group:
-        groups = sorted({r.source_group for r in modelled})
-        parts = [[r for r in modelled if r.source_group == g] for g in groups]
-    else:
-        parts = folds(modelled, k)
+    parts = source_groups(modelled) if by_group else folds(modelled, k)
 
     def fold(i: int) -> State:  # runs in a forked worker: parts is inherited, not pickled
         held_ids = {r.row for r in parts[i]}
@@ -329,21 +330,21 @@ def cross_validate(rows: list[RowResult], *, k: int = 5, rounds: int = MAX_ROUND
             progress(f"fold {i + 1}/{len(parts)} done")
         return state
 
-    fits = [FoldFit(held_out_ids(part), state)
+    return [FoldFit(held_out_ids(part), state)
             for part, state in zip(parts, parallel_map(fold, range(len(parts))), strict=True)]
-    predict_out_of_fold(rows, fits)
-    return fits
 
 
-def predict_out_of_fold(rows: list[RowResult], fits: list[FoldFit]) -> None:
-    """Set each held-out row's ``cv_predicted_tokens_per_s_per_gpu`` from its fold's fit."""
+def out_of_fold(rows: list[RowResult], fits: list[FoldFit]) -> dict[int, float]:
+    """Each held-out row's tokens/s per GPU predicted by its fold's fit, by row index."""
     by_row = {r.row: r for r in cv_rows(rows)}
+    out = {}
     for f in fits:
         for row in f.held_out_rows:
             sc = by_row[row].scenario
             assert sc is not None
-            by_row[row].cv_predicted_tokens_per_s_per_gpu = predict(
-                sc, params_for(f.state, sc.cluster.accelerator.name, sc.job.software)).tokens_per_s_per_gpu
+            out[row] = predict(sc, params_for(f.state, sc.cluster.accelerator.name,
+                                              sc.job.software)).tokens_per_s_per_gpu
+    return out
 
 
 BAND_NOMINAL = 0.8  # the band runs from the 10th to the 90th percentile: 80 % of rows inside

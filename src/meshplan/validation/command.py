@@ -28,7 +28,8 @@ def register(sub: Any) -> None:
                    help=f"most coordinate-descent rounds per fold; each fit stops earlier once a round gains "
                         f"less than {TOLERANCE * 100:.1f} %% (default {MAX_ROUNDS})")
     p.add_argument("--cv-refit", action="store_true",
-                   help="refit every fold even where the catalog stores fold fits for this data (validation.folds)")
+                   help="refit every fold (and, with --by-source, every source group) even where the catalog "
+                        "stores fits made for these rows (validation.fold_store)")
     p.add_argument("--by-source", action="store_true", help="also leave one source group out at a time")
     p.add_argument("--calibrate", metavar="TOML", help="fit on every row and write the parameters to TOML")
     p.add_argument("--profile", default=None, metavar="FILE",
@@ -127,6 +128,8 @@ def text_report(results: list[RowResult], fit: dict, cv: dict | None, group_cv: 
         lines.append(f"  leave-one-source-group-out    {_fmt(group_cv['tokens_per_s_per_gpu'])}")
     if cv and cv.get("fold_fits_source"):
         lines.append(f"  fold fits: {cv['fold_fits_source']}")
+    if group_cv and group_cv.get("fold_fits_source"):
+        lines.append(f"  source-group fits: {group_cv['fold_fits_source']}")
     if cv and cv.get("band_coverage"):
         lines.append(_coverage(cv["band_coverage"]))
     main = cv or fit
@@ -185,6 +188,33 @@ def _plot(results: list[RowResult], path: str, use_cv: bool) -> None:
     plt.close(fig)
 
 
+def _set_cv(results: list[RowResult], preds: dict[int, float]) -> None:
+    for r in results:
+        r.cv_predicted_tokens_per_s_per_gpu = preds.get(r.row)
+
+
+def _out_of_fold(results: list[RowResult], args: argparse.Namespace, *, by_source: bool
+                 ) -> tuple[dict[int, float], str]:
+    """Out-of-fold predictions of k-fold cross-validation (``by_source``: of leaving each source group out)
+    from the catalog's stored fits where they were made for these rows, k and rounds, else refitted; and
+    which it was."""
+    from meshplan.validation import calibrate as cal
+
+    rows = cal.cv_rows(results)
+    k = len(cal.source_groups(rows)) if by_source else args.cv
+    what = "source groups" if by_source else "folds"
+    fits, source = (None, "--cv-refit") if args.cv_refit else fold_store.load_fits(
+        catalog_fit(), rows, k=k, rounds=args.cv_rounds, by_source=by_source)
+    if fits is None:
+        print(f"meshplan: validate: refitting {k} {what} ({source}); on all published rows this takes about half "
+              "an hour on two cores, and validate --calibrate stores the fits", file=sys.stderr)
+        fits = cal.cross_validate(results, k=k, by_group=by_source, rounds=args.cv_rounds, progress=_progress)
+        source = f"refitted ({source})"
+    elif not by_source and catalog_fit().get("cv_mape") is not None:
+        source += f"; cross-validated MAPE {float(catalog_fit()['cv_mape']):.2%} when fitted"
+    return cal.out_of_fold(results, fits), source
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from meshplan.validation import calibrate as cal
 
@@ -201,10 +231,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 r.scenario = replace(r.scenario, cluster=cluster)
                 r.notes = notes
     modelled = [r for r in results if r.scenario is not None]
+    lso: dict[int, float] = {}
+    fold_fits_source = lso_source = None
     if args.calibrate:
         digest = fold_store.inputs_digest(cal.cv_rows(results))
         state = cal.fit(modelled, progress=_progress)
         fits = cal.cross_validate(results, k=max(2, args.cv or 5), rounds=args.cv_rounds, progress=_progress)
+        _set_cv(results, cal.out_of_fold(results, fits))
         fold_fits_source = f"refitted: {len(fits)} folds, written to {args.calibrate}"
         bands = cal.uncertainty_bands(results)
         cv_sum = summary(results, use_cv=True)["tokens_per_s_per_gpu"]
@@ -213,6 +246,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
                            summary={"rows": float(len(modelled)), "cv_mape": cv_sum["mape"] or 0.0,
                                     "cv_median_ape": cv_sum["median_ape"] or 0.0}, bands=bands)
         text += fold_store.to_toml(fits, rounds=args.cv_rounds, digest=digest)
+        if args.by_source:
+            source_fits = cal.cross_validate(results, by_group=True, rounds=args.cv_rounds, progress=_progress)
+            lso = cal.out_of_fold(results, source_fits)
+            lso_source = f"refitted: {len(source_fits)} source groups, written to {args.calibrate}"
+            text += fold_store.to_toml(source_fits, rounds=args.cv_rounds, digest=digest, by_source=True)
         Path(args.calibrate).write_text(text)
         print(f"wrote {args.calibrate}", file=sys.stderr)
 
@@ -220,21 +258,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
             return cal.params_for(state, a, s)
     else:
         compute_for = compute_params_for
-        fold_fits_source = None
         if args.cv:
-            fits, fold_fits_source = (None, "--cv-refit") if args.cv_refit else fold_store.load_fits(
-                catalog_fit(), cal.cv_rows(results), k=args.cv, rounds=args.cv_rounds)
-            if fits is not None:
-                cal.predict_out_of_fold(results, fits)
-                at_fit = catalog_fit().get("cv_mape")
-                if at_fit is not None:
-                    fold_fits_source += f"; cross-validated MAPE {float(at_fit):.2%} when fitted"
-            else:
-                print(f"meshplan: validate: refitting {args.cv} folds ({fold_fits_source}); on all published rows "
-                      "this takes about half an hour on two cores, and validate --calibrate stores the fits",
-                      file=sys.stderr)
-                cal.cross_validate(results, k=args.cv, rounds=args.cv_rounds, progress=_progress)
-                fold_fits_source = f"refitted ({fold_fits_source})"
+            preds, fold_fits_source = _out_of_fold(results, args, by_source=False)
+            _set_cv(results, preds)
+        if args.by_source:
+            lso, lso_source = _out_of_fold(results, args, by_source=True)
     run(results, compute_for)
     fit_sum = summary(results, use_cv=False)
     cv_sum = summary(results, use_cv=True) if (args.cv or args.calibrate) else None
@@ -243,11 +271,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         cv_sum["fold_fits_source"] = fold_fits_source
     group_sum = None
     if args.by_source:
+        for r in results:
+            r.lso_predicted_tokens_per_s_per_gpu = lso.get(r.row)
         saved = [r.cv_predicted_tokens_per_s_per_gpu for r in results]
-        cal.cross_validate(results, by_group=True, rounds=args.cv_rounds, progress=_progress)
+        _set_cv(results, lso)  # summary reads the cv field: the leave-one-source-out predictions, for now
         group_sum = summary(results, use_cv=True)
+        group_sum["fold_fits_source"] = lso_source
         for r, v in zip(results, saved, strict=True):
-            r.lso_predicted_tokens_per_s_per_gpu = r.cv_predicted_tokens_per_s_per_gpu
             r.cv_predicted_tokens_per_s_per_gpu = v
     if sys.stderr.isatty():
         print(file=sys.stderr)

@@ -7,9 +7,10 @@ fitted.toml as ``[fold.<i>]`` tables, with the rows the fold held out, and recor
 the rounds and a digest of what the fits were made from: every cross-validated row as meshplan modelled
 it (its scenario: model, cluster, job, plan and the measurement, after the recipes, imputations and any
 ``--profile``) and the fitting procedure (the parameters, their bounds, the measured ones, the stopping
-rule). ``meshplan validate`` then predicts every held-out row with its stored fold fit under the current
-code: about a second, against some 35 minutes for five fits on two cores. It refits when the folds,
-the rounds or the digest differ from those stored, or when asked (``--cv-refit``).
+rule). With ``--by-source`` it does the same for leave-one-source-out, one fit per source group, under
+``[source_fold.<i>]``. ``meshplan validate`` then predicts every held-out row with its stored fit under
+the current code: about a second, against some 35 minutes for five fits on two cores. It refits when the
+folds, the rounds or the digest differ from those stored, or when asked (``--cv-refit``).
 
 What this does and does not check: every cross-validated prediction still comes from parameters fitted
 without its row, on the rows as they are modelled now. A change to the cost model's arithmetic (how a
@@ -31,13 +32,16 @@ from meshplan.validation.calibrate import (
     folds,
     held_out_ids,
     parameter_space,
+    source_groups,
     state_toml,
     toml_line,
 )
 from meshplan.validation.validate import RowResult
 
 TABLE = "fold"
-"""The top-level TOML table the fold fits live under: ``[fold.1.global]``, ``[fold.1.accelerator.b200]``."""
+"""The top-level TOML table the k-fold fits live under: ``[fold.1.global]``, ``[fold.1.accelerator.b200]``."""
+SOURCE_TABLE = "source_fold"
+"""The table of the leave-one-source-out fits (``--by-source``), one per source group in name order."""
 
 
 def inputs_digest(rows: list[RowResult]) -> str:
@@ -50,34 +54,38 @@ def inputs_digest(rows: list[RowResult]) -> str:
     return h.hexdigest()
 
 
-def to_toml(fits: list[FoldFit], *, rounds: int, digest: str) -> str:
-    """The fold fits as TOML, to follow the full fit in fitted.toml."""
-    lines = ["", "# Cross-validation: each fold's parameters, fitted without the rows it lists "
-             "(meshplan.validation.fold_store).", f"[{TABLE}]", f"folds = {len(fits)}", f"rounds = {rounds}",
-             toml_line("inputs_sha256", digest)]
+def to_toml(fits: list[FoldFit], *, rounds: int, digest: str, by_source: bool = False) -> str:
+    """The fold fits (``by_source``: the leave-one-source-out fits) as TOML, to follow the full fit in
+    fitted.toml."""
+    table = SOURCE_TABLE if by_source else TABLE
+    what = "each source group's fit without it" if by_source else "each fold's parameters"
+    lines = ["", f"# Cross-validation: {what}, fitted without the rows it lists (meshplan.validation.fold_store).",
+             f"[{table}]", f"folds = {len(fits)}", f"rounds = {rounds}", toml_line("inputs_sha256", digest)]
     for i, f in enumerate(fits, start=1):
-        lines += ["", f"[{TABLE}.{i}]", f"held_out_rows = {list(f.held_out_rows)}"]
-        lines += state_toml(f.state, prefix=f"{TABLE}.{i}.")
+        lines += ["", f"[{table}.{i}]", f"held_out_rows = {list(f.held_out_rows)}"]
+        lines += state_toml(f.state, prefix=f"{table}.{i}.")
     return "\n".join(lines) + "\n"
 
 
-def load_fits(fitted: dict[str, Any], rows: list[RowResult], *, k: int,
-              rounds: int) -> tuple[list[FoldFit] | None, str]:
+def load_fits(fitted: dict[str, Any], rows: list[RowResult], *, k: int, rounds: int,
+              by_source: bool = False) -> tuple[list[FoldFit] | None, str]:
     """The fold fits stored in ``fitted`` (fitted.toml's tables) if they were made by ``k`` folds of at
     most ``rounds`` rounds from exactly these rows (``rows``: those cross-validation predicts, as modelled
-    now) and this procedure; otherwise None. The second item says which, or why not."""
-    table = fitted.get(TABLE)
+    now) and this procedure; otherwise None. The second item says which, or why not. ``by_source``: the
+    leave-one-source-out fits, one per source group (``k`` is then the number of groups)."""
+    name = SOURCE_TABLE if by_source else TABLE
+    table = fitted.get(name)
     if not table:
-        return None, "the catalog stores no fold fits"
+        return None, f"the catalog stores no {'leave-one-source-out' if by_source else 'fold'} fits"
     if table.get("folds") != k or table.get("rounds") != rounds:
         return None, (f"the stored fold fits are {table.get('folds')} folds of at most {table.get('rounds')} "
                       f"rounds, not {k} of {rounds}")
     if table.get("inputs_sha256") != inputs_digest(rows):
         return None, "the stored fold fits were made from other rows, scenarios or fitting procedure"
-    parts = [held_out_ids(part) for part in folds(rows, k)]
+    parts = [held_out_ids(part) for part in (source_groups(rows) if by_source else folds(rows, k))]
     held = [tuple(table.get(str(i), {}).get("held_out_rows", ())) for i in range(1, k + 1)]
     if held != parts:
         return None, "the stored fold fits held out other rows than these folds do"
     fits = [FoldFit(ids, {kind: table[str(i)].get(kind, {}) for kind in STATE_KINDS})
             for i, ids in enumerate(held, start=1)]
-    return fits, f"the catalog's {k} fold fits (fitted.toml [{TABLE}], written by validate --calibrate)"
+    return fits, f"the catalog's {k} fold fits (fitted.toml [{name}], written by validate --calibrate)"
