@@ -70,6 +70,21 @@ def test_fold_fits_that_held_out_other_rows_are_not_used():
     assert fold_store.load_fits({}, rows, k=4, rounds=8) == (None, "the catalog stores no fold fits")
 
 
+def test_source_group_fits_serve_only_the_groups_they_held_out():
+    rows = _rows(12)
+    for r in rows:
+        r.source_group = "a" if r.row < 5 else "b"
+    fits = [calibrate.FoldFit(calibrate.held_out_ids(part), calibrate.empty_state())
+            for part in calibrate.source_groups(rows)]
+    stored = tomllib.loads(fold_store.to_toml(fits, rounds=8, digest=fold_store.inputs_digest(rows), by_source=True))
+    back, why = fold_store.load_fits(stored, rows, k=2, rounds=8, by_source=True)
+    assert back is not None and [f.held_out_rows for f in back] == [tuple(range(5)), tuple(range(5, 12))], why
+    assert fold_store.load_fits(stored, rows, k=2, rounds=8)[0] is None  # not the k-fold table
+    rows[5].source_group = "a"  # a row changes group: another partition, and the scenario digest holds
+    back, why = fold_store.load_fits(stored, rows, k=2, rounds=8, by_source=True)
+    assert back is None and "held out other rows" in why
+
+
 @pytest.mark.skipif(not os.path.exists(SHARED), reason="shared/data/published_runs.csv not beside the checkout")
 def test_stored_fold_fits_predict_what_refitting_does(tmp_path, capsys, monkeypatch):
     """validate --calibrate --by-source on a few published rows of two sources writes the fold fits and
@@ -97,7 +112,7 @@ def test_stored_fold_fits_predict_what_refitting_does(tmp_path, capsys, monkeypa
     again = json.loads(capsys.readouterr().out)
     assert again["summary"]["cross_validated"]["fold_fits_source"].startswith("the catalog's 2 fold fits")
     assert again["summary"]["leave_one_source_out"]["fold_fits_source"].startswith(
-        "the catalog's 2 fold fits (fitted.toml [source_fold]")
+        "the catalog's 2 source-group fits (fitted.toml [source_fold]")
     for a, b in zip(again["rows"], refit["rows"], strict=True):
         for key in ("cv_predicted_tokens_per_s_per_gpu", "leave_one_source_out_predicted_tokens_per_s_per_gpu"):
             assert a[key] == pytest.approx(b[key], rel=1e-4)

@@ -207,7 +207,8 @@ def _out_of_fold(results: list[RowResult], args: argparse.Namespace, *, by_sourc
         catalog_fit(), rows, k=k, rounds=args.cv_rounds, by_source=by_source)
     if fits is None:
         print(f"meshplan: validate: refitting {k} {what} ({source}); on all published rows this takes about half "
-              "an hour on two cores, and validate --calibrate stores the fits", file=sys.stderr)
+              f"an hour on two cores, and validate --calibrate{' --by-source' if by_source else ''} stores the fits",
+              file=sys.stderr)
         fits = cal.cross_validate(results, k=k, by_group=by_source, rounds=args.cv_rounds, progress=_progress)
         source = f"refitted ({source})"
     elif not by_source and catalog_fit().get("cv_mape") is not None:

@@ -88,4 +88,5 @@ def load_fits(fitted: dict[str, Any], rows: list[RowResult], *, k: int, rounds: 
         return None, "the stored fold fits held out other rows than these folds do"
     fits = [FoldFit(ids, {kind: table[str(i)].get(kind, {}) for kind in STATE_KINDS})
             for i, ids in enumerate(held, start=1)]
-    return fits, f"the catalog's {k} fold fits (fitted.toml [{name}], written by validate --calibrate)"
+    kind, flag = ("source-group", " --by-source") if by_source else ("fold", "")
+    return fits, f"the catalog's {k} {kind} fits (fitted.toml [{name}], written by validate --calibrate{flag})"
