@@ -58,8 +58,8 @@ def to_toml(fits: list[FoldFit], *, rounds: int, digest: str, by_source: bool = 
     """The fold fits (``by_source``: the leave-one-source-out fits) as TOML, to follow the full fit in
     fitted.toml."""
     table = SOURCE_TABLE if by_source else TABLE
-    what = "each source group's fit without it" if by_source else "each fold's parameters"
-    lines = ["", f"# Cross-validation: {what}, fitted without the rows it lists (meshplan.validation.fold_store).",
+    what = "Leave-one-source-out: each source group's" if by_source else "Cross-validation: each fold's"
+    lines = ["", f"# {what} parameters, fitted without the rows it lists (meshplan.validation.fold_store).",
              f"[{table}]", f"folds = {len(fits)}", f"rounds = {rounds}", toml_line("inputs_sha256", digest)]
     for i, f in enumerate(fits, start=1):
         lines += ["", f"[{table}.{i}]", f"held_out_rows = {list(f.held_out_rows)}"]
