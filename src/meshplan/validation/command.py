@@ -135,6 +135,9 @@ def text_report(results: list[RowResult], fit: dict, cv: dict | None, group_cv: 
     main = cv or fit
     lines += ["", "by source group" + (" (cross-validated)" if cv else "") + ":"]
     lines += [f"  {k:<28} {_fmt(v)}" for k, v in main["by_source_group"].items()]
+    if group_cv:
+        lines += ["", "by source group, each predicted by a fit that saw no row of it (leave-one-source-out):"]
+        lines += [f"  {k:<28} {_fmt(v)}" for k, v in group_cv["by_source_group"].items()]
     lines += ["", "by accelerator" + (" (cross-validated)" if cv else "") + ":"]
     lines += [f"  {k:<28} {_fmt(v)}" for k, v in main["by_gpu"].items()]
     lines += _repeats(main["repeated_configurations"], cv is not None)
