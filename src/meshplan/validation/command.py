@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.calibration import catalog_fit, compute_params_for
+from meshplan.validation import calibrate as cal
 from meshplan.validation import fold_store
 from meshplan.validation.calibrate import MAX_ROUNDS, TOLERANCE
 from meshplan.validation.validate import RowResult, load_scenarios, read_rows, run, summary
@@ -201,27 +202,24 @@ def _out_of_fold(results: list[RowResult], args: argparse.Namespace, *, by_sourc
     """Out-of-fold predictions of k-fold cross-validation (``by_source``: of leaving each source group out)
     from the catalog's stored fits where they were made for these rows, k and rounds, else refitted; and
     which it was."""
-    from meshplan.validation import calibrate as cal
-
     rows = cal.cv_rows(results)
     k = len(cal.source_groups(rows)) if by_source else args.cv
     what = "source groups" if by_source else "folds"
+    stored = catalog_fit()
     fits, source = (None, "--cv-refit") if args.cv_refit else fold_store.load_fits(
-        catalog_fit(), rows, k=k, rounds=args.cv_rounds, by_source=by_source)
+        stored, rows, k=k, rounds=args.cv_rounds, by_source=by_source)
     if fits is None:
         print(f"meshplan: validate: refitting {k} {what} ({source}); on all published rows this takes about half "
               f"an hour on two cores, and validate --calibrate{' --by-source' if by_source else ''} stores the fits",
               file=sys.stderr)
         fits = cal.cross_validate(results, k=k, by_group=by_source, rounds=args.cv_rounds, progress=_progress)
         source = f"refitted ({source})"
-    elif not by_source and catalog_fit().get("cv_mape") is not None:
-        source += f"; cross-validated MAPE {float(catalog_fit()['cv_mape']):.2%} when fitted"
+    elif not by_source and stored.get("cv_mape") is not None:
+        source += f"; cross-validated MAPE {float(stored['cv_mape']):.2%} when fitted"
     return cal.out_of_fold(results, fits), source
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from meshplan.validation import calibrate as cal
-
     results = load_scenarios(read_rows(args.path))
     if args.profile:
         from dataclasses import replace
@@ -277,12 +275,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.by_source:
         for r in results:
             r.lso_predicted_tokens_per_s_per_gpu = lso.get(r.row)
-        saved = [r.cv_predicted_tokens_per_s_per_gpu for r in results]
-        _set_cv(results, lso)  # summary reads the cv field: the leave-one-source-out predictions, for now
-        group_sum = summary(results, use_cv=True)
+        group_sum = summary(results, use_cv=False, use_lso=True)
         group_sum["fold_fits_source"] = lso_source
-        for r, v in zip(results, saved, strict=True):
-            r.cv_predicted_tokens_per_s_per_gpu = v
     if sys.stderr.isatty():
         print(file=sys.stderr)
     if args.plot:

@@ -67,12 +67,15 @@ def to_toml(fits: list[FoldFit], *, rounds: int, digest: str, by_source: bool = 
     return "\n".join(lines) + "\n"
 
 
-def load_fits(fitted: dict[str, Any], rows: list[RowResult], *, k: int, rounds: int,
+def load_fits(fitted: dict[str, Any], rows: list[RowResult], *, rounds: int, k: int = 0,
               by_source: bool = False) -> tuple[list[FoldFit] | None, str]:
     """The fold fits stored in ``fitted`` (fitted.toml's tables) if they were made by ``k`` folds of at
     most ``rounds`` rounds from exactly these rows (``rows``: those cross-validation predicts, as modelled
     now) and this procedure; otherwise None. The second item says which, or why not. ``by_source``: the
-    leave-one-source-out fits, one per source group (``k`` is then the number of groups)."""
+    leave-one-source-out fits, one per source group (``k`` is then the number of groups, and need not be
+    given)."""
+    parts = [held_out_ids(part) for part in (source_groups(rows) if by_source else folds(rows, k))]
+    k = len(parts)
     name = SOURCE_TABLE if by_source else TABLE
     table = fitted.get(name)
     if not table:
@@ -82,7 +85,6 @@ def load_fits(fitted: dict[str, Any], rows: list[RowResult], *, k: int, rounds: 
                       f"rounds, not {k} of {rounds}")
     if table.get("inputs_sha256") != inputs_digest(rows):
         return None, "the stored fold fits were made from other rows, scenarios or fitting procedure"
-    parts = [held_out_ids(part) for part in (source_groups(rows) if by_source else folds(rows, k))]
     held = [tuple(table.get(str(i), {}).get("held_out_rows", ())) for i in range(1, k + 1)]
     if held != parts:
         return None, "the stored fold fits held out other rows than these folds do"

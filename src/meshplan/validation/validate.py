@@ -127,9 +127,16 @@ def summarise(errors: list[float]) -> dict[str, float | int | None]:
             "p90_ape": a[min(len(a) - 1, int(0.9 * len(a)))], "worst_ape": a[-1], "bias": statistics.fmean(errors)}
 
 
-def summary(results: list[RowResult], *, use_cv: bool) -> dict[str, object]:
+def summary(results: list[RowResult], *, use_cv: bool, use_lso: bool = False) -> dict[str, object]:
+    """Error summaries of the fitted predictions, the cross-validated ones (``use_cv``) or the
+    leave-one-source-out ones (``use_lso``)."""
+    def predicted(r: RowResult) -> float | None:
+        if use_lso:
+            return r.lso_predicted_tokens_per_s_per_gpu
+        return r.cv_predicted_tokens_per_s_per_gpu if use_cv else r.predicted_tokens_per_s_per_gpu
+
     def err(r: RowResult) -> float | None:
-        return r.cv_error if use_cv else r.error
+        return _relative_error(predicted(r), r.measured_tokens_per_s_per_gpu)
 
     modelled = [r for r in results if r.scenario is not None and err(r) is not None]
     by_group: dict[str, list[float]] = defaultdict(list)
@@ -139,7 +146,7 @@ def summary(results: list[RowResult], *, use_cv: bool) -> dict[str, object]:
         by_gpu[r.scenario.cluster.accelerator.name].append(err(r))  # type: ignore[union-attr, arg-type]
     mem = [r.memory_error for r in results if r.memory_error is not None]
     repeats = repeat_floor((r.source_group, config_key(r.scenario), r.measured_tokens_per_s_per_gpu,  # type: ignore[arg-type]
-                            (r.cv_predicted_tokens_per_s_per_gpu if use_cv else r.predicted_tokens_per_s_per_gpu))
+                            predicted(r))
                            for r in modelled)
     return {
         "rows": len(results),
