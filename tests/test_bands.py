@@ -5,8 +5,16 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.helpers import stub_row as _row
+from tests.helpers import stub_row as stub
 
-from meshplan.validation.calibrate import BAND_MIN_ROWS, band_coverage, uncertainty_bands
+from meshplan.validation.calibrate import (
+    BAND_MIN_ROWS,
+    band_coverage,
+    uncertainty_bands,
+    unseen_stack_bands,
+    unseen_stack_coverage,
+    unseen_stack_rows,
+)
 
 
 def test_errors_drawn_alike_land_in_the_band_about_as_often_as_it_claims():
@@ -44,3 +52,27 @@ def test_coverage_is_a_fraction_of_the_rows_with_a_band(errors, moe):
     assert c is not None
     assert c["all"]["rows"] == len(errors) and 0.0 <= c["all"]["inside"] <= 1.0
     assert set(c) == {"nominal", "all", "moe" if moe else "dense"}
+
+
+def test_the_unseen_stack_band_comes_from_the_rows_whose_stack_only_their_own_source_ran():
+    """A stack two source groups ran (megatron) was seen by every leave-one-source-out fit: its rows stay
+    out of the band of a stack the fit has no tables for; a stack one group ran was not seen when that
+    group was left out, so its rows' leave-one-source-out residuals are what such a stack meets."""
+    rng = random.Random(3)
+    shared = [stub(0.0, software="megatron", source_group=g, lso_error=0.9) for g in ("a", "b") for _ in range(10)]
+    own = [stub(0.0, software=s, source_group=s, lso_error=rng.gauss(0, 0.2)) for s in ("x", "y") for _ in range(20)]
+    no_lso = [stub(0.0, software="z", source_group="z")]
+    assert unseen_stack_rows(shared + own + no_lso) == own
+    bands = unseen_stack_bands(shared + own + no_lso)
+    assert set(bands) == {"unseen-stack", "unseen-stack/dense"} and bands["unseen-stack"]["rows"] == 40
+    assert bands["unseen-stack"]["low"] < 0 < bands["unseen-stack"]["high"]
+
+
+def test_a_stack_unlike_the_others_falls_outside_their_band():
+    """Leave-one-stack-out coverage: each stack's rows against the band of the other stacks' rows."""
+    alike = [stub(0.0, software=s, source_group=s, lso_error=0.01 * (i % 9 - 4)) for s in "xy" for i in range(18)]
+    slow = [stub(0.0, software="t", source_group="t", lso_error=0.6 + 0.01 * i) for i in range(9)]
+    c = unseen_stack_coverage(alike + slow)
+    assert c is not None and c["rows"] == 45 and set(c["by_stack"]) == {"t", "x", "y"}
+    assert c["by_stack"]["t"]["inside"] == 0.0 and c["by_stack"]["x"]["inside"] >= 0.75, c
+    assert unseen_stack_coverage(alike[:18]) is None  # one stack: nothing to carry it to

@@ -54,17 +54,36 @@ def test_a_prediction_takes_the_band_of_its_kind_of_model_even_where_its_family_
     assert all(band_keys(a, "megatron", m)[0] in bands for a, m in (("b200", True), ("b200", False)))
     assert "gb300/megatron/dense" not in bands and "h100-sxm/megatron/moe" not in bands
     assert not any("/" in k and not k.endswith(("/dense", "/moe")) for k in bands)  # no mixed band is kept
-    assert uncertainty_band("gb300", "megatron", False) == (bands["all/dense"]["low"], bands["all/dense"]["high"])
-    assert uncertainty_band("h100-sxm", "megatron", True) == (bands["all/moe"]["low"], bands["all/moe"]["high"])
-    dense, moe = uncertainty_band("gb300", "megatron", False), uncertainty_band("gb300", "megatron", True)
+    def band(*a):
+        b = uncertainty_band(*a)
+        return b.low, b.high
+
+    assert band("gb300", "megatron", False) == (bands["all/dense"]["low"], bands["all/dense"]["high"])
+    assert band("h100-sxm", "megatron", True) == (bands["all/moe"]["low"], bands["all/moe"]["high"])
+    dense, moe = band("gb300", "megatron", False), band("gb300", "megatron", True)
     assert moe[1] - moe[0] > dense[1] - dense[0]
 
 
 def test_moe_predictions_carry_the_wider_band_their_runs_earned():
     """On Blackwell with Megatron-core, MoE runs were predicted less well than dense ones (calibration)."""
     from meshplan.calibration import uncertainty_band
-    (moe_lo, moe_hi), (dense_lo, dense_hi) = (uncertainty_band("b200", "megatron", moe) for moe in (True, False))
-    assert moe_lo < dense_lo < 0 < dense_hi < moe_hi
+    moe, dense = (uncertainty_band("b200", "megatron", m) for m in (True, False))
+    assert moe.low < dense.low < 0 < dense.high < moe.high
+
+
+def test_a_stack_the_fit_has_no_tables_for_carries_the_band_of_stacks_it_had_not_seen():
+    """'generic' runs on the fitted GPU parameters and default stack parameters, as each stack only its own
+    source group ran did when leave-one-source-out hid that group: its band is theirs (unseen-stack),
+    never narrower at either end than the similar runs' band, and says so."""
+    from meshplan.calibration import _load, uncertainty_band
+    bands = _load("fitted")["uncertainty"]
+    unseen, similar = bands["unseen-stack/dense"], bands["h100-sxm/dense"]
+    generic, named = uncertainty_band("h100-sxm", "generic"), uncertainty_band("h100-sxm", "megatron")
+    assert (generic.low, generic.high) == (min(unseen["low"], similar["low"]), max(unseen["high"], similar["high"]))
+    assert generic.high - generic.low > 2 * (named.high - named.low)
+    assert "not seen" in generic.basis and "'generic'" in generic.basis and "similar" in named.basis
+    moe = uncertainty_band("b200", "generic", True)  # no unseen-stack MoE rows: every kind, widened to MoE's
+    assert moe.low <= bands["b200/moe"]["low"] and moe.high >= bands["b200/moe"]["high"]
 
 
 def test_a_condition_with_the_same_degrees_names_the_options_that_change():

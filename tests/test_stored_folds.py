@@ -27,6 +27,10 @@ def _fits(rows, k):
     return out
 
 
+def _flat(tables: dict) -> dict:
+    return {f"{name}.{k}": v for name, t in tables.items() for k, v in t.items()}
+
+
 def _rows(n):
     return [stub_row(row=i, moe=i % 4 == 0) for i in range(n)]
 
@@ -87,9 +91,10 @@ def test_source_group_fits_serve_only_the_groups_they_held_out():
 
 @pytest.mark.skipif(not os.path.exists(SHARED), reason="shared/data/published_runs.csv not beside the checkout")
 def test_stored_fold_fits_predict_what_refitting_does(tmp_path, capsys, monkeypatch):
-    """validate --calibrate --by-source on a few published rows of two sources writes the fold fits and
-    the leave-one-source-out fits; validate then uses them, not refitting, and its out-of-fold predictions
-    are the refit's (to the six digits the TOML keeps)."""
+    """validate --calibrate on a few published rows of two sources writes the fold fits, the
+    leave-one-source-out fits and the unseen-stack band (each source ran its own stack); validate then uses
+    the fits, not refitting, and its out-of-fold predictions are the refit's (to the six digits the TOML
+    keeps). Calibrating again keeps the stored fits, since the full fit reproduces the stored one."""
     with open(SHARED, newline="") as fh:
         reader = csv.DictReader(fh)
         every = list(reader)
@@ -106,8 +111,23 @@ def test_stored_fold_fits_predict_what_refitting_does(tmp_path, capsys, monkeypa
     assert main(["validate", *args, "--calibrate", str(toml)]) == 0
     refit = json.loads(capsys.readouterr().out)
     assert refit["summary"]["cross_validated"]["fold_fits_source"].startswith("refitted")
+    written = tomllib.loads(toml.read_text())
+    assert {"unseen-stack", "unseen-stack/dense"} <= set(written["uncertainty"])
+    assert written["uncertainty"]["unseen-stack"]["rows"] == 10
+    assert refit["summary"]["leave_one_source_out"]["unseen_stack_band"]["coverage"] is None  # 5 rows a stack
 
     monkeypatch.setattr(command, "catalog_fit", lambda: tomllib.loads(toml.read_text()))
+    again_toml = tmp_path / "again.toml"
+    assert main(["validate", *args, "--calibrate", str(again_toml)]) == 0
+    recal = json.loads(capsys.readouterr().out)
+    assert recal["summary"]["cross_validated"]["fold_fits_source"].startswith("the catalog's 2 fold fits")
+    assert recal["summary"]["leave_one_source_out"]["fold_fits_source"].startswith("the catalog's 2 source-group")
+    first, second = tomllib.loads(toml.read_text()), tomllib.loads(again_toml.read_text())
+    for table in ("global", "accelerator", "software", "stack", "fold", "source_fold"):
+        assert second.get(table) == first.get(table)  # the full fit, the kept fold fits, as written
+    # the summary and the bands of out-of-fold residuals: the stored fits predict to their six digits
+    assert _flat(second["uncertainty"]) == pytest.approx(_flat(first["uncertainty"]), abs=2e-4)
+    assert second["cv_mape"] == pytest.approx(first["cv_mape"], rel=1e-4)
     assert main(["validate", *args]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["summary"]["cross_validated"]["fold_fits_source"].startswith("the catalog's 2 fold fits")
@@ -123,3 +143,15 @@ def test_stored_fold_fits_predict_what_refitting_does(tmp_path, capsys, monkeypa
     assert forced["summary"]["leave_one_source_out"]["fold_fits_source"] == "refitted (--cv-refit)"
     for key in ("cv_error", "leave_one_source_out_error"):
         assert [r[key] for r in forced["rows"]] == [r[key] for r in refit["rows"]]
+
+
+def test_a_full_fit_matches_the_catalog_only_to_every_stored_digit():
+    """calibrate keeps stored fold fits only beside a full fit that reproduces the catalog's
+    (fold_store.matches_catalog_fit): a parameter moved in its sixth digit, or one more table, breaks it."""
+    state = _fits(_rows(8), 2)[0].state
+    stored = tomllib.loads("\n".join(calibrate.state_toml(state)))
+    assert fold_store.matches_catalog_fit(state, stored)
+    moved = {**state, "global": {**state["global"], "gemm_half_dim": 100.001}}
+    assert not fold_store.matches_catalog_fit(moved, stored)
+    more = {**state, "software": {"megatron": {"step_overhead_s": 0.02}}}
+    assert not fold_store.matches_catalog_fit(more, stored)

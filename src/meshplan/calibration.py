@@ -4,7 +4,7 @@
 ``meshplan validate --calibrate``, holds parameters fitted on published runs with their provenance
 (procedure, rows, cross-validated error): a ``[global]`` table, ``[accelerator.<name>]`` tables
 (``gemm_scale``), ``[software.<name>]`` tables (overheads), ``[stack."<software>/<family>"]`` tables
-(``kernel_scale``, ``attention_kernel_scale``) and ``[uncertainty]`` bands.
+(``kernel_scale``, ``attention_kernel_scale``) and ``[uncertainty]`` bands (band_keys, unseen_stack_keys).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from importlib import resources
 from typing import Any
 
 from meshplan.cost.compute import ComputeParams
+from meshplan.cost.estimate import Band
 
 FIELDS = ("gemm_scale", "kernel_scale", "attention_kernel_scale", "gemm_half_dim", "fp8_half_dim_ratio",
           "fp8_gemm_efficiency", "attention_efficiency", "attention_half_len", "memory_efficiency",
@@ -77,11 +78,44 @@ def band_keys(accelerator: str, software: str, moe: bool) -> tuple[str, ...]:
     return f"{fam}/{software}/{kind}", f"{fam}/{kind}", f"all/{kind}", "all"
 
 
-def uncertainty_band(accelerator: str, software: str, moe: bool = False) -> tuple[float, float] | None:
-    """(low, high) relative step-time band from cross-validated residuals of similar rows, or None."""
-    bands = _load("fitted").get("uncertainty", {})
-    for key in band_keys(accelerator, software, moe):
+UNSEEN_STACK = "unseen-stack"
+"""The uncertainty tables for a software stack the fit has no tables for ('generic'): built from the
+leave-one-source-out residuals of the rows whose stack no other source group ran, each predicted by a fit
+that had seen no run of its stack (validation.calibrate.unseen_stack_bands)."""
+
+
+def unseen_stack_keys(moe: bool) -> tuple[str, ...]:
+    """The unseen-stack tables a prediction looks up: its kind of model, then every kind."""
+    return f"{UNSEEN_STACK}/{'moe' if moe else 'dense'}", UNSEEN_STACK
+
+
+def _first_band(bands: dict[str, Any], keys: tuple[str, ...], basis: str) -> Band | None:
+    for key in keys:
         if key in bands:
             b = bands[key]
-            return float(b["low"]), float(b["high"])
+            rows = int(b.get("rows", 0))
+            return Band(float(b["low"]), float(b["high"]), rows, basis.format(rows=rows, key=key))
     return None
+
+
+def uncertainty_band(accelerator: str, software: str, moe: bool = False) -> Band | None:
+    """Where measured steps fell against predictions like this one, from the calibration's bands: those of
+    similar rows (band_keys: cross-validated residuals) for a stack the fit has tables for. For any other
+    stack ('generic') the fit's stack parameters are defaults, which is what a source group's runs met when
+    leave-one-source-out hid the only stack they ran: the unseen-stack band (unseen_stack_keys), widened
+    at either end to the similar rows' band where that is wider. None where the catalog has no band."""
+    fitted = _load("fitted")
+    bands = fitted.get("uncertainty", {})
+    similar = _first_band(bands, band_keys(accelerator, software, moe),
+                          "{rows} similar published runs ({key}; cross-validated residuals)")
+    if software in fitted.get("software", {}):
+        return similar
+    unseen = _first_band(bands, unseen_stack_keys(moe),
+                         "{rows} published runs on a software stack the fit had not seen ({key}; leave-one-source-out "
+                         f"residuals: job.software '{software}' has no fitted tables)")
+    if unseen is None or similar is None:
+        return unseen or similar
+    low, high = min(unseen.low, similar.low), max(unseen.high, similar.high)
+    if (low, high) == (unseen.low, unseen.high):
+        return unseen
+    return Band(low, high, unseen.rows, f"{unseen.basis}, widened to the band of {similar.basis}")

@@ -307,9 +307,9 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
         best = attach_band(best, accelerator=cluster.accelerator.name, software=job.software, moe=model.is_moe)
         band = ""
         if best.uncertainty:
-            lo, hi = best.uncertainty
-            band = (f" (measured steps of similar published runs fell within {lo:+.0%} .. {hi:+.0%} of such "
-                    "predictions)")
+            b = best.uncertainty
+            band = (f" (measured steps fell within {b.low:+.0%} .. {b.high:+.0%} of such predictions for "
+                    f"{b.basis})")
         q4.lines.append(f"Recommended: {best.plan.label()} ({best.plan.to_string()}): step "
                         f"{format_seconds(best.step_time_s)}{band}, MFU {best.mfu:.1%}, "
                         f"{best.tokens_per_s_per_gpu:,.0f} tokens/s per GPU.")

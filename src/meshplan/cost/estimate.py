@@ -96,6 +96,18 @@ class StageDetail:
 
 
 @dataclass(frozen=True, slots=True)
+class Band:
+    """Where measured steps of published runs fell against predictions like this one: the 10th and 90th
+    percentile of (measured step / predicted step - 1) over ``rows`` runs (calibration.uncertainty_band)."""
+
+    low: float
+    high: float
+    rows: int
+    basis: str
+    """Which runs and residuals: 'similar published runs (h100-sxm/dense, cross-validated)'."""
+
+
+@dataclass(frozen=True, slots=True)
 class Estimate:
     """Everything meshplan predicts for one plan. Infeasible plans carry reasons, not exceptions."""
 
@@ -119,8 +131,8 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
     bubble_fraction: float = 0.0
     compute_source: str = "kernel model"
-    uncertainty: tuple[float, float] | None = None
-    """Relative band (low, high) on step time from cross-validated residuals, where known."""
+    uncertainty: Band | None = None
+    """Relative band on step time from out-of-fold residuals of published runs, where known."""
     stages: tuple[StageDetail, ...] = ()
     """Per-stage detail for the simulator: the stages that bound the step (cost.step.bounding_stages)."""
     closed_form_step_time_s: float | None = None

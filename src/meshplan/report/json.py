@@ -73,7 +73,9 @@ def estimate_dict(est: Estimate) -> dict[str, Any]:
         "bubble_fraction": est.bubble_fraction,
         "time_breakdown": {k: v for k, v in est.time_breakdown.items()},
         "compute_source": est.compute_source,
-        "uncertainty": None if est.uncertainty is None else {"low": est.uncertainty[0], "high": est.uncertainty[1]},
+        "uncertainty": None if est.uncertainty is None else {
+            "low": est.uncertainty.low, "high": est.uncertainty.high, "rows": est.uncertainty.rows,
+            "basis": est.uncertainty.basis},
         "comm": [comm_entry_dict(e) for e in est.comm],
         "notes": list(est.notes),
     }

@@ -29,7 +29,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from meshplan.calibration import _load, band_keys, family, params_from, stack_key
+from meshplan.calibration import _load, band_keys, family, params_from, stack_key, unseen_stack_keys
 from meshplan.cost.compute import ComputeParams
 from meshplan.parallel import parallel_map
 from meshplan.validation.validate import RowResult, predict
@@ -358,20 +358,25 @@ def _row_band_keys(r: RowResult) -> tuple[str, ...]:
     return band_keys(sc.cluster.accelerator.name, sc.job.software, sc.model.is_moe)
 
 
+def _step_ratio(e: float) -> float:
+    """A tokens/s error turned into a step-time ratio (predicted step over measured step, minus one):
+    tokens/s over-predicted by e, the step under-predicted."""
+    return 1.0 / (1.0 + e) - 1.0
+
+
 def _band_residuals(rows: list[RowResult]) -> tuple[dict[str, list[float]], list[tuple[bool, tuple[str, ...], float]]]:
-    """Each band table's out-of-fold step-time ratios (predicted step over measured step, minus one), and
-    per row (MoE?, its band_keys chain, its own ratio)."""
+    """Each band table's out-of-fold step-time ratios (_step_ratio), and per row (MoE?, its band_keys
+    chain, its own ratio)."""
     groups: dict[str, list[float]] = {}
     per_row = []
     for r in rows:
         e = r.cv_error
         if e is None or r.scenario is None:
             continue
-        step_ratio = 1.0 / (1.0 + e) - 1.0  # tokens/s over-predicted by e: the step under-predicted
         keys = _row_band_keys(r)
         for key in keys:
-            groups.setdefault(key, []).append(step_ratio)
-        per_row.append((r.scenario.model.is_moe, keys, step_ratio))
+            groups.setdefault(key, []).append(_step_ratio(e))
+        per_row.append((r.scenario.model.is_moe, keys, _step_ratio(e)))
     return groups, per_row
 
 
@@ -381,18 +386,70 @@ def _band_of(ratios: list[float]) -> tuple[float, float]:
     return q[0], q[-1]
 
 
-def uncertainty_bands(rows: list[RowResult]) -> dict[str, dict[str, float]]:
-    """Relative step-time bands (10th and 90th percentile of the out-of-fold tokens/s errors, turned into
-    step-time ratios) for every table of calibration.band_keys with at least BAND_MIN_ROWS rows."""
-    groups, _ = _band_residuals(rows)
+def _bands(groups: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Each table with at least BAND_MIN_ROWS ratios as a band on the measured step relative to the
+    prediction: it lies within [pred/(1+hi), pred/(1+lo)] for ratios between lo and hi."""
     out = {}
     for key, v in groups.items():
         if len(v) < BAND_MIN_ROWS:
             continue
         lo, hi = _band_of(v)
-        # the measured step lies within [pred/(1+hi), pred/(1+lo)]: report it relative to the prediction
         out[key] = {"low": 1.0 / (1.0 + hi) - 1.0, "high": 1.0 / (1.0 + lo) - 1.0, "rows": len(v)}
     return out
+
+
+def uncertainty_bands(rows: list[RowResult]) -> dict[str, dict[str, float]]:
+    """Relative step-time bands (10th and 90th percentile of the out-of-fold tokens/s errors, turned into
+    step-time ratios) for every table of calibration.band_keys with at least BAND_MIN_ROWS rows."""
+    return _bands(_band_residuals(rows)[0])
+
+
+def unseen_stack_rows(rows: list[RowResult]) -> list[RowResult]:
+    """The rows with a leave-one-source-out prediction whose software stack no other source group's rows
+    ran: the fit that predicted them had seen no run of their stack, so it timed them with the stated
+    defaults a stack the catalog has no tables for ('generic') gets."""
+    groups_of: dict[str, set[str]] = {}
+    for r in rows:
+        if r.scenario is not None:
+            groups_of.setdefault(r.scenario.job.software, set()).add(r.source_group)
+    return [r for r in rows if r.scenario is not None and r.lso_error is not None
+            and groups_of[r.scenario.job.software] == {r.source_group}]
+
+
+def _unseen_stack_groups(rows: list[RowResult]) -> dict[str, list[float]]:
+    groups: dict[str, list[float]] = {}
+    for r in unseen_stack_rows(rows):
+        assert r.scenario is not None and r.lso_error is not None
+        for key in unseen_stack_keys(r.scenario.model.is_moe):
+            groups.setdefault(key, []).append(_step_ratio(r.lso_error))
+    return groups
+
+
+def unseen_stack_bands(rows: list[RowResult]) -> dict[str, dict[str, float]]:
+    """The calibration.unseen_stack_keys bands: the 10th and 90th percentile of the leave-one-source-out
+    step ratios of unseen_stack_rows, by kind of model and over all, where a table has BAND_MIN_ROWS."""
+    return _bands(_unseen_stack_groups(rows))
+
+
+def unseen_stack_coverage(rows: list[RowResult]) -> dict[str, object] | None:
+    """How well the unseen-stack band carries to yet another stack: each stack's rows (of unseen_stack_rows)
+    checked against the band built from the other stacks' rows alone. Nominal 80 %; a stack far below
+    it runs unlike the others, and the band understates what a new stack may do."""
+    ratios: dict[str, list[float]] = {}
+    for r in unseen_stack_rows(rows):
+        assert r.scenario is not None and r.lso_error is not None
+        ratios.setdefault(r.scenario.job.software, []).append(_step_ratio(r.lso_error))
+    by_stack = {}
+    for stack, own in sorted(ratios.items()):
+        others = [x for s, v in ratios.items() if s != stack for x in v]
+        if len(others) >= BAND_MIN_ROWS:
+            lo, hi = _band_of(others)
+            by_stack[stack] = {"rows": len(own), "inside": sum(lo <= x <= hi for x in own) / len(own)}
+    if not by_stack:
+        return None
+    n = sum(v["rows"] for v in by_stack.values())
+    return {"nominal": BAND_NOMINAL, "rows": n,
+            "inside": sum(v["rows"] * v["inside"] for v in by_stack.values()) / n, "by_stack": by_stack}
 
 
 def band_coverage(rows: list[RowResult]) -> dict[str, object] | None:

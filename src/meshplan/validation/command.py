@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from meshplan.calibration import catalog_fit, compute_params_for
+from meshplan.calibration import UNSEEN_STACK, catalog_fit, compute_params_for
 from meshplan.validation import calibrate as cal
 from meshplan.validation import fold_store
 from meshplan.validation.calibrate import MAX_ROUNDS, TOLERANCE
@@ -29,10 +29,13 @@ def register(sub: Any) -> None:
                    help=f"most coordinate-descent rounds per fold; each fit stops earlier once a round gains "
                         f"less than {TOLERANCE * 100:.1f} %% (default {MAX_ROUNDS})")
     p.add_argument("--cv-refit", action="store_true",
-                   help="refit every fold (and, with --by-source, every source group) even where the catalog "
-                        "stores fits made for these rows (validation.fold_store)")
+                   help="refit every fold (and, with --by-source or --calibrate, every source group) even where the "
+                        "catalog stores fits made for these rows (validation.fold_store)")
     p.add_argument("--by-source", action="store_true", help="also leave one source group out at a time")
-    p.add_argument("--calibrate", metavar="TOML", help="fit on every row and write the parameters to TOML")
+    p.add_argument("--calibrate", metavar="TOML",
+                   help="fit on every row and write to TOML the parameters, the uncertainty bands and the fits of "
+                        "k-fold and of leave-one-source-out cross-validation (the catalog's stored ones where they "
+                        "were made for these rows and the full fit reproduces the catalog's, unless --cv-refit)")
     p.add_argument("--profile", default=None, metavar="FILE",
                    help="measured profile (meshplan measure --out) applied to every row's cluster")
     p.add_argument("--max-cv-mape", type=float, default=None,
@@ -119,6 +122,19 @@ def _coverage(c: dict) -> str:
             f"(nominal {c['nominal']:.0%})")
 
 
+def _unseen_stack(u: dict) -> list[str]:
+    b, c = u.get("bands", {}).get(UNSEEN_STACK), u.get("coverage")
+    if not b:
+        return []
+    lines = ["", f"a stack the fit has no tables for ('generic'): measured steps of {b['rows']} runs whose stack "
+                 f"the fit had not seen fell within {b['low']:+.0%} .. {b['high']:+.0%} of the prediction"]
+    if c:
+        parts = [f"{k} {v['inside']:.0%} of {v['rows']}" for k, v in c["by_stack"].items()]
+        lines.append(f"  each stack's rows inside the band of the other stacks: {'; '.join(parts)} "
+                     f"(nominal {c['nominal']:.0%})")
+    return lines
+
+
 def text_report(results: list[RowResult], fit: dict, cv: dict | None, group_cv: dict | None) -> str:
     lines = [f"meshplan validate: {fit['rows']} rows, {fit['modelled']} modelled, {fit['skipped']} skipped",
              "", "tokens/s per GPU, predicted against measured (error = predicted/measured - 1):",
@@ -139,6 +155,7 @@ def text_report(results: list[RowResult], fit: dict, cv: dict | None, group_cv: 
     if group_cv:
         lines += ["", "by source group, each predicted by a fit that saw no row of it (leave-one-source-out):"]
         lines += [f"  {k:<28} {_fmt(v)}" for k, v in group_cv["by_source_group"].items()]
+        lines += _unseen_stack(group_cv.get("unseen_stack_band") or {})
     lines += ["", "by accelerator" + (" (cross-validated)" if cv else "") + ":"]
     lines += [f"  {k:<28} {_fmt(v)}" for k, v in main["by_gpu"].items()]
     lines += _repeats(main["repeated_configurations"], cv is not None)
@@ -197,26 +214,31 @@ def _set_cv(results: list[RowResult], preds: dict[int, float]) -> None:
         r.cv_predicted_tokens_per_s_per_gpu = preds.get(r.row)
 
 
-def _out_of_fold(results: list[RowResult], args: argparse.Namespace, *, by_source: bool
-                 ) -> tuple[dict[int, float], str]:
-    """Out-of-fold predictions of k-fold cross-validation (``by_source``: of leaving each source group out)
-    from the catalog's stored fits where they were made for these rows, k and rounds, else refitted; and
-    which it was."""
+def _out_of_fold(results: list[RowResult], args: argparse.Namespace, *, k: int = 0, by_source: bool,
+                 refit: str | None = None) -> tuple[dict[int, float], str, list[cal.FoldFit]]:
+    """Out-of-fold predictions of ``k``-fold cross-validation (``by_source``: of leaving each source group
+    out) from the catalog's stored fits where they were made for these rows, k and rounds, else refitted
+    (always where ``refit`` gives a reason or --cv-refit is set); which it was; and the fits."""
     rows = cal.cv_rows(results)
-    k = len(cal.source_groups(rows)) if by_source else args.cv
+    k = len(cal.source_groups(rows)) if by_source else k
     what = "source groups" if by_source else "folds"
     stored = catalog_fit()
-    fits, source = (None, "--cv-refit") if args.cv_refit else fold_store.load_fits(
+    refit = "--cv-refit" if args.cv_refit else refit
+    fits, source = (None, refit) if refit else fold_store.load_fits(
         stored, rows, k=k, rounds=args.cv_rounds, by_source=by_source)
     if fits is None:
         print(f"meshplan: validate: refitting {k} {what} ({source}); on all published rows this takes about half "
-              f"an hour on two cores, and validate --calibrate{' --by-source' if by_source else ''} stores the fits",
-              file=sys.stderr)
+              f"an hour on two cores, and validate --calibrate stores the fits", file=sys.stderr)
         fits = cal.cross_validate(results, k=k, by_group=by_source, rounds=args.cv_rounds, progress=_progress)
         source = f"refitted ({source})"
     elif not by_source and stored.get("cv_mape") is not None:
         source += f"; cross-validated MAPE {float(stored['cv_mape']):.2%} when fitted"
-    return cal.out_of_fold(results, fits), source
+    return cal.out_of_fold(results, fits), source, fits
+
+
+def _set_lso(results: list[RowResult], preds: dict[int, float]) -> None:
+    for r in results:
+        r.lso_predicted_tokens_per_s_per_gpu = preds.get(r.row)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -233,38 +255,42 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 r.scenario = replace(r.scenario, cluster=cluster)
                 r.notes = notes
     modelled = [r for r in results if r.scenario is not None]
-    lso: dict[int, float] = {}
     fold_fits_source = lso_source = None
     if args.calibrate:
+        # The fold fits are reused where the catalog stores them for exactly these rows and procedure
+        # (fold_store.load_fits) and the full fit reproduces the catalog's (the code fits as it did then).
         digest = fold_store.inputs_digest(cal.cv_rows(results))
         state = cal.fit(modelled, progress=_progress)
-        fits = cal.cross_validate(results, k=max(2, args.cv or 5), rounds=args.cv_rounds, progress=_progress)
-        _set_cv(results, cal.out_of_fold(results, fits))
-        fold_fits_source = f"refitted: {len(fits)} folds, written to {args.calibrate}"
-        bands = cal.uncertainty_bands(results)
+        same = fold_store.matches_catalog_fit(state, catalog_fit())
+        refit = None if same else "the full fit differs from the catalog's"
+        preds, fold_fits_source, fits = _out_of_fold(results, args, k=max(2, args.cv or 5), by_source=False,
+                                                     refit=refit)
+        _set_cv(results, preds)
+        lso, lso_source, source_fits = _out_of_fold(results, args, by_source=True, refit=refit)
+        _set_lso(results, lso)
+        bands = cal.uncertainty_bands(results) | cal.unseen_stack_bands(results)
         cv_sum = summary(results, use_cv=True)["tokens_per_s_per_gpu"]
         text = cal.to_toml(state, source=f"fitted on {len(modelled)} rows of {Path(args.path).name} by "
                                          "meshplan validate --calibrate (docs/calibration.md)",
                            summary={"rows": float(len(modelled)), "cv_mape": cv_sum["mape"] or 0.0,
                                     "cv_median_ape": cv_sum["median_ape"] or 0.0}, bands=bands)
         text += fold_store.to_toml(fits, rounds=args.cv_rounds, digest=digest)
-        if args.by_source:
-            source_fits = cal.cross_validate(results, by_group=True, rounds=args.cv_rounds, progress=_progress)
-            lso = cal.out_of_fold(results, source_fits)
-            lso_source = f"refitted: {len(source_fits)} source groups, written to {args.calibrate}"
-            text += fold_store.to_toml(source_fits, rounds=args.cv_rounds, digest=digest, by_source=True)
+        text += fold_store.to_toml(source_fits, rounds=args.cv_rounds, digest=digest, by_source=True)
         Path(args.calibrate).write_text(text)
         print(f"wrote {args.calibrate}", file=sys.stderr)
+        fold_fits_source += f", written to {args.calibrate}"
+        lso_source += f", written to {args.calibrate}"
 
         def compute_for(a: str, s: str):
             return cal.params_for(state, a, s)
     else:
         compute_for = compute_params_for
         if args.cv:
-            preds, fold_fits_source = _out_of_fold(results, args, by_source=False)
+            preds, fold_fits_source, _ = _out_of_fold(results, args, k=args.cv, by_source=False)
             _set_cv(results, preds)
         if args.by_source:
-            lso, lso_source = _out_of_fold(results, args, by_source=True)
+            lso, lso_source, _ = _out_of_fold(results, args, by_source=True)
+            _set_lso(results, lso)
     run(results, compute_for)
     fit_sum = summary(results, use_cv=False)
     cv_sum = summary(results, use_cv=True) if (args.cv or args.calibrate) else None
@@ -273,10 +299,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         cv_sum["fold_fits_source"] = fold_fits_source
     group_sum = None
     if args.by_source:
-        for r in results:
-            r.lso_predicted_tokens_per_s_per_gpu = lso.get(r.row)
         group_sum = summary(results, use_cv=False, use_lso=True)
         group_sum["fold_fits_source"] = lso_source
+        group_sum["unseen_stack_band"] = {"bands": cal.unseen_stack_bands(results),
+                                          "coverage": cal.unseen_stack_coverage(results)}
     if sys.stderr.isatty():
         print(file=sys.stderr)
     if args.plot:

@@ -7,16 +7,18 @@ fitted.toml as ``[fold.<i>]`` tables, with the rows the fold held out, and recor
 the rounds and a digest of what the fits were made from: every cross-validated row as meshplan modelled
 it (its scenario: model, cluster, job, plan and the measurement, after the recipes, imputations and any
 ``--profile``) and the fitting procedure (the parameters, their bounds, the measured ones, the stopping
-rule). With ``--by-source`` it does the same for leave-one-source-out, one fit per source group, under
-``[source_fold.<i>]``. ``meshplan validate`` then predicts every held-out row with its stored fit under
-the current code: about a second, against some 35 minutes for five fits on two cores. It refits when the
-folds, the rounds or the digest differ from those stored, or when asked (``--cv-refit``).
+rule). It does the same for leave-one-source-out, one fit per source group, under ``[source_fold.<i>]``;
+their residuals also give the band of a stack the fit has no tables for (calibrate.unseen_stack_bands).
+``meshplan validate`` then predicts every held-out row with its stored fit under the current code: about
+a second, against some 35 minutes for five fits on two cores. It refits when the folds, the rounds or the
+digest differ from those stored, or when asked (``--cv-refit``).
 
 What this does and does not check: every cross-validated prediction still comes from parameters fitted
 without its row, on the rows as they are modelled now. A change to the cost model's arithmetic (how a
 scenario is timed, not what it is) is judged with parameters fitted before the change, as the catalog's
-own fit is, and the fitting procedure itself is not rerun on all rows until ``validate --calibrate``,
-which rewrites the full fit and the fold fits together.
+own fit is. ``validate --calibrate`` always refits on every row; it keeps the stored fold fits only where,
+besides the digest, its new full fit reproduces the catalog's to the digits stored
+(matches_catalog_fit), which a change to the arithmetic that moves any fitted parameter breaks.
 """
 
 from __future__ import annotations
@@ -90,5 +92,12 @@ def load_fits(fitted: dict[str, Any], rows: list[RowResult], *, rounds: int, k: 
         return None, "the stored fold fits held out other rows than these folds do"
     fits = [FoldFit(ids, {kind: table[str(i)].get(kind, {}) for kind in STATE_KINDS})
             for i, ids in enumerate(held, start=1)]
-    kind, flag = ("source-group", " --by-source") if by_source else ("fold", "")
-    return fits, f"the catalog's {k} {kind} fits (fitted.toml [{name}], written by validate --calibrate{flag})"
+    kind = "source-group" if by_source else "fold"
+    return fits, f"the catalog's {k} {kind} fits (fitted.toml [{name}], written by validate --calibrate)"
+
+
+def matches_catalog_fit(state: dict[str, dict], fitted: dict[str, Any]) -> bool:
+    """Whether a fit on every row (``state``) is the catalog's own (``fitted``, fitted.toml's tables) to
+    the six significant digits fitted.toml keeps: the procedure, run on the same rows under the current
+    code, reproduced what the stored fold fits were made beside."""
+    return state_toml(state) == state_toml({kind: fitted.get(kind, {}) for kind in STATE_KINDS})
