@@ -16,4 +16,4 @@ def stub_row(cv_error: float = 0.0, *, row: int = 0, moe: bool = False, accelera
     sc = SimpleNamespace(cluster=SimpleNamespace(accelerator=SimpleNamespace(name=accelerator)),
                          job=SimpleNamespace(software=software), model=SimpleNamespace(is_moe=moe))
     return SimpleNamespace(row=row, cv_error=cv_error, scenario=sc, source_group=source_group or software,
-                           lso_error=lso_error)
+                           lso_error=lso_error, measured_tokens_per_s_per_gpu=1.0)

@@ -2,10 +2,10 @@
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.helpers import stub_row as _row
-from tests.helpers import stub_row as stub
 
 from meshplan.validation.calibrate import (
     BAND_MIN_ROWS,
@@ -59,9 +59,9 @@ def test_the_unseen_stack_band_comes_from_the_rows_whose_stack_only_their_own_so
     out of the band of a stack the fit has no tables for; a stack one group ran was not seen when that
     group was left out, so its rows' leave-one-source-out residuals are what such a stack meets."""
     rng = random.Random(3)
-    shared = [stub(0.0, software="megatron", source_group=g, lso_error=0.9) for g in ("a", "b") for _ in range(10)]
-    own = [stub(0.0, software=s, source_group=s, lso_error=rng.gauss(0, 0.2)) for s in ("x", "y") for _ in range(20)]
-    no_lso = [stub(0.0, software="z", source_group="z")]
+    shared = [_row(0.0, software="megatron", source_group=g, lso_error=0.9) for g in ("a", "b") for _ in range(10)]
+    own = [_row(0.0, software=s, source_group=s, lso_error=rng.gauss(0, 0.2)) for s in ("x", "y") for _ in range(20)]
+    no_lso = [_row(0.0, software="z", source_group="z")]
     assert unseen_stack_rows(shared + own + no_lso) == own
     bands = unseen_stack_bands(shared + own + no_lso)
     assert set(bands) == {"unseen-stack", "unseen-stack/dense"} and bands["unseen-stack"]["rows"] == 40
@@ -70,9 +70,18 @@ def test_the_unseen_stack_band_comes_from_the_rows_whose_stack_only_their_own_so
 
 def test_a_stack_unlike_the_others_falls_outside_their_band():
     """Leave-one-stack-out coverage: each stack's rows against the band of the other stacks' rows."""
-    alike = [stub(0.0, software=s, source_group=s, lso_error=0.01 * (i % 9 - 4)) for s in "xy" for i in range(18)]
-    slow = [stub(0.0, software="t", source_group="t", lso_error=0.6 + 0.01 * i) for i in range(9)]
+    alike = [_row(0.0, software=s, source_group=s, lso_error=0.01 * (i % 9 - 4)) for s in "xy" for i in range(18)]
+    slow = [_row(0.0, software="t", source_group="t", lso_error=0.6 + 0.01 * i) for i in range(9)]
     c = unseen_stack_coverage(alike + slow)
     assert c is not None and c["rows"] == 45 and set(c["by_stack"]) == {"t", "x", "y"}
     assert c["by_stack"]["t"]["inside"] == 0.0 and c["by_stack"]["x"]["inside"] >= 0.75, c
     assert unseen_stack_coverage(alike[:18]) is None  # one stack: nothing to carry it to
+
+
+def test_runs_slower_than_predicted_widen_the_band_above():
+    """Every left-out run over-predicted (tokens/s too high, as torchtitan's were): measured steps are longer
+    than predicted, so the band reaches further above zero than below it."""
+    slow = [_row(0.0, software="t", source_group="t", lso_error=0.2 + 0.02 * i) for i in range(10)]
+    b = unseen_stack_bands(slow)["unseen-stack"]
+    assert 0 < b["low"] < b["high"]  # measured / predicted step - 1: every run slower than predicted
+    assert b["high"] == pytest.approx(1.38 - 1, abs=0.02) and b["low"] == pytest.approx(1.2 - 1, abs=0.02)

@@ -86,6 +86,19 @@ def test_a_stack_the_fit_has_no_tables_for_carries_the_band_of_stacks_it_had_not
     assert moe.low <= bands["b200/moe"]["low"] and moe.high >= bands["b200/moe"]["high"]
 
 
+def test_a_stack_on_a_gpu_family_it_has_no_runs_on_carries_the_unseen_stack_band():
+    """torchtitan has runs on Hopper and Ampere, none on Blackwell: there it runs on default kernel scales
+    (without its Hopper table llm-foundry's H100 rows are over-predicted by a quarter), so it takes the
+    unseen-stack band, not the Blackwell band of Megatron's runs."""
+    from meshplan.calibration import _load, uncertainty_band
+    seen = _load("fitted")["rows_by_stack"]
+    assert "torchtitan/h100-sxm" in seen and "torchtitan/b200" not in seen and "megatron/b200" in seen
+    blackwell, hopper = uncertainty_band("b200", "torchtitan"), uncertainty_band("h100-sxm", "torchtitan")
+    assert "no runs of 'torchtitan' on b200" in blackwell.basis and "similar" in hopper.basis
+    assert blackwell.high - blackwell.low > 3 * (uncertainty_band("b200", "megatron").high
+                                                 - uncertainty_band("b200", "megatron").low)
+
+
 def test_a_condition_with_the_same_degrees_names_the_options_that_change():
     """'below 981K tokens, PP=16 x TP=4 is best' would read as no change: the options that differ are named,
     also against the recommendation re-sized to another GPU count."""

@@ -113,7 +113,7 @@ def test_stored_fold_fits_predict_what_refitting_does(tmp_path, capsys, monkeypa
     assert refit["summary"]["cross_validated"]["fold_fits_source"].startswith("refitted")
     written = tomllib.loads(toml.read_text())
     assert {"unseen-stack", "unseen-stack/dense"} <= set(written["uncertainty"])
-    assert written["uncertainty"]["unseen-stack"]["rows"] == 10
+    assert written["uncertainty"]["unseen-stack"]["rows"] == 10 and sum(written["rows_by_stack"].values()) == 10
     assert refit["summary"]["leave_one_source_out"]["unseen_stack_band"]["coverage"] is None  # 5 rows a stack
 
     monkeypatch.setattr(command, "catalog_fit", lambda: tomllib.loads(toml.read_text()))
@@ -123,11 +123,18 @@ def test_stored_fold_fits_predict_what_refitting_does(tmp_path, capsys, monkeypa
     assert recal["summary"]["cross_validated"]["fold_fits_source"].startswith("the catalog's 2 fold fits")
     assert recal["summary"]["leave_one_source_out"]["fold_fits_source"].startswith("the catalog's 2 source-group")
     first, second = tomllib.loads(toml.read_text()), tomllib.loads(again_toml.read_text())
-    for table in ("global", "accelerator", "software", "stack", "fold", "source_fold"):
+    for table in ("global", "accelerator", "software", "stack", "rows_by_stack", "fold", "source_fold"):
         assert second.get(table) == first.get(table)  # the full fit, the kept fold fits, as written
     # the summary and the bands of out-of-fold residuals: the stored fits predict to their six digits
     assert _flat(second["uncertainty"]) == pytest.approx(_flat(first["uncertainty"]), abs=2e-4)
     assert second["cv_mape"] == pytest.approx(first["cv_mape"], rel=1e-4)
+    # the same rows and procedure (the digest holds), but a catalog fit the code no longer reproduces
+    moved = toml.read_text().replace("\n[global]\n", "\n[global]\nmoved_for_the_test = 1\n", 1)
+    monkeypatch.setattr(command, "catalog_fit", lambda: tomllib.loads(moved))
+    assert main(["validate", *args, "--calibrate", str(again_toml)]) == 0
+    stale = json.loads(capsys.readouterr().out)["summary"]
+    for name in ("cross_validated", "leave_one_source_out"):
+        assert stale[name]["fold_fits_source"].startswith("refitted (the full fit differs from the catalog's")
     assert main(["validate", *args]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["summary"]["cross_validated"]["fold_fits_source"].startswith("the catalog's 2 fold fits")

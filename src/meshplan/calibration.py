@@ -4,7 +4,8 @@
 ``meshplan validate --calibrate``, holds parameters fitted on published runs with their provenance
 (procedure, rows, cross-validated error): a ``[global]`` table, ``[accelerator.<name>]`` tables
 (``gemm_scale``), ``[software.<name>]`` tables (overheads), ``[stack."<software>/<family>"]`` tables
-(``kernel_scale``, ``attention_kernel_scale``) and ``[uncertainty]`` bands (band_keys, unseen_stack_keys).
+(``kernel_scale``, ``attention_kernel_scale``), ``[uncertainty]`` bands (band_keys, unseen_stack_keys) and
+``[rows_by_stack]``, the fitted rows of each stack on each GPU family.
 """
 
 from __future__ import annotations
@@ -100,19 +101,23 @@ def _first_band(bands: dict[str, Any], keys: tuple[str, ...], basis: str) -> Ban
 
 def uncertainty_band(accelerator: str, software: str, moe: bool = False) -> Band | None:
     """Where measured steps fell against predictions like this one, from the calibration's bands: those of
-    similar rows (band_keys: cross-validated residuals) for a stack the fit has tables for. For any other
-    stack ('generic') the fit's stack parameters are defaults, which is what a source group's runs met when
+    similar rows (band_keys: cross-validated residuals) where the fit had runs of this stack on this GPU
+    family (``[rows_by_stack]``). Otherwise ('generic', or a stack on a family it has no runs on) the
+    stack's overheads or kernel scales there are defaults, which is what a source group's runs met when
     leave-one-source-out hid the only stack they ran: the unseen-stack band (unseen_stack_keys), widened
     at either end to the similar rows' band where that is wider. None where the catalog has no band."""
     fitted = _load("fitted")
     bands = fitted.get("uncertainty", {})
     similar = _first_band(bands, band_keys(accelerator, software, moe),
                           "{rows} similar published runs ({key}; cross-validated residuals)")
-    if software in fitted.get("software", {}):
+    key = stack_key(software, accelerator)
+    if key in fitted.get("rows_by_stack", {}):
         return similar
+    why = (f"job.software '{software}' has no fitted tables" if software not in fitted.get("software", {})
+           else f"the fit has no runs of '{software}' on {family(accelerator)}")
     unseen = _first_band(bands, unseen_stack_keys(moe),
                          "{rows} published runs on a software stack the fit had not seen ({key}; leave-one-source-out "
-                         f"residuals: job.software '{software}' has no fitted tables)")
+                         f"residuals: {why})")
     if unseen is None or similar is None:
         return unseen or similar
     low, high = min(unseen.low, similar.low), max(unseen.high, similar.high)

@@ -104,7 +104,7 @@ class Band:
     high: float
     rows: int
     basis: str
-    """Which runs and residuals: 'similar published runs (h100-sxm/dense, cross-validated)'."""
+    """Which runs and residuals: '177 similar published runs (h100-sxm/dense; cross-validated residuals)'."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import statistics
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -373,10 +374,10 @@ def _band_residuals(rows: list[RowResult]) -> tuple[dict[str, list[float]], list
         e = r.cv_error
         if e is None or r.scenario is None:
             continue
-        keys = _row_band_keys(r)
+        keys, ratio = _row_band_keys(r), _step_ratio(e)
         for key in keys:
-            groups.setdefault(key, []).append(_step_ratio(e))
-        per_row.append((r.scenario.model.is_moe, keys, _step_ratio(e)))
+            groups.setdefault(key, []).append(ratio)
+        per_row.append((r.scenario.model.is_moe, keys, ratio))
     return groups, per_row
 
 
@@ -388,7 +389,8 @@ def _band_of(ratios: list[float]) -> tuple[float, float]:
 
 def _bands(groups: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     """Each table with at least BAND_MIN_ROWS ratios as a band on the measured step relative to the
-    prediction: it lies within [pred/(1+hi), pred/(1+lo)] for ratios between lo and hi."""
+    prediction (low, high: measured / predicted - 1): for ratios between lo and hi the measured step
+    lies within [pred/(1+hi), pred/(1+lo)]."""
     out = {}
     for key, v in groups.items():
         if len(v) < BAND_MIN_ROWS:
@@ -405,46 +407,48 @@ def uncertainty_bands(rows: list[RowResult]) -> dict[str, dict[str, float]]:
 
 
 def unseen_stack_rows(rows: list[RowResult]) -> list[RowResult]:
-    """The rows with a leave-one-source-out prediction whose software stack no other source group's rows
-    ran: the fit that predicted them had seen no run of their stack, so it timed them with the stated
-    defaults a stack the catalog has no tables for ('generic') gets."""
+    """The rows with a leave-one-source-out prediction whose software stack no other source group's fitted
+    rows (cv_rows) ran: the fit that predicted them had seen no run of their stack, so it timed them with
+    the stated defaults a stack the catalog has no tables for ('generic') gets."""
+    fitted = [(r, r.scenario.job.software) for r in cv_rows(rows) if r.scenario is not None]
     groups_of: dict[str, set[str]] = {}
-    for r in rows:
-        if r.scenario is not None:
-            groups_of.setdefault(r.scenario.job.software, set()).add(r.source_group)
-    return [r for r in rows if r.scenario is not None and r.lso_error is not None
-            and groups_of[r.scenario.job.software] == {r.source_group}]
+    for r, software in fitted:
+        groups_of.setdefault(software, set()).add(r.source_group)
+    return [r for r, software in fitted if r.lso_error is not None and groups_of[software] == {r.source_group}]
 
 
-def _unseen_stack_groups(rows: list[RowResult]) -> dict[str, list[float]]:
-    groups: dict[str, list[float]] = {}
+def _unseen_stack_ratios(rows: list[RowResult]) -> dict[tuple[str, bool], list[float]]:
+    """The leave-one-source-out step ratios of unseen_stack_rows by (software, MoE?)."""
+    out: dict[tuple[str, bool], list[float]] = {}
     for r in unseen_stack_rows(rows):
         assert r.scenario is not None and r.lso_error is not None
-        for key in unseen_stack_keys(r.scenario.model.is_moe):
-            groups.setdefault(key, []).append(_step_ratio(r.lso_error))
-    return groups
+        out.setdefault((r.scenario.job.software, r.scenario.model.is_moe), []).append(_step_ratio(r.lso_error))
+    return out
 
 
 def unseen_stack_bands(rows: list[RowResult]) -> dict[str, dict[str, float]]:
     """The calibration.unseen_stack_keys bands: the 10th and 90th percentile of the leave-one-source-out
     step ratios of unseen_stack_rows, by kind of model and over all, where a table has BAND_MIN_ROWS."""
-    return _bands(_unseen_stack_groups(rows))
+    groups: dict[str, list[float]] = {}
+    for (_, moe), ratios in _unseen_stack_ratios(rows).items():
+        for key in unseen_stack_keys(moe):
+            groups.setdefault(key, []).extend(ratios)
+    return _bands(groups)
 
 
 def unseen_stack_coverage(rows: list[RowResult]) -> dict[str, object] | None:
-    """How well the unseen-stack band carries to yet another stack: each stack's rows (of unseen_stack_rows)
-    checked against the band built from the other stacks' rows alone. Nominal 80 %; a stack far below
-    it runs unlike the others, and the band understates what a new stack may do."""
+    """How well the unseen-stack band carries to yet another stack: each software stack's rows (of
+    unseen_stack_rows) checked against the band built from the other stacks' rows alone. Nominal 80 %; a
+    stack far below it runs unlike the others, and the band understates what a new stack may do."""
     ratios: dict[str, list[float]] = {}
-    for r in unseen_stack_rows(rows):
-        assert r.scenario is not None and r.lso_error is not None
-        ratios.setdefault(r.scenario.job.software, []).append(_step_ratio(r.lso_error))
+    for (software, _), v in _unseen_stack_ratios(rows).items():
+        ratios.setdefault(software, []).extend(v)
     by_stack = {}
-    for stack, own in sorted(ratios.items()):
-        others = [x for s, v in ratios.items() if s != stack for x in v]
+    for software, own in sorted(ratios.items()):
+        others = [x for s, v in ratios.items() if s != software for x in v]
         if len(others) >= BAND_MIN_ROWS:
             lo, hi = _band_of(others)
-            by_stack[stack] = {"rows": len(own), "inside": sum(lo <= x <= hi for x in own) / len(own)}
+            by_stack[software] = {"rows": len(own), "inside": sum(lo <= x <= hi for x in own) / len(own)}
     if not by_stack:
         return None
     n = sum(v["rows"] for v in by_stack.values())
@@ -494,12 +498,21 @@ def state_toml(state: State, prefix: str = "") -> list[str]:
     return lines
 
 
-def to_toml(state: State, *, source: str, summary: dict, bands: dict[str, dict[str, float]]) -> str:
+def rows_by_stack(rows: list[RowResult]) -> dict[str, int]:
+    """The modelled rows of each software stack on each GPU family (calibration.stack_key): where the fit
+    has seen a stack run, and so where a prediction may take the band of similar runs."""
+    return dict(sorted(Counter(stack_key(r.scenario.job.software, r.scenario.cluster.accelerator.name)
+                               for r in rows if r.scenario is not None).items()))
+
+
+def to_toml(state: State, *, source: str, summary: dict, bands: dict[str, dict[str, float]],
+            stack_rows: dict[str, int]) -> str:
     """The fitted parameters as catalog/calibration/fitted.toml."""
     lines = ["# Written by `meshplan validate --calibrate`; see docs/calibration.md for the procedure.",
              f"source = {source!r}"]
     lines += [toml_line(k, v) for k, v in summary.items()]
     lines += state_toml(state)
+    lines += ["", "[rows_by_stack]", *(f'"{k}" = {n}' for k, n in stack_rows.items())]
     for key, b in sorted(bands.items()):
         lines += ["", f'[uncertainty."{key}"]', f"low = {b['low']:.4f}", f"high = {b['high']:.4f}",
                   f"rows = {b['rows']}"]

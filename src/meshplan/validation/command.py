@@ -214,13 +214,14 @@ def _set_cv(results: list[RowResult], preds: dict[int, float]) -> None:
         r.cv_predicted_tokens_per_s_per_gpu = preds.get(r.row)
 
 
-def _out_of_fold(results: list[RowResult], args: argparse.Namespace, *, k: int = 0, by_source: bool,
+def _out_of_fold(results: list[RowResult], args: argparse.Namespace, *, k: int | None = None,
                  refit: str | None = None) -> tuple[dict[int, float], str, list[cal.FoldFit]]:
-    """Out-of-fold predictions of ``k``-fold cross-validation (``by_source``: of leaving each source group
+    """Out-of-fold predictions of ``k``-fold cross-validation (``k`` None: of leaving each source group
     out) from the catalog's stored fits where they were made for these rows, k and rounds, else refitted
     (always where ``refit`` gives a reason or --cv-refit is set); which it was; and the fits."""
     rows = cal.cv_rows(results)
-    k = len(cal.source_groups(rows)) if by_source else k
+    by_source = k is None
+    k = len(cal.source_groups(rows)) if k is None else k
     what = "source groups" if by_source else "folds"
     stored = catalog_fit()
     refit = "--cv-refit" if args.cv_refit else refit
@@ -262,18 +263,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
         digest = fold_store.inputs_digest(cal.cv_rows(results))
         state = cal.fit(modelled, progress=_progress)
         same = fold_store.matches_catalog_fit(state, catalog_fit())
-        refit = None if same else "the full fit differs from the catalog's"
-        preds, fold_fits_source, fits = _out_of_fold(results, args, k=max(2, args.cv or 5), by_source=False,
-                                                     refit=refit)
+        refit = None if same else "the full fit differs from the catalog's, or it has none"
+        preds, fold_fits_source, fits = _out_of_fold(results, args, k=max(2, args.cv or 5), refit=refit)
         _set_cv(results, preds)
-        lso, lso_source, source_fits = _out_of_fold(results, args, by_source=True, refit=refit)
+        lso, lso_source, source_fits = _out_of_fold(results, args, refit=refit)
         _set_lso(results, lso)
         bands = cal.uncertainty_bands(results) | cal.unseen_stack_bands(results)
         cv_sum = summary(results, use_cv=True)["tokens_per_s_per_gpu"]
         text = cal.to_toml(state, source=f"fitted on {len(modelled)} rows of {Path(args.path).name} by "
                                          "meshplan validate --calibrate (docs/calibration.md)",
                            summary={"rows": float(len(modelled)), "cv_mape": cv_sum["mape"] or 0.0,
-                                    "cv_median_ape": cv_sum["median_ape"] or 0.0}, bands=bands)
+                                    "cv_median_ape": cv_sum["median_ape"] or 0.0}, bands=bands,
+                           stack_rows=cal.rows_by_stack(modelled))
         text += fold_store.to_toml(fits, rounds=args.cv_rounds, digest=digest)
         text += fold_store.to_toml(source_fits, rounds=args.cv_rounds, digest=digest, by_source=True)
         Path(args.calibrate).write_text(text)
@@ -286,10 +287,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     else:
         compute_for = compute_params_for
         if args.cv:
-            preds, fold_fits_source, _ = _out_of_fold(results, args, k=args.cv, by_source=False)
+            preds, fold_fits_source, _ = _out_of_fold(results, args, k=args.cv)
             _set_cv(results, preds)
         if args.by_source:
-            lso, lso_source, _ = _out_of_fold(results, args, by_source=True)
+            lso, lso_source, _ = _out_of_fold(results, args)
             _set_lso(results, lso)
     run(results, compute_for)
     fit_sum = summary(results, use_cv=False)

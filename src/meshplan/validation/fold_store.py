@@ -18,7 +18,8 @@ without its row, on the rows as they are modelled now. A change to the cost mode
 scenario is timed, not what it is) is judged with parameters fitted before the change, as the catalog's
 own fit is. ``validate --calibrate`` always refits on every row; it keeps the stored fold fits only where,
 besides the digest, its new full fit reproduces the catalog's to the digits stored
-(matches_catalog_fit), which a change to the arithmetic that moves any fitted parameter breaks.
+(matches_catalog_fit), which a change to the arithmetic that moves any fitted parameter breaks. That is
+necessary, not sufficient (a fold's fit could move where the full fit does not); ``--cv-refit`` refits.
 """
 
 from __future__ import annotations
