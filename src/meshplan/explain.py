@@ -305,14 +305,14 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
         from meshplan.uncertainty import attach_band
 
         best = attach_band(best, accelerator=cluster.accelerator.name, software=job.software, moe=model.is_moe)
-        band = ""
-        if best.uncertainty:
-            b = best.uncertainty
-            band = (f" (measured steps fell within {b.low:+.0%} .. {b.high:+.0%} of such predictions for "
-                    f"{b.basis})")
+        b = best.uncertainty
+        band = f" ({b.low:+.0%} .. {b.high:+.0%})" if b else ""
         q4.lines.append(f"Recommended: {best.plan.label()} ({best.plan.to_string()}): step "
                         f"{format_seconds(best.step_time_s)}{band}, MFU {best.mfu:.1%}, "
                         f"{best.tokens_per_s_per_gpu:,.0f} tokens/s per GPU.")
+        if b:
+            q4.lines.append(f"Uncertainty: measured steps fell within {b.low:+.0%} .. {b.high:+.0%} of such "
+                            f"predictions (10th-90th percentile) for {b.basis}.")
         q4.lines.append("Why: " + binding_resource(best) + ".")
         runner = next((e for e in result.feasible[1:]), None)
         if runner:
