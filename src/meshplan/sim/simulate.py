@@ -21,6 +21,14 @@ class StageSim:
     chunk_b_s: float
     tail_s: float
     breakdown: dict[str, float]
+    chunk_terms: dict[str, float] = field(default_factory=dict)
+    """The steady micro-batch's forward and backward chunks, attributed (_attribute): what a pipeline's
+    busy time is made of."""
+    head_s: float = 0.0
+    """The wait before the first compute (the first unit's parameter all-gather): once per step."""
+    head_key: str = "other"
+    tail_key: str = "other"
+    """The breakdown keys of the head's and the tail's waits (what was waited on)."""
 
 
 @dataclass(slots=True)
@@ -31,19 +39,40 @@ class SimResult:
     pipeline: list[Task] = field(default_factory=list)
 
 
+def _blame(op: Op, cursor: float, before: dict[int, Op], terms: dict[str, float]) -> None:
+    """Charge the compute stream's wait from ``cursor`` to ``op``'s start along the chain of communication
+    that held it: the collective it waited on for as long as that ran, then what that collective waited on
+    (a dependency or the op before it on its stream), and so on back to ``cursor``. A wait the chain does
+    not explain (a busy link) goes to the last collective found, or to 'other'."""
+    t, cur, key = op.start_s, op, "other"
+    while t > cursor + 1e-12:
+        waits = [*cur.deps, *([before[id(cur)]] if cur is not op and id(cur) in before else [])]
+        blocker = max((d for d in waits if d.end_s <= t + 1e-12), key=lambda d: d.end_s, default=None)
+        if blocker is None or not blocker.is_comm:
+            break
+        start = max(blocker.start_s, cursor)
+        terms[blocker.category] = terms.get(blocker.category, 0.0) + t - start
+        t, cur, key = start, blocker, blocker.category
+    if t > cursor + 1e-12:
+        terms[key] = terms.get(key, 0.0) + t - cursor
+
+
 def _attribute(ops: list[Op], start_s: float = 0.0, end_s: float = math.inf) -> tuple[dict[str, float], float]:
     """Split the compute stream's timeline within [start_s, end_s) into compute, contention and waits
-    (by what was waited on); returns (terms, end of the last compute op counted)."""
+    (by what was waited on, _blame); returns (terms, end of the last compute op counted)."""
     terms: dict[str, float] = {}
+    before: dict[int, Op] = {}  # each op's predecessor on its stream
+    last: dict[str, Op] = {}
+    for o in ops:
+        if o.stream in last:
+            before[id(o)] = last[o.stream]
+        last[o.stream] = o
     cursor = start_s
     for op in (o for o in ops if o.stream == "compute"):
         if op.start_s < start_s - 1e-12 or op.start_s >= end_s - 1e-12:
             continue
-        gap = op.start_s - cursor
-        if gap > 1e-12:
-            blocker = max((d for d in op.deps if d.end_s <= op.start_s + 1e-12), key=lambda d: d.end_s, default=None)
-            key = blocker.category if blocker is not None and blocker.is_comm else "other"
-            terms[key] = terms.get(key, 0.0) + gap
+        if op.start_s - cursor > 1e-12:
+            _blame(op, cursor, before, terms)
         dur = op.end_s - op.start_s
         terms[op.category] = terms.get(op.category, 0.0) + op.work_s
         if dur - op.work_s > 0:
@@ -61,13 +90,23 @@ def simulate_stage(detail: StageDetail, est: Estimate, slowdown: float) -> Stage
     ops, chunks = stage_ops(detail, plan, m, m_sim=M_SIM)
     makespan = run(ops, slowdown=slowdown)
     terms, end_compute = _attribute(ops)
-    tail = makespan - end_compute
+    tail, tail_key = makespan - end_compute, "other"
     if tail > 1e-12:
-        last = max((o for o in ops if o.is_comm), key=lambda o: o.end_s)
-        terms[last.category] = terms.get(last.category, 0.0) + tail
+        tail_key = max((o for o in ops if o.is_comm), key=lambda o: o.end_s).category
+        terms[tail_key] = terms.get(tail_key, 0.0) + tail
+    else:
+        tail = 0.0
+    first = min((o for o in ops if o.stream == "compute"), key=lambda o: o.start_s)
+    head_terms, _ = _attribute([first])
+    head_key = next((k for k in head_terms if k != first.category and k != "comm contention"), "other")
+    head = first.start_s if head_key in head_terms else 0.0
     k = min(1, m - 1)  # the steady micro-batch
     (f0, f1), (b0, b1) = chunks[("F", k)], chunks[("B", k)]
     chunk_f, chunk_b = f1.end_s - f0.start_s, b1.end_s - b0.start_s
+    chunk_terms: dict[str, float] = {}
+    for t0, t1 in ((f0.start_s, f1.end_s), (b0.start_s, b1.end_s)):
+        for key, v in _attribute(ops, t0, t1)[0].items():
+            chunk_terms[key] = chunk_terms.get(key, 0.0) + v
     m_run = min(m, M_SIM)
     if m > m_run and plan.pp == 1:
         # one steady period: from the steady micro-batch's forward start to the next one's
@@ -77,7 +116,7 @@ def simulate_stage(detail: StageDetail, est: Estimate, slowdown: float) -> Stage
         for key, v in steady.items():
             terms[key] = terms.get(key, 0.0) + extra * v
         makespan += extra * (t1 - t0)
-    return StageSim(detail, ops, makespan, chunk_f, chunk_b, tail, terms)
+    return StageSim(detail, ops, makespan, chunk_f, chunk_b, tail, terms, chunk_terms, head, head_key, tail_key)
 
 
 def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimResult:
@@ -114,19 +153,20 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
     busies = [sum(t.dur_s for t in tasks if t.stage == s) for s in range(plan.pp)]
     if interleaved:  # each stage's idle time shrinks by v; the busiest stage, not the last to end, is critical
         ends = [b + (e - b) / plan.vpp for b, e in zip(busies, ends, strict=True)]
-    crit = max(range(plan.pp), key=lambda s: ends[s] + per_stage[s].tail_s)
+    crit = max(range(plan.pp), key=lambda s: per_stage[s].head_s + ends[s] + per_stage[s].tail_s)
     sim = per_stage[crit]
     busy = busies[crit]
-    chunk_terms = {k: v for k, v in sim.breakdown.items()}
-    chunk_total = sum(chunk_terms.values()) - sim.tail_s
-    br = {k: v * busy / chunk_total for k, v in chunk_terms.items()} if chunk_total > 0 else {}
-    tail_key = max(sim.breakdown, key=lambda k: sim.breakdown[k] if k.startswith("exposed") else -1, default=None)
-    if sim.tail_s > 0 and tail_key:
-        br[tail_key] = br.get(tail_key, 0.0) - sim.tail_s * busy / chunk_total + sim.tail_s
+    # The busy time is m steady micro-batches: split it as the steady micro-batch's chunks split; the waits
+    # before the first compute and after the last come once per step, on top.
+    chunk_total = sum(sim.chunk_terms.values())
+    br = {k: v * busy / chunk_total for k, v in sim.chunk_terms.items()} if chunk_total > 0 else {}
+    for key, wait in ((sim.head_key, sim.head_s), (sim.tail_key, sim.tail_s)):
+        if wait > 0:
+            br[key] = br.get(key, 0.0) + wait
     br["pipeline bubble"] = ends[crit] - busy
     br["optimizer step"] = sim.detail.optimizer_s
     br["step overhead"] = step_overhead_s
-    step = ends[crit] + sim.tail_s + sim.detail.optimizer_s + step_overhead_s
+    step = sim.head_s + ends[crit] + sim.tail_s + sim.detail.optimizer_s + step_overhead_s
     return SimResult(step, _ordered(br, sim.detail, m), sims, tasks)
 
 
