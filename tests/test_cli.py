@@ -144,3 +144,21 @@ def test_job_spec_file(capsys, tmp_path):
     bad.write_text('compiled = "yes"\n')  # a string is not a switch
     code, _, err = run(capsys, "evaluate", "--job", str(bad), "--plan", "dp_shard=64")
     assert code == 2 and "job.compiled: must be true or false" in err
+
+
+@pytest.mark.parametrize("args, says", [
+    (["evaluate", "--plan", "tp=0,dp_shard=-1"], "plan.tp: must be a positive integer"),
+    (["evaluate", "--plan", "tp=-2,dp_shard=-1"], "plan.tp: must be a positive integer"),
+    (["evaluate", "--job", "{job}", "--plan", "dp_shard=64"], "job.runtime: must be a table"),
+    (["evaluate", "--model", "{binary}", "--plan", "dp_shard=64"], "is not UTF-8 text"),
+    (["evaluate", "--profile", "{binary}", "--plan", "dp_shard=64"], "profile: malformed JSON"),
+    (["validate", "{binary}"], "is not a UTF-8 CSV file"),
+    (["evaluate", "--job", "{dir}", "--plan", "dp_shard=64"], "(it is a directory)"),
+])
+def test_malformed_inputs_name_the_field_and_exit_2_without_a_traceback(capsys, tmp_path, args, says):
+    """What a user's review found raising instead (ZeroDivisionError, TypeError, UnicodeDecodeError)."""
+    (tmp_path / "job.toml").write_text("runtime = 5\n")
+    (tmp_path / "binary.toml").write_bytes(b"\xff\xfe\x00")
+    paths = {"job": str(tmp_path / "job.toml"), "binary": str(tmp_path / "binary.toml"), "dir": str(tmp_path)}
+    code, _, err = run(capsys, *(a.format(**paths) for a in args))
+    assert code == 2 and says in err and "Traceback" not in err, err

@@ -356,3 +356,44 @@ def test_a_condition_says_why_the_recommendation_is_out():
     both = evaluate(model, cluster, JobSpec(global_batch_tokens=12 * 4096, seq_len=4096), parse_plan("dp_replicate=64"))
     assert both.memory.headroom_bytes < 0 and len(both.infeasible_reasons) > 1  # the batch rule is the first reason
     assert _gain_text(float("inf"), both) == "the recommendation cannot run there"
+
+
+@pytest.mark.parametrize("software, shardings, schedules", [
+    ("torchtitan", {"fsdp"}, None), ("llm-foundry", {"fsdp"}, None), ("megatron", {"fsdp", "megatron"},
+                                                                        {"1f1b", "interleaved"})])
+def test_a_named_stack_is_searched_only_over_what_it_runs(software, shardings, schedules):
+    """A user who names the stack gets plans it can run (and the band of its runs), never DeepSpeed's ZeRO
+    stages under torchtitan's name or zero-bubble schedules under Megatron-core's."""
+    from dataclasses import replace
+    m, c, j = worked_example()
+    plans = list(enumerate_plans(m, c, replace(j, software=software), Space()))
+    assert plans and {p.sharding for p in plans} <= shardings
+    if schedules:
+        assert {p.schedule for p in plans if p.pp > 1} <= schedules
+    generic = {p.sharding for p in enumerate_plans(m, c, j, Space())}
+    assert {"zero1", "zero3", "megatron"} <= generic
+
+
+def test_the_report_says_when_an_alternative_is_no_slower_and_why_q3_does_not_apply(capsys):
+    from meshplan import Plan, evaluate
+    from meshplan.explain import why_not
+    m, c, j = worked_example()
+    a = evaluate(m, c, j, Plan(dp_shard=64))
+    assert "within the tie band" in why_not(a, a) and "most of the gap" not in why_not(a, a)
+    code = main(["plan", "--model", "llama-3-8b", "--nodes", "1", "--batch-tokens", "1M", "--no-conditions",
+                 "--space", "dp-tp"])
+    out = capsys.readouterr().out
+    assert code == 0 and "Not applicable: the cluster is a single node" in out  # TP=8 divides heads and GPUs
+
+
+def test_the_simplified_mode_counts_an_moe_models_active_parameters():
+    """The hand analysis's 6·N for a mixture of experts is 6·N_active: each token runs top-k experts."""
+    from meshplan import Plan, evaluate_simplified, load_cluster, load_model
+    from meshplan.cost.params import param_counts
+    m, c = load_model("deepseek-v3"), load_cluster("gb200", nodes=4)
+    j = worked_example()[2]
+    est = evaluate_simplified(m, c, j, Plan(dp_shard=c.n_gpus), mfu=0.4)
+    pc = param_counts(m)
+    assert est.flops.model_flop_per_token == pytest.approx(6 * m.nominal_params * pc.active / pc.total, rel=1e-9) \
+        if m.nominal_params else pytest.approx(6 * pc.active, rel=1e-9)
+    assert est.flops.convention == "6N (nominal, active)"

@@ -60,13 +60,15 @@ def why_not(est: Estimate, best: Estimate) -> str:
     if not est.feasible:
         return est.infeasible_reasons[0]
     gap = est.step_time_s / best.step_time_s - 1.0
+    head = f"{gap:+.1%} step time ({format_seconds(est.step_time_s)} vs {format_seconds(best.step_time_s)})"
+    if gap < 0.0005:  # as fast or faster: only the tie band (or simplicity) put the best ahead
+        return head + ", within the tie band, where the plan with fewer axes and options wins"
     diffs = []
     for key in set(est.time_breakdown) | set(best.time_breakdown):
         d = est.time_breakdown.get(key, 0.0) - best.time_breakdown.get(key, 0.0)
         diffs.append((d, key))
     d, key = max(diffs)
-    return (f"{gap:+.1%} step time ({format_seconds(est.step_time_s)} vs {format_seconds(best.step_time_s)}); "
-            f"most of the gap is {key} (+{format_seconds(d)})")
+    return f"{head}; most of the gap is {key} (+{format_seconds(d)})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +209,9 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
             f"{format_gib(full.memory.activation_bytes)}, transient buffers (gathered FSDP units, logits) "
             f"{format_gib(full.memory.transient_bytes)} and runtime overheads {format_gib(full.memory.runtime_bytes)}"
             f": peak {format_gib(full.memory.peak_bytes)} of {format_gib(full.memory.capacity_bytes)}.")
+        if not full.feasible:
+            q1.lines.append("Full sharding cannot run here: " + "; ".join(full.infeasible_reasons)
+                            + ". Its figures below are for the least-memory choice, as if it could.")
         if full.plan.recompute != "none":
             bare = _try(model, cluster, job, Plan(dp_shard=n, mbs=1, recompute="none"), mfu)
             if bare is not None and not bare.feasible:
@@ -291,7 +296,11 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
                             f"{format_seconds(full.step_time_s) if full else 'n/a'} for full sharding; "
                             + ("feasible." if tp.feasible else "infeasible: " + "; ".join(tp.infeasible_reasons)))
     else:
-        q3.lines.append(f"TP={g} does not divide this model's heads or the GPU count; not applicable.")
+        why = ("the cluster is a single node: there is no data parallelism across nodes to pair it with"
+               if n <= g else f"TP={g} does not divide the GPU count {n}" if n % g
+               else f"TP={g} does not divide this model's {model.n_heads} attention heads" if model.n_heads % g
+               else f"TP={g} does not divide this model's {model.n_kv_heads} KV heads")
+        q3.lines.append(f"Not applicable: {why}.")
     questions.append(q3)
 
     # Q4: recommendation

@@ -54,8 +54,8 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise SpecError("profile", f"file {str(path)!r} not found")
     try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SpecError("profile", f"malformed JSON in {path}: {exc}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         got = data.get("schema") if isinstance(data, dict) else None

@@ -55,8 +55,12 @@ def _read_toml(what: str, ref: str, kind: str) -> tuple[dict[str, Any], str]:
     path = Path(ref)
     if ref.endswith(".toml") or path.exists():
         if not path.is_file():
-            raise SpecError(what, f"spec file {ref!r} not found")
-        text, origin = path.read_text(), str(path)
+            raise SpecError(what, f"spec file {ref!r} not found" + (" (it is a directory)" if path.is_dir() else ""))
+        try:
+            text, origin = path.read_text(encoding="utf-8"), str(path)
+        except UnicodeDecodeError as exc:
+            raise SpecError(what, f"spec file {ref!r} is not UTF-8 text (TOML): {exc.reason} at byte "
+                                  f"{exc.start}") from None
     else:
         entry = _catalog_dir(kind).joinpath(f"{ref}.toml")
         if not entry.is_file():
@@ -86,7 +90,9 @@ def load_job(path: str | None, *, defaults: dict[str, Any] | None = None, **over
     return _spec(JobSpec, "job", **data)
 
 
-def _reject_unknown(what: str, data: dict[str, Any], allowed: set[str]) -> None:
+def _reject_unknown(what: str, data: Any, allowed: set[str]) -> None:
+    if not isinstance(data, dict):
+        raise SpecError(what, f"must be a table with keys among {', '.join(sorted(allowed))}; got {data!r}")
     extra = sorted(set(data) - allowed)
     if extra:
         raise SpecError(what, f"unknown keys {', '.join(extra)}; allowed: {', '.join(sorted(allowed))}")

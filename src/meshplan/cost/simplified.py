@@ -4,7 +4,8 @@ Its shortcuts, each of which the faithful mode (meshplan.cost.step) replaces:
 - the nominal parameter count Ψ (70e9 for seed-70b) instead of the exact count;
 - 16 bytes per parameter of model state (ZeRO's mixed-precision Adam), sharded over every GPU of the
   data-parallel group, and nothing else in memory;
-- FLOPs = 6·Ψ per token (no attention, no LM head distinction), step time at an assumed MFU;
+- FLOPs = 6·Ψ per token (no attention, no LM head distinction), step time at an assumed MFU; for a
+  mixture of experts, Ψ of the active parameters (each token runs top-k of the experts), the usual 6·N_active;
 - one pass of FSDP traffic per step, 3·(N-1)/N·2 bytes·Ψ per GPU (two all-gathers and one
   reduce-scatter, all in bf16), at the NIC's spec rate when the group spans nodes;
 - four tensor-parallel all-reduces per layer of the whole replica batch (tokens·D·2 bytes), each
@@ -40,12 +41,14 @@ def _entry(op: str, axis: str, purpose: str, count: int, message: float, n: int,
 def evaluate_simplified(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *, mfu: float
                         ) -> Estimate:
     """The worked example's figures for ``plan`` (see module docstring)."""
-    psi = model.nominal_params or float(param_counts(model).total)
+    counts = param_counts(model)
+    psi = model.nominal_params or float(counts.total)
+    psi_active = psi * counts.active / counts.total if model.is_moe else psi  # nominal, scaled to the active share
     n = cluster.n_gpus
     groups = axis_groups(plan, cluster)
     shard = plan.shard_degree
     static = STATE_BYTES_PER_PARAM * psi / (plan.tp * plan.pp * (shard if shard > 1 else 1))
-    flop = 6.0 * psi * job.global_batch_tokens
+    flop = 6.0 * psi_active * job.global_batch_tokens
     peak = cluster.accelerator.peak_flop_per_s(job.precision)
     step = flop / (n * peak * mfu)
     comm: list[CommEntry] = []
@@ -88,8 +91,9 @@ def evaluate_simplified(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pl
     mem_report = MemoryReport(terms={"model_states": static}, static_bytes=static, activation_bytes=0.0,
                               transient_bytes=0.0, runtime_bytes=0.0, peak_bytes=static, capacity_bytes=capacity,
                               stage=0)
-    flops = FlopReport(model_flop_per_step=flop, hardware_flop_per_step=flop, model_flop_per_token=6.0 * psi,
-                       convention="6N (nominal)", model_flop_per_step_palm=flop, model_flop_per_step_causal=flop)
+    flops = FlopReport(model_flop_per_step=flop, hardware_flop_per_step=flop, model_flop_per_token=6.0 * psi_active,
+                       convention="6N (nominal, active)" if model.is_moe else "6N (nominal)",
+                       model_flop_per_step_palm=flop, model_flop_per_step_causal=flop)
     return Estimate(
         model=model.name, cluster=cluster.name, n_gpus=n, plan=plan, n_microbatches=1,
         global_batch_tokens=job.global_batch_tokens, seq_len=job.seq_len, feasible=not reasons,

@@ -20,7 +20,13 @@ from dataclasses import dataclass, replace
 from meshplan.cost.step import offload_offered
 from meshplan.cost.validate import ulysses_fits
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
-from meshplan.specs.plan import FRAMEWORK_CP, FRAMEWORK_EP_DISPATCH, FRAMEWORK_SCHEDULES
+from meshplan.specs.plan import (
+    FRAMEWORK_CP,
+    FRAMEWORK_EP_DISPATCH,
+    FRAMEWORK_SCHEDULES,
+    STACK_SCHEDULES,
+    STACK_SHARDINGS,
+)
 
 FAMILIES = ("ddp", "fsdp", "hsdp", "tp", "pp", "cp", "ep")
 
@@ -204,6 +210,10 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space:
             if ep > 1 and (tp * cp * ds) % ep:
                 continue
             shardings = space.shardings if ds * cp > 1 else ("fsdp",)
+            if ds * cp > 1 and job.software in STACK_SHARDINGS:  # a named stack runs its own shardings only
+                shardings = tuple(s for s in shardings if s in STACK_SHARDINGS[job.software])
+            if pp > 1 and schedule not in STACK_SCHEDULES.get(job.software, (schedule,)):
+                continue
             for sharding in shardings:
                 if pp > 1 and (sharding in ("zero2", "zero3") or schedule not in FRAMEWORK_SCHEDULES[sharding]):
                     continue  # each framework runs its own schedules; DeepSpeed pipelines with ZeRO-1 only

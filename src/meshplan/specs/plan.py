@@ -33,6 +33,14 @@ EP_DISPATCH = ("alltoall", "deepep")
 # DeepSpeed ZeRO: its pipeline engine runs 1F1B with ZeRO-1 only; sequence parallelism is Ulysses (a2a).
 FRAMEWORK_SCHEDULES = {"fsdp": SCHEDULES, "megatron": ("1f1b", "interleaved"), "zero1": ("1f1b",),
                        "zero2": ("1f1b",), "zero3": ("1f1b",)}
+STACK_SHARDINGS = {"megatron": ("megatron", "fsdp"), "torchtitan": ("fsdp",), "llm-foundry": ("fsdp",),
+                   "maxtext": ("fsdp",)}
+"""The shardings the search gives a named stack (job.software; 'generic' gets every one): Megatron-core's
+distributed optimizer and Megatron-FSDP; torchtitan's FSDP2 (with HSDP and DDP as its replicate axis);
+Composer's FSDP; MaxText's fsdp mesh axis. DeepSpeed's ZeRO stages run under none of them."""
+STACK_SCHEDULES = {"megatron": ("1f1b", "interleaved")}
+"""The pipeline schedules the search gives a named stack, where they are fewer than its shardings allow:
+Megatron-core runs 1F1B and interleaved 1F1B (not torchtitan's zero-bubble schedules)."""
 FRAMEWORK_CP = {"fsdp": ("ring", "allgather"), "megatron": CP_IMPLS, "zero1": ("a2a",), "zero2": ("a2a",),
                 "zero3": ("a2a",)}
 # MoE token dispatch: NCCL all-to-all everywhere; Megatron-core's flex dispatcher also runs DeepEP / HybridEP
@@ -194,6 +202,11 @@ class Plan:
             self._check_ep_overlap()
         if self.layout:
             self._check_layout()
+        if self.async_tp and self.tp < 2:
+            raise SpecError("plan.async_tp", f"overlaps tensor-parallel collectives; needs tp >= 2, got tp={self.tp}")
+        if self.pp == 1 and self.schedule not in ("1f1b", "gpipe"):
+            raise SpecError("plan.schedule", f"{self.schedule} is a pipeline schedule; needs pp >= 2 (without a "
+                                             "pipeline leave it at 1f1b)")
         if self.vpp > 1 and self.schedule != "interleaved":
             raise SpecError("plan.vpp", f"virtual stages need schedule=interleaved; got schedule={self.schedule}")
         if self.schedule == "interleaved" and self.pp > 1 and self.vpp < 2:
@@ -470,7 +483,11 @@ def parse_plan(text: str, world_size: int | None = None) -> Plan:
         rest = 1
         for k in DEGREES:
             if k != "ep" and k not in fill:
-                rest *= int(values.get(k, 1))  # type: ignore[arg-type]
+                degree = int(values.get(k, 1))  # type: ignore[call-overload]
+                if degree < 1:
+                    raise SpecError(f"plan.{k}", f"must be a positive integer (one degree may be -1, to fill the "
+                                                 f"GPUs), got {degree}")
+                rest *= degree
         if world_size % rest:
             raise SpecError(f"plan.{fill[0]}", f"cannot fill: {world_size} GPUs is not a multiple of {rest}")
         values[fill[0]] = world_size // rest

@@ -70,12 +70,15 @@ def read_rows(path: str | Path) -> list[dict[str, str]]:
     p = Path(path)
     if not p.is_file():
         raise SpecError("validate", f"file {str(path)!r} not found")
-    with p.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise SpecError("validate", f"{path} lacks columns {', '.join(missing)} (see shared/data/README.md)")
-        return list(reader)
+    try:
+        with p.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise SpecError("validate", f"{path} lacks columns {', '.join(missing)} (see shared/data/README.md)")
+            return list(reader)
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise SpecError("validate", f"{path} is not a UTF-8 CSV file: {exc}") from None
 
 
 def load_scenarios(rows: list[dict[str, str]]) -> list[RowResult]:
