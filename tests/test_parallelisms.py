@@ -120,7 +120,7 @@ def _ep(extra: str = "", nodes: int = 4):
     from meshplan.cost.step import evaluate as evaluate_plan
     cluster = load_cluster("h100-sxm", nodes=nodes, gpus_per_node=4)
     job = JobSpec(global_batch_tokens=1_048_576, seq_len=4096)
-    plan = parse_plan("ep=8,dp_shard=16,mbs=1,recompute=sac,sharding=megatron" + extra)
+    plan = parse_plan("ep=8,dp_shard=16,mbs=1,recompute=selective,sharding=megatron" + extra)
     return evaluate_plan(load_model("mixtral-8x7b"), cluster, job, plan)
 
 
@@ -196,7 +196,7 @@ def test_ep_overlap_leaves_warm_up_exposed_and_shares_its_link():
     cluster = load_cluster("h100-sxm", nodes=4, gpus_per_node=4, inter_node_gb_per_s=3)
     job = JobSpec(global_batch_tokens=1_048_576, seq_len=4096)
     starved = evaluate_plan(load_model("mixtral-8x7b"), cluster, job,
-                            parse_plan("ep=8,dp_shard=16,mbs=1,recompute=sac,sharding=megatron,ep_overlap=true"))
+                            parse_plan("ep=8,dp_shard=16,mbs=1,recompute=selective,sharding=megatron,ep_overlap=true"))
     windows = sum(e.time_s - e.exposed_s for e in starved.comm if e.link == "inter_node")
     compute = sum(starved.time_breakdown[k] for k in ("compute", "recompute", "comm contention"))
     assert windows <= compute * (1 + 1e-9)  # never more hidden on a link than there is (slowed) compute
@@ -212,7 +212,7 @@ def test_contention_runs_inside_traffic_that_exceeds_compute():
     from meshplan.calibration import compute_params_for
     from meshplan.cost.step import evaluate as evaluate_plan
     job = JobSpec(global_batch_tokens=1_048_576, seq_len=4096)
-    plan = parse_plan("ep=8,dp_shard=16,mbs=1,recompute=sac,sharding=megatron,ep_overlap=true")
+    plan = parse_plan("ep=8,dp_shard=16,mbs=1,recompute=selective,sharding=megatron,ep_overlap=true")
     base = compute_params_for("h100-sxm", "megatron")
 
     def step(gb_per_s: float, slowdown: float):

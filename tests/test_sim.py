@@ -17,7 +17,7 @@ CP = compute_params_for("h100-sxm")
 PLANS = ["dp_shard=64", "tp=8,dp_shard=8", "dp_replicate=8,dp_shard=8,mbs=1,recompute=full", "cp=2,dp_shard=32",
          "tp=8,pp=8,mbs=1,recompute=full", "tp=8,pp=8,mbs=1,recompute=full,schedule=interleaved,vpp=2",
          "tp=8,pp=8,mbs=1,recompute=full,schedule=zb-h1", "tp=8,pp=8,mbs=1,recompute=full,schedule=zb-v",
-         "tp=4,pp=4,dp_shard=4,mbs=2,recompute=sac,sharding=megatron"]
+         "tp=4,pp=4,dp_shard=4,mbs=2,recompute=selective,sharding=megatron"]
 
 
 def _sim(plan: str, batch: int = 4_194_304):
@@ -140,7 +140,7 @@ def test_overlapped_moe_all_to_all_is_not_free_in_the_simulator(nic_gb_per_s):
     cluster = load_cluster("h100-sxm", nodes=8, gpus_per_node=4, inter_node_gb_per_s=nic_gb_per_s)
     job = JobSpec(global_batch_tokens=4_194_304, seq_len=4096)
     est = evaluate_plan(load_model("mixtral-8x7b"), cluster, job,
-                        parse_plan("ep=8,dp_shard=32,mbs=1,recompute=sac,sharding=megatron,ep_overlap=true"))
+                        parse_plan("ep=8,dp_shard=32,mbs=1,recompute=selective,sharding=megatron,ep_overlap=true"))
     sim = simulate(est, slowdown=CP.comm_slowdown, step_overhead_s=CP.step_overhead_s)
     exposed = sum(e.exposed_s for e in est.comm if e.axis == "ep")
     assert sim.step_time_s >= est.time_breakdown["compute"] + exposed

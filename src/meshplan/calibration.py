@@ -114,7 +114,8 @@ def uncertainty_band(accelerator: str, software: str, moe: bool = False) -> Band
     if key in fitted.get("rows_by_stack", {}):
         return similar
     why = (f"job.software '{software}' has no fitted tables" if software not in fitted.get("software", {})
-           else f"the fit has no runs of '{software}' on {family(accelerator)}")
+           else f"the fit has no runs of '{software}' on {accelerator}"
+           + (f" or other {family(accelerator)}-family GPUs" if family(accelerator) != accelerator else ""))
     unseen = _first_band(bands, unseen_stack_keys(moe),
                          "{rows} published runs on a software stack the fit had not seen ({key}; leave-one-source-out "
                          f"residuals: {why})")

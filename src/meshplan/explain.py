@@ -77,6 +77,12 @@ class Measurement:
     why: str
 
 
+WINDOW_WORDS = {"forward": "forward", "backward": "backward", "first_forward": "the first micro-batch's forward",
+                "last_backward": "the last micro-batch's backward", "attention": "attention",
+                "pipeline": "the pipeline's", "other_microbatch": "another micro-batch's"}
+"""CommEntry.window in words."""
+
+
 def measure_first(best: Estimate, conditions: list[Condition]) -> list[Measurement]:
     """What to measure first on the real cluster, and what each result would change."""
     out = [Measurement(
@@ -91,14 +97,14 @@ def measure_first(best: Estimate, conditions: list[Condition]) -> list[Measureme
         if top.overlappable and top.time_s > 0:
             hidden = top.time_s - top.exposed_s
             slack = (f"; {format_seconds(hidden)} of its {format_seconds(top.time_s)} per step is hidden behind "
-                     f"{top.window} compute")
+                     f"{WINDOW_WORDS.get(top.window, top.window)} compute")
         bw = [c for c in conditions if c.condition == "inter_node_bandwidth" and c.direction == "below"]
         change = (f"; if it is below the equivalent of {bw[0].value:.3g} GB/s per GPU, {bw[0].plan} becomes best"
                   if bw and top.link == "inter_node" else "")
         out.append(Measurement(
             f"{top.collective} bus bandwidth on the {top.axis} group ({top.group_size} GPUs, {top.link}) at "
             f"{format_gb(top.message_bytes)} messages (meshplan measure collectives)",
-            f"it is the largest collective of the step: {format_gb(top.bytes_per_gpu)} per GPU{slack}{change}"))
+            f"it is the longest collective of the step: {format_gb(top.bytes_per_gpu)} per GPU{slack}{change}"))
     out.append(Measurement(
         "a profiler trace of one step: exposed NCCL time per collective and the per-rank step-time spread",
         f"the model predicts {format_seconds(best.comm_time_s(exposed=True))} of exposed communication per step; "
@@ -336,7 +342,9 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
         if faster:
             quickest = min(faster, key=lambda e: e.step_time_s)
             q4.lines.append(f"{len(faster)} plan(s) predict up to {1 - quickest.step_time_s / best.step_time_s:.1%} "
-                            f"less step time (fastest: {quickest.plan.label()}) but fall within the {TIE_BAND:.0%} "
+                            f"less step time (fastest: {quickest.plan.label()}"
+                            + (f", {quickest.plan.to_string()}" if quickest.plan.label() == best.plan.label() else "")
+                            + f") but fall within the {TIE_BAND:.0%} "
                             "tie band, where the simpler plan (fewer axes, fewer options) and more memory headroom "
                             "win: below the model's error, another parallel axis is not worth its complexity.")
         if with_conditions:

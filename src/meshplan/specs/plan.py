@@ -202,6 +202,9 @@ class Plan:
             self._check_ep_overlap()
         if self.layout:
             self._check_layout()
+        if self.recompute == "sac" and self.sharding == "megatron":
+            raise SpecError("plan.recompute", "Megatron-core has no op-level selective checkpointing (sac); use "
+                                              "recompute=selective with recompute_modules, or full")
         if self.async_tp and self.tp < 2:
             raise SpecError("plan.async_tp", f"overlaps tensor-parallel collectives; needs tp >= 2, got tp={self.tp}")
         if self.pp == 1 and self.schedule not in ("1f1b", "gpipe"):
