@@ -288,8 +288,9 @@ def test_option_variants_said_to_need_more_memory_do(model, cluster, job, data):
     variant = data.draw(st.sampled_from(list(option_variants(model, cluster, job, plan))))
     if variant.offload_layers is None:  # frees memory (not said to need more); recomputes nothing
         variant = replace(variant, offload_layers=data.draw(st.integers(1, max(1, model.n_layers - 1))))
-    rc = data.draw(st.sampled_from(["none"] if variant.offload_layers else ["none", "sac"] if variant.ep_overlap
-                                   else ["none", "sac", "full"]))
+    sel = "selective" if variant.sharding == "megatron" else "sac"  # Megatron-core has modules, not op-level SAC
+    rc = data.draw(st.sampled_from(["none"] if variant.offload_layers else ["none", sel] if variant.ep_overlap
+                                   else ["none", sel, "full"]))
     fixed = {"mbs": 1, "recompute": rc}
     base, other = (evaluate(model, cluster, job, replace(p, **fixed)) for p in (plan, variant))
     if needs_more_memory(variant):

@@ -41,6 +41,8 @@ def test_plan_json_lists_plans_reasons_recommendation_and_conditions(plan_json):
     assert isinstance(d["conditions"], list) and d["conditions"] and d["conditions_swept"] is True
     for c in d["conditions"]:
         assert {"condition", "direction", "value", "plan", "text"} <= set(c)
+        if c["condition"] == "batch_tokens":  # the batch evaluated, in whole sequences, not the bisection's point
+            assert c["value"] % d["scenario"]["seq_len"] == 0 and c["last_same_value"] % d["scenario"]["seq_len"] == 0
     assert len(d["questions"]) == 4 and d["measure_first"]
     band = d["recommended"]["uncertainty"]  # from the cross-validated residuals of similar published runs
     assert band is not None and band["low"] < 0 < band["high"]

@@ -51,6 +51,14 @@ class _Knob:
     integer: bool
     fmt: Callable[[float], str]
     continuous: bool
+    read: Callable[[tuple[ModelSpec, ClusterSpec, JobSpec]], float]
+    """The condition's value in a scenario ``apply`` built: what was evaluated, which ``apply`` may have
+    rounded (whole sequences, whole nodes)."""
+
+    def applied(self, v: float) -> float:
+        """The value ``apply(v)`` evaluates (``v`` where it builds no scenario)."""
+        scenario = self.apply(v)
+        return v if scenario is None else self.read(scenario)
 
 
 KNOB_NAMES = {"batch-tokens": "batch_tokens", "inter-node-bandwidth": "inter_node_bandwidth", "gpus": "gpus",
@@ -98,13 +106,15 @@ def _knobs(model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> list[_Knob]:
 
     return [
         _Knob("batch_tokens", "tokens per step", job.global_batch_tokens, batch, True,
-              lambda v: f"{format_tokens(v)} tokens per step", True),
+              lambda v: f"{format_tokens(v)} tokens per step", True, lambda sc: sc[2].global_batch_tokens),
         _Knob("inter_node_bandwidth", "GB/s per GPU", cluster.inter.nic_bytes_per_s / GB, bandwidth, False,
-              lambda v: f"{v:.3g} GB/s of inter-node bandwidth per GPU", True),
-        _Knob("gpus", "GPUs", cluster.n_gpus, gpus, True, lambda v: f"{int(v)} GPUs", False),
-        _Knob("seq_len", "tokens", job.seq_len, seq, True, lambda v: f"sequence length {int(v)}", False),
+              lambda v: f"{v:.3g} GB/s of inter-node bandwidth per GPU", True,
+              lambda sc: sc[1].inter.nic_bytes_per_s / GB),
+        _Knob("gpus", "GPUs", cluster.n_gpus, gpus, True, lambda v: f"{int(v)} GPUs", False, lambda sc: sc[1].n_gpus),
+        _Knob("seq_len", "tokens", job.seq_len, seq, True, lambda v: f"sequence length {int(v)}", False,
+              lambda sc: sc[2].seq_len),
         _Knob("model_layers", "layers", model.n_layers, layers, True,
-              lambda v: f"{int(v)} layers (model size x{v / model.n_layers:.2g})", False),
+              lambda v: f"{int(v)} layers (model size x{v / model.n_layers:.2g})", False, lambda sc: sc[0].n_layers),
     ]
 
 
@@ -257,7 +267,8 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
         base_then = _evaluate_at(knob, hi, base, mfu)
         speedup = (base_then.step_time_s / other.step_time_s) if (base_then and base_then.feasible) else float("inf")
         gain = _gain_text(speedup, base_then)
-        text = (f"{direction} {knob.fmt(hi)}" if knob.continuous else f"at {knob.fmt(hi)}")
+        hi, lo = knob.applied(hi), knob.applied(lo)  # as evaluated: whole sequences, whole nodes
+        text = f"at {knob.fmt(hi)}" + (f" or {'less' if direction == 'below' else 'more'}" if knob.continuous else "")
         label = changed_label(other.plan, base_then.plan if base_then else base.plan)
         text += f", {label} is best ({gain})"
         if math.isinf(speedup) and base_then is not None and base_then.infeasible_reasons:

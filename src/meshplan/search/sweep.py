@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from meshplan.cost.estimate import Estimate
 from meshplan.errors import SpecError
 from meshplan.parallel import parallel_map
-from meshplan.search.conditions import knob, structural_key, unsplit
+from meshplan.search.conditions import changed_label, knob, structural_key, unsplit
 from meshplan.search.search import search
 from meshplan.search.space import Space
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec
@@ -50,16 +50,18 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, name: str, value
     """The best plan, and the best of each family, at each of ``values`` of condition ``name`` (values where
     the scenario cannot be built are left out); the searches run on up to ``workers`` cores (default: all)."""
     k = knob(model, cluster, job, name)
-    values = [float(round(v)) if k.integer else v for v in values]
-
-    def point(v: float) -> SweepPoint | None:
+    scenarios: dict[float, tuple[ModelSpec, ClusterSpec, JobSpec]] = {}
+    for v in (float(round(v)) if k.integer else v for v in values):
         scenario = k.apply(v)
-        if scenario is None:
-            return None
-        res = search(*scenario, space, mfu=mfu)
-        return SweepPoint(v, res.recommended, {f: e for f, e in res.best_by_family().items() if e.feasible})
+        if scenario is not None:  # at the value evaluated: apply rounds to whole sequences or nodes
+            scenarios.setdefault(k.read(scenario), scenario)
 
-    return [p for p in parallel_map(point, values, workers) if p is not None]
+    def point(item: tuple[float, tuple[ModelSpec, ClusterSpec, JobSpec]]) -> SweepPoint:
+        value, scenario = item
+        res = search(*scenario, space, mfu=mfu)
+        return SweepPoint(value, res.recommended, {f: e for f, e in res.best_by_family().items() if e.feasible})
+
+    return parallel_map(point, sorted(scenarios.items()), workers)
 
 
 def changes(points: list[SweepPoint]) -> list[tuple[float, float, str, str]]:
@@ -67,7 +69,8 @@ def changes(points: list[SweepPoint]) -> list[tuple[float, float, str, str]]:
     out = []
     for a, b in itertools.pairwise(points):
         if a.best and b.best and structural_key(unsplit(a.best.plan)) != structural_key(unsplit(b.best.plan)):
-            out.append((a.value, b.value, a.best.plan.label(), b.best.plan.label()))
+            before, after = a.best.plan, b.best.plan  # labelled with the options that differ where degrees match
+            out.append((a.value, b.value, changed_label(before, after), changed_label(after, before)))
     return out
 
 
