@@ -244,7 +244,8 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
         q2.lines.append(f"Simplified: {s.flops.model_flop_per_step:.3g} FLOPs per step, "
                         f"{format_seconds(s.step_time_s)} "
                         f"at {simple_mfu:.0%} MFU; FSDP moves {format_gb(s_bytes)} per GPU, "
-                        f"{format_seconds(s_time)} at {cluster.inter.nic_bytes_per_s / GB:.0f} GB/s.")
+                        f"{format_seconds(s_time)}"
+                        + (f" at {s_bytes / s_time / GB:.0f} GB/s ({s.comm[0].link})." if s_time > 0 else "."))
         b, inter, t, exp = _fsdp_traffic(full)
         q2.lines.append(
             f"Predicted ({full.compute_source}): {full.flops.model_flop_per_step:.3g} model FLOPs "
@@ -254,9 +255,10 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
             f"{format_seconds(exp)} exposed ({(1 - exp / t) if t else 1:.0%} hidden).")
         q2.lines.append(
             "Why the figures differ: each micro-batch re-gathers every unit (FSDP2 reshards after forward and "
-            "after backward), gradients are reduce-scattered in fp32 (reduce_dtype), the exact parameter count "
-            "is used, and a ring across nodes drives every NIC of a node at once, so each GPU's NIC carries only "
-            "its share of the traffic.")
+            "after backward), gradients are reduce-scattered in fp32 (reduce_dtype), "
+            + ("the exact parameter count is used, and a ring across nodes drives every NIC of a node at once, so "
+               "each GPU's NIC carries only its share of the traffic." if cluster.n_nodes > 1 else
+               "and the exact parameter count is used; on one node the traffic runs over NVLink, not the NIC."))
         small = replace(job, global_batch_tokens=max(job.seq_len * n, job.global_batch_tokens // 4))
         e_small = _try(model, cluster, small, Plan(dp_shard=n), mfu)
         if e_small:
