@@ -154,6 +154,7 @@ def test_job_spec_file(capsys, tmp_path):
     (["evaluate", "--profile", "{binary}", "--plan", "dp_shard=64"], "profile: malformed JSON"),
     (["validate", "{binary}"], "is not a UTF-8 CSV file"),
     (["evaluate", "--job", "{dir}", "--plan", "dp_shard=64"], "(it is a directory)"),
+    (["evaluate", "--plan", "tp=8,pp=8,mbs=1,recompute=full,recompute_layers=100"], "allowed 1..10"),
 ])
 def test_malformed_inputs_name_the_field_and_exit_2_without_a_traceback(capsys, tmp_path, args, says):
     """What a user's review found raising instead (ZeroDivisionError, TypeError, UnicodeDecodeError)."""

@@ -4,6 +4,7 @@ memory, which are estimates with ``feasible=False``)."""
 
 from __future__ import annotations
 
+from meshplan.cost.pipeline import stage_layers
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.specs.layout import parse_layout
@@ -79,6 +80,12 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
                                    "(MoELayer raises otherwise): leave sp out or set sp=true")
     if plan.recompute_modules:
         _check_recompute_modules(model, job, plan)
+    if plan.recompute_layers:
+        most = max(d + e for d, e in stage_layers(model, plan.pp, plan.layout,
+                                                   plan.vpp if plan.schedule == "interleaved" else 1))
+        if plan.recompute_layers > most:
+            raise SpecError("plan.recompute_layers", f"recomputes that many layers of each stage; the largest "
+                                                     f"stage has {most}: allowed 1..{most}")
     if plan.etp is not None and not model.is_moe:
         raise SpecError("plan.etp", f"{model.name} is dense; expert-TP applies to MoE models: leave etp out")
     if plan.pp > 1 and plan.sharding in ("zero2", "zero3"):
