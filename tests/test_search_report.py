@@ -94,11 +94,16 @@ def test_a_stack_on_a_gpu_family_it_has_no_runs_on_carries_the_unseen_stack_band
     unseen-stack band, not the Blackwell band of Megatron's runs."""
     from meshplan.calibration import _load, uncertainty_band
     seen = _load("fitted")["rows_by_stack"]
-    assert "torchtitan/h100-sxm" in seen and "torchtitan/b200" not in seen and "megatron/b200" in seen
+    assert "torchtitan/h100-sxm/dense" in seen and "torchtitan/b200/dense" not in seen
+    assert "megatron/b200/dense" in seen and "megatron/h100-sxm/moe" in seen and "torchtitan/h100-sxm/moe" not in seen
     blackwell, hopper = uncertainty_band("b200", "torchtitan"), uncertainty_band("h100-sxm", "torchtitan")
     assert "no runs of 'torchtitan' on b200" in blackwell.basis and "similar" in hopper.basis
     assert blackwell.high - blackwell.low > 3 * (uncertainty_band("b200", "megatron").high
                                                  - uncertainty_band("b200", "megatron").low)
+    # an MoE model on a stack whose fitted runs were all dense: not the MoE runs' band of other stacks
+    moe = uncertainty_band("h100-sxm", "torchtitan", True)
+    assert "no MoE runs of 'torchtitan' on h100-sxm" in moe.basis
+    assert "similar" in uncertainty_band("h100-sxm", "megatron", True).basis
 
 
 def test_a_condition_with_the_same_degrees_names_the_options_that_change():

@@ -5,7 +5,7 @@
 (procedure, rows, cross-validated error): a ``[global]`` table, ``[accelerator.<name>]`` tables
 (``gemm_scale``), ``[software.<name>]`` tables (overheads), ``[stack."<software>/<family>"]`` tables
 (``kernel_scale``, ``attention_kernel_scale``), ``[uncertainty]`` bands (band_keys, unseen_stack_keys) and
-``[rows_by_stack]``, the fitted rows of each stack on each GPU family.
+``[rows_by_stack]``, the fitted rows of each stack on each GPU family by kind of model.
 """
 
 from __future__ import annotations
@@ -69,6 +69,12 @@ def compute_params_for(accelerator: str, software: str = "generic") -> ComputePa
     return params_from(tables, source)
 
 
+def seen_key(software: str, accelerator: str, moe: bool) -> str:
+    """The key of fitted.toml's ``[rows_by_stack]``: a stack on a GPU family running one kind of model
+    ('torchtitan/h100-sxm/dense')."""
+    return f"{stack_key(software, accelerator)}/{'moe' if moe else 'dense'}"
+
+
 def band_keys(accelerator: str, software: str, moe: bool) -> tuple[str, ...]:
     """The uncertainty tables a prediction looks up, most similar rows first: the same GPU family, stack
     and kind of model (dense or MoE), the family and kind, every row of that kind, every row. The kind
@@ -102,19 +108,21 @@ def _first_band(bands: dict[str, Any], keys: tuple[str, ...], basis: str) -> Ban
 def uncertainty_band(accelerator: str, software: str, moe: bool = False) -> Band | None:
     """Where measured steps fell against predictions like this one, from the calibration's bands: those of
     similar rows (band_keys: cross-validated residuals) where the fit had runs of this stack on this GPU
-    family (``[rows_by_stack]``). Otherwise ('generic', or a stack on a family it has no runs on) the
-    stack's overheads or kernel scales there are defaults, which is what a source group's runs met when
-    leave-one-source-out hid the only stack they ran: the unseen-stack band (unseen_stack_keys), widened
-    at either end to the similar rows' band where that is wider. None where the catalog has no band."""
+    family and kind of model (``[rows_by_stack]``, seen_key). Otherwise ('generic', or a stack on a family
+    or a kind of model it has no runs of) the stack's overheads or kernel scales there are defaults, or
+    were fitted on other runs, much as a source group's runs met when leave-one-source-out hid the only
+    stack they ran: the unseen-stack band (unseen_stack_keys), widened at either end to the similar rows'
+    band where that is wider. None where the catalog has no band."""
     fitted = _load("fitted")
     bands = fitted.get("uncertainty", {})
     similar = _first_band(bands, band_keys(accelerator, software, moe),
                           "{rows} similar published runs ({key}; cross-validated residuals)")
-    key = stack_key(software, accelerator)
-    if key in fitted.get("rows_by_stack", {}):
+    seen = fitted.get("rows_by_stack", {})
+    if seen_key(software, accelerator, moe) in seen:
         return similar
+    kind = "MoE " if moe and seen_key(software, accelerator, False) in seen else ""
     why = (f"job.software '{software}' has no fitted tables" if software not in fitted.get("software", {})
-           else f"the fit has no runs of '{software}' on {accelerator}"
+           else f"the fit has no {kind}runs of '{software}' on {accelerator}"
            + (f" or other {family(accelerator)}-family GPUs" if family(accelerator) != accelerator else ""))
     unseen = _first_band(bands, unseen_stack_keys(moe),
                          "{rows} published runs on a software stack the fit had not seen ({key}; leave-one-source-out "

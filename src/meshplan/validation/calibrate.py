@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from meshplan.calibration import _load, band_keys, family, params_from, stack_key, unseen_stack_keys
+from meshplan.calibration import _load, band_keys, family, params_from, seen_key, stack_key, unseen_stack_keys
 from meshplan.cost.compute import ComputeParams
 from meshplan.parallel import parallel_map
 from meshplan.validation.validate import RowResult, predict
@@ -499,10 +499,11 @@ def state_toml(state: State, prefix: str = "") -> list[str]:
 
 
 def rows_by_stack(rows: list[RowResult]) -> dict[str, int]:
-    """The modelled rows of each software stack on each GPU family (calibration.stack_key): where the fit
-    has seen a stack run, and so where a prediction may take the band of similar runs."""
-    return dict(sorted(Counter(stack_key(r.scenario.job.software, r.scenario.cluster.accelerator.name)
-                               for r in rows if r.scenario is not None).items()))
+    """The modelled rows of each software stack on each GPU family, by kind of model
+    (calibration.seen_key: 'torchtitan/h100-sxm/dense'): where the fit has seen a stack run that kind of
+    model, and so where a prediction may take the band of similar runs."""
+    return dict(sorted(Counter(seen_key(r.scenario.job.software, r.scenario.cluster.accelerator.name,
+                                        r.scenario.model.is_moe) for r in rows if r.scenario is not None).items()))
 
 
 def to_toml(state: State, *, source: str, summary: dict, bands: dict[str, dict[str, float]],
