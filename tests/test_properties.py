@@ -304,15 +304,15 @@ def test_unhidden_in_layer_traffic_is_m_times_one_micro_batchs(model, cluster, j
     micro-batch count: it must equal that traffic in the step's whole ledger, stage by stage."""
     from meshplan.cost.comm import StageTraffic, Unit, comm_ledger
     from meshplan.cost.mesh import axis_groups
-    from meshplan.cost.pipeline import stage_layers
-    from meshplan.cost.step import _critical_comm_s, _micro_batches, _round_robin_chunks, recomputed_layers
+    from meshplan.cost.pipeline import round_robin_chunks, stage_layers
+    from meshplan.cost.step import _critical_comm_s, _micro_batches, recomputed_layers
 
     drawn = _draw_combination(model, cluster, job, data)
     if drawn is None:
         return
     plan, b, rc = drawn
     m = _micro_batches(job, plan.dp, b)
-    stages = stage_layers(model, plan.pp, plan.layout, _round_robin_chunks(plan.schedule, plan.vpp))
+    stages = stage_layers(model, plan.pp, plan.layout, round_robin_chunks(plan.schedule, plan.vpp))
     whole = []
     for s in sorted({0, plan.pp - 1}):
         n_dense, n_moe = stages[s]

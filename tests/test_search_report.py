@@ -366,8 +366,8 @@ def test_a_condition_says_why_the_recommendation_is_out():
 
 
 @pytest.mark.parametrize("software, shardings, schedules", [
-    ("torchtitan", {"fsdp"}, None), ("llm-foundry", {"fsdp"}, None), ("megatron", {"fsdp", "megatron"},
-                                                                        {"1f1b", "interleaved"})])
+    ("torchtitan", {"fsdp"}, None), ("llm-foundry", {"fsdp"}, set()), ("megatron", {"fsdp", "megatron"},
+                                                                         {"1f1b", "interleaved"})])
 def test_a_named_stack_is_searched_only_over_what_it_runs(software, shardings, schedules):
     """A user who names the stack gets plans it can run (and the band of its runs), never DeepSpeed's ZeRO
     stages under torchtitan's name or zero-bubble schedules under Megatron-core's."""
@@ -375,7 +375,7 @@ def test_a_named_stack_is_searched_only_over_what_it_runs(software, shardings, s
     m, c, j = worked_example()
     plans = list(enumerate_plans(m, c, replace(j, software=software), Space()))
     assert plans and {p.sharding for p in plans} <= shardings
-    if schedules:
+    if schedules is not None:  # llm-foundry: no pipeline at all
         assert {p.schedule for p in plans if p.pp > 1} <= schedules
     generic = {p.sharding for p in enumerate_plans(m, c, j, Space())}
     assert {"zero1", "zero3", "megatron"} <= generic
@@ -404,3 +404,20 @@ def test_the_simplified_mode_counts_an_moe_models_active_parameters():
     assert est.flops.model_flop_per_token == pytest.approx(6 * m.nominal_params * pc.active / pc.total, rel=1e-9) \
         if m.nominal_params else pytest.approx(6 * pc.active, rel=1e-9)
     assert est.flops.convention == "6N (nominal, active)"
+
+
+def test_a_condition_on_depth_keeps_a_candidate_that_recomputed_more_layers_than_a_stage_now_holds():
+    """Partial recomputation of 15 layers per stage, at half the depth (10 a stage): recompute them all, as
+    the plan did before the check of recompute_layers made the count an error (a reviewer's reproducer)."""
+    from meshplan import load_model
+    from meshplan.search.conditions import _resplit
+    from meshplan.specs import Plan
+    half = replace_layers(load_model("seed-70b"), 40)
+    plan = Plan(tp=8, pp=4, dp_shard=2, mbs=1, recompute="full", recompute_layers=15)
+    assert _resplit(plan, half).recompute_layers is None
+    assert _resplit(plan, load_model("seed-70b")).recompute_layers == 15
+
+
+def replace_layers(model, n):
+    from dataclasses import replace
+    return replace(model, n_layers=n, nominal_params=None)

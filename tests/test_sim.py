@@ -168,3 +168,15 @@ def test_a_pipelined_step_charges_no_collective_more_exposure_than_it_takes(plan
         if key.startswith("exposed"):
             assert v <= took[key] * 1.01 + 1e-6, (key, v, took[key])
     assert sum(r.breakdown.values()) == pytest.approx(r.step_time_s, rel=1e-9)
+
+
+def test_a_communication_bound_step_without_a_pipeline_sums_to_its_breakdown():
+    """The steady period's wait before the next micro-batch's compute is part of its time (a reviewer's
+    reproducer: 13 such waits were left out of the breakdown at 5 GB/s per GPU)."""
+    from dataclasses import replace
+    m, c, j = worked_example()
+    slow = replace(c, inter=replace(c.inter, nic_bytes_per_s=5e9))
+    est = evaluate(m, slow, j, parse_plan("dp_shard=64,mbs=1,recompute=full,grad_sync=every", slow.n_gpus))
+    r = simulate(est, slowdown=CP.comm_slowdown, step_overhead_s=CP.step_overhead_s)
+    assert sum(r.breakdown.values()) == pytest.approx(r.step_time_s, rel=1e-9)
+    assert sum(v for k, v in r.breakdown.items() if k.startswith("exposed")) > 0.3 * r.step_time_s

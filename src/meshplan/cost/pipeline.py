@@ -18,7 +18,7 @@ References
 from __future__ import annotations
 
 from meshplan.memo import cache_by_identity
-from meshplan.specs import ModelSpec
+from meshplan.specs import ModelSpec, Plan
 from meshplan.specs.layout import layers_per_stage, parse_layout
 
 MTP_CHUNK_SLOTS = 3
@@ -123,3 +123,14 @@ def bubble_fraction(*, schedule: str, pp: int, m: int, vpp: int) -> float:
     """Bubble as a fraction of the step's wall time for t_F = t_B = t_W: (p-1)/(m+p-1) for 1F1B."""
     bubble = bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, t_f_s=1.0, t_b_s=1.0, t_w_s=1.0)
     return bubble / (bubble + 3.0 * m)
+
+
+def round_robin_chunks(schedule: str, vpp: int) -> int:
+    """Model chunks per rank that stage_layers places round-robin: the interleaved schedule's virtual
+    stages (ZB-V's V-shaped pair is split as one chunk per rank)."""
+    return vpp if schedule == "interleaved" else 1
+
+
+def plan_stage_layers(model: ModelSpec, plan: Plan) -> list[tuple[int, int]]:
+    """stage_layers for ``plan``: its stages, layout and round-robin chunks."""
+    return stage_layers(model, plan.pp, plan.layout, round_robin_chunks(plan.schedule, plan.vpp))

@@ -42,6 +42,8 @@ from meshplan.cost.pipeline import (
     bubble_fraction,
     bubble_time_s,
     in_flight_microbatches,
+    plan_stage_layers,
+    round_robin_chunks,
     stage_layers,
     unpaired_microbatches,
 )
@@ -788,7 +790,7 @@ class _PlanShared(NamedTuple):
 def _plan_shared(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan
                  ) -> _PlanShared:
     groups = axis_groups(plan, cluster)
-    layout = _plan_stage_layers(model, plan)
+    layout = plan_stage_layers(model, plan)
     stages = bounding_stages(layout)
     units = {s: _local_params(model, counts, plan, s, *layout[s], tied_copy=plan.pp > 1) for s in stages}
     static = {s: _static_memory(_StageCtx(model, counts, cluster, job, plan, groups, s, *layout[s], 1, units[s]))
@@ -1052,7 +1054,7 @@ def _critical_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan:
     if not ((plan.tp > 1 and not plan.async_tp) or (plan.cp > 1 and plan.context_impl == "a2a")
             or (plan.ep > 1 and model.n_moe_layers and not plan.ep_overlap)):
         return 0.0
-    stages = _plan_stage_layers(model, plan)
+    stages = plan_stage_layers(model, plan)
     per = _layer_comm_s(model, cluster, job, plan.tp, plan.sequence_parallel, plan.async_tp,
                         plan.sharding == "megatron", plan.cp, plan.context_impl, plan.ep, plan.expert_tp,
                         plan.ep_dispatch, plan.ep_overlap, mbs, plan)
@@ -1086,17 +1088,6 @@ def _layer_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, tp: int,
             unhidden(1, 0, False, False, (1, 0)) - dense, unhidden(0, 1, False, False, (0, 1)) - moe)
 
 
-def _round_robin_chunks(schedule: str, vpp: int) -> int:
-    """Model chunks per rank that pipeline.stage_layers places round-robin: the interleaved schedule's
-    virtual stages (ZB-V's V-shaped pair is split as one chunk per rank)."""
-    return vpp if schedule == "interleaved" else 1
-
-
-def _plan_stage_layers(model: ModelSpec, plan: Plan) -> list[tuple[int, int]]:
-    """pipeline.stage_layers for ``plan``: its stages, layout and round-robin chunks."""
-    return stage_layers(model, plan.pp, plan.layout, _round_robin_chunks(plan.schedule, plan.vpp))
-
-
 def _micro_batches(job: JobSpec, dp: int, mbs: int) -> int:
     """Micro-batches per step of each data-parallel replica (as ``_batch_reasons`` counts them)."""
     return max(1, max(1, job.global_batch_seqs // dp) // mbs)
@@ -1108,7 +1099,7 @@ def _shape_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: Comp
                    cp_chunked: bool, mbs: int, recompute: str, m: int, recompute_layers: int | None) -> float:
     """``_compute_bound_s`` on the plan fields it reads (memoised: plans that differ in sharding or in
     their communication options share it)."""
-    stages = stage_layers(model, pp, layout, _round_robin_chunks(schedule, vpp))
+    stages = stage_layers(model, pp, layout, round_robin_chunks(schedule, vpp))
     tokens = mbs * job.seq_len / cp
     worst = 0.0
     for s in bounding_stages(stages):
@@ -1218,7 +1209,7 @@ def recompute_options(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[
         modes[modes.index("sac"):modes.index("sac") + 1] = keys
     if plan.ep_overlap:  # Megatron's all-to-all overlap runs without full recomputation (or offloading)
         return modes[:-1], 0
-    return modes + offload, max(d + e for d, e in _plan_stage_layers(model, plan)) - 1
+    return modes + offload, max(d + e for d, e in plan_stage_layers(model, plan)) - 1
 
 
 def _bisect(ok: Callable[[int], bool], lo: int, hi: int) -> int | None:

@@ -4,7 +4,7 @@ memory, which are estimates with ``feasible=False``)."""
 
 from __future__ import annotations
 
-from meshplan.cost.pipeline import stage_layers
+from meshplan.cost.pipeline import plan_stage_layers
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.specs.layout import parse_layout
@@ -81,8 +81,7 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
     if plan.recompute_modules:
         _check_recompute_modules(model, job, plan)
     if plan.recompute_layers:
-        most = max(d + e for d, e in stage_layers(model, plan.pp, plan.layout,
-                                                   plan.vpp if plan.schedule == "interleaved" else 1))
+        most = max(d + e for d, e in plan_stage_layers(model, plan))
         if plan.recompute_layers > most:
             raise SpecError("plan.recompute_layers", f"recomputes that many layers of each stage; the largest "
                                                      f"stage has {most}: allowed 1..{most}")

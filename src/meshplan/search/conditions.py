@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from meshplan.cost.estimate import Estimate
+from meshplan.cost.pipeline import plan_stage_layers
 from meshplan.parallel import parallel_map
 from meshplan.search.rank import TIE_BAND
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
@@ -166,10 +167,16 @@ def rescale(plan: Plan, n_gpus: int) -> Plan | None:
 
 
 def _resplit(plan: Plan, model: ModelSpec) -> Plan:
-    """``plan`` for ``model``'s layer count: Megatron's embedding-and-loss split redone for it (the plan
-    with its layers changed is the same plan)."""
+    """``plan`` for ``model``'s layer count: Megatron's embedding-and-loss split redone for it, and partial
+    recomputation of more layers than a stage now holds made full (the plan with its layers changed is
+    the same plan)."""
     layout = resplit(plan.layout, model.n_layers)
-    return plan if layout == plan.layout else replace(plan, layout=layout)
+    if layout != plan.layout:
+        plan = replace(plan, layout=layout)
+    most = max(d + e for d, e in plan_stage_layers(model, plan)) if plan.recompute_layers else 0
+    if plan.recompute_layers and plan.recompute_layers >= most:
+        plan = replace(plan, recompute_layers=None)
+    return plan
 
 
 def find_conditions(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, recommended: Estimate,
@@ -252,6 +259,9 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
                     mid = float(round(mid))
                     if mid in (lo, hi):
                         break
+                a_lo, a_hi = sorted((knob.applied(lo), knob.applied(hi)))
+                if not a_lo < knob.applied(mid) < a_hi:  # it would evaluate a value already tried, or beyond
+                    break
                 cand = probe(mid)
                 if cand is None:
                     break
@@ -267,7 +277,10 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
         base_then = _evaluate_at(knob, hi, base, mfu)
         speedup = (base_then.step_time_s / other.step_time_s) if (base_then and base_then.feasible) else float("inf")
         gain = _gain_text(speedup, base_then)
-        hi, lo = knob.applied(hi), knob.applied(lo)  # as evaluated: whole sequences, whole nodes
+        # as evaluated (whole sequences, whole nodes); the base is the scenario's own value, not rounded
+        hi, lo = knob.applied(hi), (knob.base if lo == knob.base else knob.applied(lo))
+        if (hi - knob.base) * (1 if direction == "above" else -1) <= 0:
+            continue  # rounding took the changed value back across the base: no condition there
         text = f"at {knob.fmt(hi)}" + (f" or {'less' if direction == 'below' else 'more'}" if knob.continuous else "")
         label = changed_label(other.plan, base_then.plan if base_then else base.plan)
         text += f", {label} is best ({gain})"

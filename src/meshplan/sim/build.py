@@ -43,7 +43,8 @@ class _Per:
 def _split(detail: StageDetail, m: int) -> dict[str, list[_Per]]:
     """Group the ledger into placements with the time each call site takes."""
     L = max(1, detail.n_layers)
-    out: dict[str, list[_Per]] = {k: [] for k in ("ag_fwd", "ag_bwd", "grads", "step_ag", "inline_f", "inline_b",
+    out: dict[str, list[_Per]] = {k: [] for k in ("ag_fwd", "ag_bwd", "grads", "step_ag", "step_ag_root",
+                                                   "inline_f", "inline_b",
                                                    "inline_r", "cp_f", "cp_b", "cp_r", "root_f", "root_b", "edge_f",
                                                    "edge_b", "pipeline", "other_f", "other_b")}
     for e in detail.comm:
@@ -52,8 +53,8 @@ def _split(detail: StageDetail, m: int) -> dict[str, list[_Per]]:
         recomputed = "recomputed" in e.purpose
         if e.window == "pipeline":
             out["pipeline"].append(_Per(e, e.time_s / max(1, e.count)))
-        elif e.window in ("first_forward",):
-            out["step_ag"].append(_Per(e, e.time_s / L if not root else e.time_s))
+        elif e.window in ("first_forward",):  # once per step: per layer, or the root's all at once
+            out["step_ag_root" if root else "step_ag"].append(_Per(e, e.time_s if root else e.time_s / L))
         elif e.axis in ("dp_shard", "edp", "dp_replicate") and e.collective == "all_gather":
             per = e.time_s / m if root else e.time_s / (m * L)
             if root:
@@ -134,6 +135,9 @@ def stage_ops(detail: StageDetail, plan: Plan, m: int, *, m_sim: int | None = No
                                 [fwd_done[i - 2]] if i >= 2 else [])
                 if i not in per_step_gather:
                     per_step_gather[i] = b.comm(f"L{i} param gather (per step)", place["step_ag"], "params", [])
+                    if i == 0:  # the embedding / LM head's, once, before the first layer
+                        per_step_gather[i] += b.comm("root param gather (per step)", place["step_ag_root"],
+                                                     "params", [])
                 deps = [*gather, *per_step_gather[i], *waits]
                 a = b.compute(f"mb{k} L{i} fwd attention", attn_f + 0.5 * (f_layer - attn_f), "compute", deps)
                 cp = b.comm(f"mb{k} L{i} cp", place["cp_f"], "cp", deps)

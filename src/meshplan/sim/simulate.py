@@ -57,9 +57,11 @@ def _blame(op: Op, cursor: float, before: dict[int, Op], terms: dict[str, float]
         terms[key] = terms.get(key, 0.0) + t - cursor
 
 
-def _attribute(ops: list[Op], start_s: float = 0.0, end_s: float = math.inf) -> tuple[dict[str, float], float]:
+def _attribute(ops: list[Op], start_s: float = 0.0, end_s: float = math.inf, *, until: Op | None = None
+               ) -> tuple[dict[str, float], float]:
     """Split the compute stream's timeline within [start_s, end_s) into compute, contention and waits
-    (by what was waited on, _blame); returns (terms, end of the last compute op counted)."""
+    (by what was waited on, _blame), and with ``until`` (the compute op at ``end_s``) the wait before it;
+    returns (terms, end of the last compute op counted)."""
     terms: dict[str, float] = {}
     before: dict[int, Op] = {}  # each op's predecessor on its stream
     last: dict[str, Op] = {}
@@ -78,6 +80,8 @@ def _attribute(ops: list[Op], start_s: float = 0.0, end_s: float = math.inf) -> 
         if dur - op.work_s > 0:
             terms["comm contention"] = terms.get("comm contention", 0.0) + dur - op.work_s
         cursor = op.end_s
+    if until is not None and until.start_s - cursor > 1e-12:
+        _blame(until, cursor, before, terms)
     return terms, cursor
 
 
@@ -110,8 +114,9 @@ def simulate_stage(detail: StageDetail, est: Estimate, slowdown: float) -> Stage
     m_run = min(m, M_SIM)
     if m > m_run and plan.pp == 1:
         # one steady period: from the steady micro-batch's forward start to the next one's
-        t0, t1 = f0.start_s, chunks[("F", k + 1)][0].start_s
-        steady, _ = _attribute(ops, t0, t1)
+        nxt = chunks[("F", k + 1)][0]
+        t0, t1 = f0.start_s, nxt.start_s
+        steady, _ = _attribute(ops, t0, t1, until=nxt)  # with the wait before the next period's compute
         extra = m - m_run
         for key, v in steady.items():
             terms[key] = terms.get(key, 0.0) + extra * v
