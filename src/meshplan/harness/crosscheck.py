@@ -373,7 +373,8 @@ def predict(model_spec: ModelSpec, plan: Plan, *, seq_len: int, mbs: int, n_micr
     cluster = load_cluster(CLUSTER, nodes=max(1, n // 8), gpus_per_node=min(n, 8))
     job = JobSpec(global_batch_tokens=mbs * seq_len * plan.dp * n_micro, seq_len=seq_len,
                   reduce_dtype_bytes=REDUCE_BYTES)
-    return evaluate(model_spec, cluster, job, replace(plan, mbs=mbs, recompute=plan.recompute or "none"))
+    recompute = plan.recompute or ("full" if plan.recompute_layers else "none")  # partial recomputation is full's
+    return evaluate(model_spec, cluster, job, replace(plan, mbs=mbs, recompute=recompute))
 
 
 def _padding_by_key(plan: Plan, unit_shapes: dict[str, list[tuple[int, ...]]], n_micro: int
