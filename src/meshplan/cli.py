@@ -126,6 +126,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                                   + (", FP8 attention (job.fp8_attention)" if job.fp8_attention else "")
                                   + (", fused grouped expert MLPs (job.fused_grouped_mlp)"
                                      if job.fused_grouped_mlp else "")])
+    if job.precision == "fp8":
+        est = replace(est, notes=[*est.notes, "MFU and HFU are against the accelerator's dense FP8 peak"])
     if args.profile_notes:
         est = replace(est, notes=[*est.notes, *args.profile_notes])
     print(json.dumps(estimate_dict(est), indent=2) if args.json else estimate_text(est))

@@ -250,7 +250,8 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
         q2.lines.append(
             f"Predicted ({full.compute_source}): {full.flops.model_flop_per_step:.3g} model FLOPs "
             f"({full.flops.convention} convention), step {format_seconds(full.step_time_s)}, MFU {full.mfu:.1%}; "
-            f"FSDP sends {format_gb(b)} per GPU per step over {full.n_microbatches} micro-batches, of which "
+            f"FSDP sends {format_gb(b)} per GPU per step over {full.n_microbatches} micro-batch"
+            f"{'es' if full.n_microbatches != 1 else ''}, of which "
             f"{format_gb(inter)} crosses the NIC; {format_seconds(t)} of collectives, "
             f"{format_seconds(exp)} exposed ({(1 - exp / t) if t else 1:.0%} hidden).")
         q2.lines.append(
@@ -325,7 +326,8 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
         b = best.uncertainty
         band = f" ({b.low:+.0%} .. {b.high:+.0%})" if b else ""
         q4.lines.append(f"Recommended: {best.plan.label()} ({best.plan.to_string()}): step "
-                        f"{format_seconds(best.step_time_s)}{band}, MFU {best.mfu:.1%}, "
+                        f"{format_seconds(best.step_time_s)}{band}, MFU {best.mfu:.1%}"
+                        f"{' (of the FP8 peak)' if job.precision == 'fp8' else ''}, "
                         f"{best.tokens_per_s_per_gpu:,.0f} tokens/s per GPU.")
         if b:
             q4.lines.append(f"Uncertainty: measured steps fell within {b.low:+.0%} .. {b.high:+.0%} of such "

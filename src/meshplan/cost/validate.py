@@ -25,7 +25,8 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
     if plan.world_size != n:
         raise SpecError("plan", f"degrees dp_replicate={plan.dp_replicate} x dp_shard={plan.dp_shard} x "
                                 f"cp={plan.cp} x tp={plan.tp} x pp={plan.pp} = {plan.world_size}, but the cluster "
-                                f"has {n} GPUs ({cluster.n_nodes} nodes x {cluster.gpus_per_node})")
+                                f"has {n} GPUs ({cluster.n_nodes} node{'s' if cluster.n_nodes != 1 else ''} x "
+                                f"{cluster.gpus_per_node})")
     if model.n_heads % plan.tp:
         raise SpecError("plan.tp", f"must divide n_heads={model.n_heads} of {model.name}; allowed: "
                                    f"{_divisors(model.n_heads)}")
