@@ -330,8 +330,7 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
                         f"{' (of the FP8 peak)' if job.precision == 'fp8' else ''}, "
                         f"{best.tokens_per_s_per_gpu:,.0f} tokens/s per GPU.")
         if b:
-            q4.lines.append(f"Uncertainty: measured steps fell within {b.low:+.0%} .. {b.high:+.0%} of such "
-                            f"predictions (10th-90th percentile) for {b.basis}.")
+            q4.lines.append(f"Uncertainty: {b.sentence('such predictions')}.")
         q4.lines.append("Why: " + binding_resource(best) + ".")
         runner = next((e for e in result.feasible[1:]), None)
         if runner:

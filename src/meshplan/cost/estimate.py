@@ -106,6 +106,11 @@ class Band:
     basis: str
     """Which runs and residuals: '177 similar published runs (h100-sxm/dense; cross-validated residuals)'."""
 
+    def sentence(self, of: str) -> str:
+        """'measured steps fell within -6% .. +7% of ``of`` (10th-90th percentile) for <basis>'."""
+        return (f"measured steps fell within {self.low:+.0%} .. {self.high:+.0%} of {of} (10th-90th percentile) "
+                f"for {self.basis}")
+
 
 @dataclass(frozen=True, slots=True)
 class Estimate:

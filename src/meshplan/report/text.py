@@ -47,9 +47,7 @@ def estimate_text(est: Estimate) -> str:
         lines.append(f"step time {format_seconds(est.step_time_s)}  MFU {est.mfu:.1%}  HFU {est.hfu:.1%}  "
                      f"{est.tokens_per_s_per_gpu:,.0f} tokens/s per GPU  ({est.compute_source})")
         if est.uncertainty:
-            b = est.uncertainty
-            lines.append(f"  measured steps fell within {b.low:+.0%} .. {b.high:+.0%} of the prediction (10th-90th "
-                         f"percentile) for {b.basis}")
+            lines.append("  " + est.uncertainty.sentence("the prediction"))
         lines.append("time breakdown (sums to the step):")
         for k, v in est.time_breakdown.items():
             if v > 0:

@@ -24,11 +24,15 @@ class StageSim:
     chunk_terms: dict[str, float] = field(default_factory=dict)
     """The steady micro-batch's forward and backward chunks, attributed (_attribute): what a pipeline's
     busy time is made of."""
-    head_s: float = 0.0
-    """The wait before the first compute (the first unit's parameter all-gather): once per step."""
-    head_key: str = "other"
+    head: dict[str, float] = field(default_factory=dict)
+    """The wait before the first compute (the first unit's parameter all-gather), by what was waited on
+    (_blame): once per step."""
     tail_key: str = "other"
-    """The breakdown keys of the head's and the tail's waits (what was waited on)."""
+    """The breakdown key of the tail's wait (the collective that ends last)."""
+
+    @property
+    def head_s(self) -> float:
+        return sum(self.head.values())
 
 
 @dataclass(slots=True)
@@ -57,18 +61,23 @@ def _blame(op: Op, cursor: float, before: dict[int, Op], terms: dict[str, float]
         terms[key] = terms.get(key, 0.0) + t - cursor
 
 
-def _attribute(ops: list[Op], start_s: float = 0.0, end_s: float = math.inf, *, until: Op | None = None
-               ) -> tuple[dict[str, float], float]:
-    """Split the compute stream's timeline within [start_s, end_s) into compute, contention and waits
-    (by what was waited on, _blame), and with ``until`` (the compute op at ``end_s``) the wait before it;
-    returns (terms, end of the last compute op counted)."""
-    terms: dict[str, float] = {}
-    before: dict[int, Op] = {}  # each op's predecessor on its stream
+def _stream_predecessors(ops: list[Op]) -> dict[int, Op]:
+    """Each op's predecessor on its stream (stream order = list order), by id."""
+    before: dict[int, Op] = {}
     last: dict[str, Op] = {}
     for o in ops:
         if o.stream in last:
             before[id(o)] = last[o.stream]
         last[o.stream] = o
+    return before
+
+
+def _attribute(ops: list[Op], before: dict[int, Op], start_s: float = 0.0, end_s: float = math.inf, *,
+               until: Op | None = None) -> tuple[dict[str, float], float]:
+    """Split the compute stream's timeline within [start_s, end_s) into compute, contention and waits
+    (by what was waited on, _blame; ``before``: _stream_predecessors), and with ``until`` (the compute op
+    at ``end_s``) the wait before it; returns (terms, end of the last compute op counted)."""
+    terms: dict[str, float] = {}
     cursor = start_s
     for op in (o for o in ops if o.stream == "compute"):
         if op.start_s < start_s - 1e-12 or op.start_s >= end_s - 1e-12:
@@ -93,35 +102,34 @@ def simulate_stage(detail: StageDetail, est: Estimate, slowdown: float) -> Stage
     plan, m = est.plan, est.n_microbatches
     ops, chunks = stage_ops(detail, plan, m, m_sim=M_SIM)
     makespan = run(ops, slowdown=slowdown)
-    terms, end_compute = _attribute(ops)
+    before = _stream_predecessors(ops)
+    terms, end_compute = _attribute(ops, before)
     tail, tail_key = makespan - end_compute, "other"
     if tail > 1e-12:
         tail_key = max((o for o in ops if o.is_comm), key=lambda o: o.end_s).category
         terms[tail_key] = terms.get(tail_key, 0.0) + tail
     else:
         tail = 0.0
-    first = min((o for o in ops if o.stream == "compute"), key=lambda o: o.start_s)
-    head_terms, _ = _attribute([first])
-    head_key = next((k for k in head_terms if k != first.category and k != "comm contention"), "other")
-    head = first.start_s if head_key in head_terms else 0.0
+    head: dict[str, float] = {}
+    _blame(next(o for o in ops if o.stream == "compute"), 0.0, before, head)  # the stream's first op
     k = min(1, m - 1)  # the steady micro-batch
     (f0, f1), (b0, b1) = chunks[("F", k)], chunks[("B", k)]
     chunk_f, chunk_b = f1.end_s - f0.start_s, b1.end_s - b0.start_s
     chunk_terms: dict[str, float] = {}
     for t0, t1 in ((f0.start_s, f1.end_s), (b0.start_s, b1.end_s)):
-        for key, v in _attribute(ops, t0, t1)[0].items():
+        for key, v in _attribute(ops, before, t0, t1)[0].items():
             chunk_terms[key] = chunk_terms.get(key, 0.0) + v
     m_run = min(m, M_SIM)
     if m > m_run and plan.pp == 1:
         # one steady period: from the steady micro-batch's forward start to the next one's
         nxt = chunks[("F", k + 1)][0]
         t0, t1 = f0.start_s, nxt.start_s
-        steady, _ = _attribute(ops, t0, t1, until=nxt)  # with the wait before the next period's compute
+        steady, _ = _attribute(ops, before, t0, t1, until=nxt)  # with the wait before the next period's compute
         extra = m - m_run
         for key, v in steady.items():
             terms[key] = terms.get(key, 0.0) + extra * v
         makespan += extra * (t1 - t0)
-    return StageSim(detail, ops, makespan, chunk_f, chunk_b, tail, terms, chunk_terms, head, head_key, tail_key)
+    return StageSim(detail, ops, makespan, chunk_f, chunk_b, tail, terms, chunk_terms, head, tail_key)
 
 
 def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimResult:
@@ -165,7 +173,7 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
     # before the first compute and after the last come once per step, on top.
     chunk_total = sum(sim.chunk_terms.values())
     br = {k: v * busy / chunk_total for k, v in sim.chunk_terms.items()} if chunk_total > 0 else {}
-    for key, wait in ((sim.head_key, sim.head_s), (sim.tail_key, sim.tail_s)):
+    for key, wait in [*sim.head.items(), (sim.tail_key, sim.tail_s)]:
         if wait > 0:
             br[key] = br.get(key, 0.0) + wait
     br["pipeline bubble"] = ends[crit] - busy

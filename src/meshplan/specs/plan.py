@@ -38,7 +38,7 @@ STACK_SHARDINGS = {"megatron": ("megatron", "fsdp"), "torchtitan": ("fsdp",), "l
 """The shardings the search gives a named stack (job.software; 'generic' gets every one): Megatron-core's
 distributed optimizer and Megatron-FSDP; torchtitan's FSDP2 (with HSDP and DDP as its replicate axis);
 Composer's FSDP; MaxText's fsdp mesh axis. DeepSpeed's ZeRO stages run under none of them."""
-STACK_SCHEDULES = {"megatron": ("1f1b", "interleaved"), "llm-foundry": ()}
+STACK_SCHEDULES = {"megatron": FRAMEWORK_SCHEDULES["megatron"], "llm-foundry": ()}
 """The pipeline schedules the search gives a named stack, where they are fewer than its shardings allow:
 Megatron-core runs 1F1B and interleaved 1F1B (not torchtitan's zero-bubble schedules); llm-foundry's
 training configurations (Composer's FSDP and DDP) have no pipeline parallelism."""

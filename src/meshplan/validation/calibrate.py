@@ -396,7 +396,7 @@ def _bands(groups: dict[str, list[float]]) -> dict[str, dict[str, float]]:
         if len(v) < BAND_MIN_ROWS:
             continue
         lo, hi = _band_of(v)
-        out[key] = {"low": 1.0 / (1.0 + hi) - 1.0, "high": 1.0 / (1.0 + lo) - 1.0, "rows": len(v)}
+        out[key] = {"low": _step_ratio(hi), "high": _step_ratio(lo), "rows": len(v)}  # the map is its own inverse
     return out
 
 
