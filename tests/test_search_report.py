@@ -44,8 +44,26 @@ def test_plan_json_lists_plans_reasons_recommendation_and_conditions(plan_json):
         if c["condition"] == "batch_tokens":  # the batch evaluated, in whole sequences, not the bisection's point
             assert c["value"] % d["scenario"]["seq_len"] == 0 and c["last_same_value"] % d["scenario"]["seq_len"] == 0
     assert len(d["questions"]) == 4 and d["measure_first"]
+    _check_held_ranges(d)
     band = d["recommended"]["uncertainty"]  # from the cross-validated residuals of similar published runs
     assert band is not None and band["low"] < 0 < band["high"]
+
+
+def _check_held_ranges(d):
+    """Each condition's held range contains the scenario's value and ends, on a side where the answer
+    changes, at the last value at which it held; the worked example varies all five conditions."""
+    held = {h["condition"]: h for h in d["held_ranges"]}
+    assert set(held) == {"batch_tokens", "inter_node_bandwidth", "gpus", "seq_len", "model_layers"}
+    for h in held.values():
+        assert h["low_value"] <= h["base_value"] <= h["high_value"] and h["low_value"] < h["high_value"]
+        assert {h["low_end"], h["high_end"]} <= {"change", "range", "not built", "none fits"}
+    for c in d["conditions"]:
+        h = held[c["condition"]]
+        side = "low" if c["direction"] == "below" else "high"
+        assert h[f"{side}_end"] == "change" and h[f"{side}_value"] == c["last_same_value"]
+    # a longer sequence needs another micro-batch size or recomputation: the candidates re-choose them there,
+    # so the walk reaches past the scenario's 4,096 tokens (with the base search's choices nothing fit there)
+    assert held["seq_len"]["high_value"] > d["scenario"]["seq_len"]
 
 
 def test_a_prediction_takes_the_band_of_its_kind_of_model_even_where_its_family_has_few_such_runs():
@@ -205,7 +223,7 @@ def test_report_html_is_self_contained_with_valid_images(capsys, tmp_path):
         assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
     md = (tmp_path / "report.md").read_text()
     assert "## 4." in md and "![" in md
-    assert "not computed (--no-conditions)" in md and "no change within the swept ranges" not in md
+    assert "not computed (--no-conditions)" in md and "holds over every range swept" not in md
 
 
 def test_report_where_no_plan_fits_says_there_is_nothing_to_change(capsys, tmp_path):
@@ -213,7 +231,7 @@ def test_report_where_no_plan_fits_says_there_is_nothing_to_change(capsys, tmp_p
                    "--space", "dp-tp", "--out", str(tmp_path))
     md = (tmp_path / "report.md").read_text()
     assert code == 0 and "no plan fits, so there is no recommendation to change" in md
-    assert "not computed" not in md and "no change within the swept ranges" not in md
+    assert "not computed" not in md and "holds over every range swept" not in md
 
 
 def test_validate_cli_on_a_few_rows(capsys, tmp_path):

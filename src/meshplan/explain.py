@@ -9,7 +9,7 @@ from meshplan.cost.estimate import Estimate
 from meshplan.cost.simplified import evaluate_simplified
 from meshplan.cost.step import HOST_BOUND, OFFLOAD, evaluate, offload_offered
 from meshplan.errors import SpecError
-from meshplan.search.conditions import Condition, find_conditions
+from meshplan.search.conditions import Condition, HeldRange, find_conditions
 from meshplan.search.rank import TIE_BAND
 from meshplan.search.search import SearchResult, search
 from meshplan.search.space import Space, family
@@ -156,6 +156,8 @@ class PlanAnalysis:
     """The search's recommendation with its uncertainty band."""
     conditions_swept: bool = False
     """Whether the conditions of change were computed (an empty ``conditions`` then means none found)."""
+    held_ranges: list[HeldRange] = field(default_factory=list)
+    """Per condition, the range checked around the scenario over which the recommendation holds."""
 
 
 def _try(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, mfu: float | None) -> Estimate | None:
@@ -315,6 +317,7 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
     # Q4: recommendation
     q4 = Question("Recommendation, what to measure first, and when to change it")
     conditions: list[Condition] = []
+    held: list[HeldRange] = []
     if best is None:
         q4.lines.append("No plan in the searched space fits; the closest is: "
                         + (result.ranked[0].infeasible_reasons[0] if result.ranked else "no plan enumerated"))
@@ -361,10 +364,11 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
                 if key not in seen:
                     seen.add(key)
                     candidates.append(e.plan)
-            conditions = find_conditions(model, cluster, job, best, best_of, candidates=candidates, mfu=mfu,
-                                         workers=workers)
+            conditions, held = find_conditions(model, cluster, job, best, best_of, candidates=candidates,
+                                               mfu=mfu, workers=workers)
     measurements = measure_first(best, conditions) if best else []
     questions.append(q4)
     return PlanAnalysis(model=model, cluster=cluster, job=job, result=result, conditions=conditions,
                         measurements=measurements, questions=questions, mode="faithful", simplified=simplified,
-                        recommended=best, conditions_swept=with_conditions and best is not None)
+                        recommended=best, conditions_swept=with_conditions and best is not None,
+                        held_ranges=held)

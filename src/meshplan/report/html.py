@@ -9,6 +9,7 @@ from pathlib import Path
 
 from meshplan.explain import PlanAnalysis
 from meshplan.report import charts
+from meshplan.search.conditions import held_sentence
 from meshplan.search.sweep import SweepPoint, log_ticks
 from meshplan.units import format_gib, format_seconds
 
@@ -69,9 +70,14 @@ def write_report(a: PlanAnalysis, sweeps: dict[str, list[SweepPoint]], out_dir: 
     for c in a.conditions or []:
         md.append(f"- {c.text}")
         h.append(f"<li>{html.escape(c.text)}</li>")
-    if not a.conditions:
+    if a.held_ranges:
+        held = held_sentence(a.held_ranges, bool(a.conditions))
+        md.append(f"- {held}")
+        h.append(f"<li>{html.escape(held)}</li>")
+    elif not a.conditions:
         none = ("no plan fits, so there is no recommendation to change" if a.result.recommended is None
-                else "no change within the swept ranges" if a.conditions_swept else "not computed (--no-conditions)")
+                else "no condition could be varied around this scenario" if a.conditions_swept
+                else "not computed (--no-conditions)")
         md.append(f"- {none}")
         h.append(f"<li>{none}</li>")
     md.append("")

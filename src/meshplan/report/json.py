@@ -114,4 +114,7 @@ def plan_analysis_dict(a: Any, *, top: int | None = None) -> dict[str, Any]:
                         "plan": c.plan, "plan_string": c.plan_string, "speedup": _num(c.speedup),
                         "text": c.text} for c in a.conditions],
         "conditions_swept": a.conditions_swept,
+        "held_ranges": [{"condition": h.condition, "low_value": h.low_value, "high_value": h.high_value,
+                         "base_value": h.base_value, "unit": h.unit, "low_end": h.low_end, "high_end": h.high_end,
+                         "text": h.text} for h in a.held_ranges],
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from meshplan.cost.estimate import Estimate
 from meshplan.explain import PlanAnalysis, binding_resource
+from meshplan.search.conditions import held_sentence
 from meshplan.units import format_gb, format_gib, format_seconds
 
 
@@ -102,10 +103,11 @@ def plan_text(a: PlanAnalysis, *, top: int = 10) -> str:
             if a.conditions:
                 lines.append("   When to change the plan (computed by re-running the search):")
                 lines += [f"   - {c.text}" for c in a.conditions]
-            elif a.conditions_swept:
-                lines.append("   The recommendation holds over every condition swept (batch /8..x8, inter-node "
-                             "bandwidth /8..x8, GPUs /8..x8, sequence length, depth).")
-            elif a.result.recommended is not None:
+            if a.held_ranges:
+                lines.append(f"   {held_sentence(a.held_ranges, bool(a.conditions))}")
+            elif a.conditions_swept and not a.conditions:
+                lines.append("   When to change the plan: no condition could be varied around this scenario.")
+            elif not a.conditions_swept and a.result.recommended is not None:
                 lines.append("   When to change the plan: not computed (--no-conditions).")
         lines.append("")
     lines.append(f"Top {min(top, len(r.ranked))} of {len(r.ranked)} plans (infeasible plans are listed with reasons "

@@ -38,6 +38,36 @@ class Condition:
     text: str
 
 
+@dataclass(frozen=True, slots=True)
+class HeldRange:
+    """The range of one condition, around the scenario's own value, over which the recommendation was checked
+    and held: no other plan re-evaluated there was more than the tie band faster."""
+
+    condition: str
+    low_value: float
+    """Lowest value checked at which the recommendation holds (in the condition's unit)."""
+    high_value: float
+    """Highest value checked at which the recommendation holds."""
+    base_value: float
+    unit: str
+    low_end: str
+    """Why the range ends below: 'change' (a condition of change follows), 'range' (the sweep's last step),
+    'not built' (the scenario cannot be built lower: whole sequences, nodes or layers) or 'none fits' (none
+    of the plans re-evaluated fits there)."""
+    high_end: str
+    """The same, above."""
+    text: str
+
+
+def held_sentence(held: list[HeldRange], any_change: bool) -> str:
+    """One sentence: the ranges over which the recommendation was checked and held."""
+    if not held:
+        return ""
+    lead = "Short of those changes it holds" if any_change else "The recommendation holds over every range swept"
+    return (f"{lead} (re-evaluated with the leading plans at each halving and doubling, none more than "
+            f"{TIE_BAND:.0%} faster): " + "; ".join(h.text for h in held) + ".")
+
+
 def structural_key(plan: Plan) -> str:
     """A plan without its micro-batch size and recompute mode (those follow from memory)."""
     return plan.unfixed().to_string()
@@ -55,6 +85,13 @@ class _Knob:
     read: Callable[[tuple[ModelSpec, ClusterSpec, JobSpec]], float]
     """The condition's value in a scenario ``apply`` built: what was evaluated, which ``apply`` may have
     rounded (whole sequences, whole nodes)."""
+    short: Callable[[float], str]
+    """The bare value, for a range ('1M', '6.25', '512')."""
+    noun: str
+    """What the bare values count, after a range ('tokens per step')."""
+
+    def range_text(self, low: float, high: float) -> str:
+        return f"{self.short(low)} to {self.short(high)} {self.noun}"
 
     def applied(self, v: float) -> float:
         """The value ``apply(v)`` evaluates (``v`` where it builds no scenario)."""
@@ -105,17 +142,24 @@ def _knobs(model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> list[_Knob]:
             return None
         return replace(model, n_layers=n, nominal_params=None), cluster, job
 
+    def whole(v: float) -> str:
+        return f"{int(v):,}"
+
     return [
         _Knob("batch_tokens", "tokens per step", job.global_batch_tokens, batch, True,
-              lambda v: f"{format_tokens(v)} tokens per step", True, lambda sc: sc[2].global_batch_tokens),
+              lambda v: f"{format_tokens(v)} tokens per step", True, lambda sc: sc[2].global_batch_tokens,
+              format_tokens, "tokens per step"),
         _Knob("inter_node_bandwidth", "GB/s per GPU", cluster.inter.nic_bytes_per_s / GB, bandwidth, False,
               lambda v: f"{v:.3g} GB/s of inter-node bandwidth per GPU", True,
-              lambda sc: sc[1].inter.nic_bytes_per_s / GB),
-        _Knob("gpus", "GPUs", cluster.n_gpus, gpus, True, lambda v: f"{int(v)} GPUs", False, lambda sc: sc[1].n_gpus),
+              lambda sc: sc[1].inter.nic_bytes_per_s / GB, lambda v: f"{v:.3g}",
+              "GB/s of inter-node bandwidth per GPU"),
+        _Knob("gpus", "GPUs", cluster.n_gpus, gpus, True, lambda v: f"{int(v)} GPUs", False, lambda sc: sc[1].n_gpus,
+              whole, "GPUs"),
         _Knob("seq_len", "tokens", job.seq_len, seq, True, lambda v: f"sequence length {int(v)}", False,
-              lambda sc: sc[2].seq_len),
+              lambda sc: sc[2].seq_len, whole, "tokens per sequence"),
         _Knob("model_layers", "layers", model.n_layers, layers, True,
-              lambda v: f"{int(v)} layers (model size x{v / model.n_layers:.2g})", False, lambda sc: sc[0].n_layers),
+              lambda v: f"{int(v)} layers (model size x{v / model.n_layers:.2g})", False, lambda sc: sc[0].n_layers,
+              whole, "layers"),
     ]
 
 
@@ -182,22 +226,45 @@ def _resplit(plan: Plan, model: ModelSpec) -> Plan:
 def find_conditions(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, recommended: Estimate,
                     search_best: SearchFn, *, candidates: list[Plan] | None = None, steps: int = 3,
                     bisections: int = 4, only: tuple[str, ...] | None = None, mfu: float | None = None,
-                    workers: int | None = None) -> list[Condition]:
+                    workers: int | None = None) -> tuple[list[Condition], list[HeldRange]]:
     """Thresholds, one per condition and direction where the recommendation changes within ``steps``
-    doublings (halvings) of the condition.
+    doublings (halvings) of the condition, and for each condition the range checked over which it holds.
 
     The walk and the bisection evaluate ``candidates`` (the leading plans of the base search and the best
     of each family, re-sized to the GPU count) at each value; the value where the answer changes is then
     confirmed by a full search (``search_best``), whose answer is the one reported. The walks are
     independent and run on up to ``workers`` cores (default: all; parallel.parallel_map)."""
-    walks = [(knob, direction, factor) for knob in _knobs(model, cluster, job) if not only or knob.name in only
-             for direction, factor in (("below", 0.5), ("above", 2.0))]
+    knobs = [knob for knob in _knobs(model, cluster, job) if not only or knob.name in only]
+    walks = [(knob, direction, factor) for knob in knobs for direction, factor in (("below", 0.5), ("above", 2.0))]
 
-    def walk(i: int) -> Condition | None:
+    def walk(i: int) -> _WalkEnd:
         knob, direction, factor = walks[i]
         return _walk(knob, direction, factor, recommended, search_best, candidates, steps, bisections, mfu)
 
-    return [c for c in parallel_map(walk, range(len(walks)), workers) if c]
+    ends = parallel_map(walk, range(len(walks)), workers)
+    conditions = [e.condition for e in ends if e.condition]
+    held = [_held_range(knob, ends[2 * i], ends[2 * i + 1]) for i, knob in enumerate(knobs)]
+    return conditions, [h for h in held if h.low_value != h.high_value]
+
+
+@dataclass(frozen=True, slots=True)
+class _WalkEnd:
+    """Where one direction's walk stopped: the last value (as evaluated) at which the recommendation held,
+    why it stopped there (HeldRange.low_end), and the condition of change if that is why."""
+
+    held: float
+    why: str
+    condition: Condition | None = None
+
+
+def _held_range(knob: _Knob, below: _WalkEnd, above: _WalkEnd) -> HeldRange:
+    text = knob.range_text(below.held, above.held)
+    notes = [f"{'below' if end is below else 'above'} it, none of the plans re-evaluated fits"
+             for end in (below, above) if end.why == "none fits"]
+    if notes:
+        text += f" ({'; '.join(notes)})"
+    return HeldRange(condition=knob.name, low_value=below.held, high_value=above.held, base_value=knob.base,
+                     unit=knob.unit, low_end=below.why, high_end=above.why, text=text)
 
 
 def _candidates_best(knob: _Knob, v: float, candidates: list[Plan], mfu: float | None) -> Estimate | None:
@@ -210,7 +277,9 @@ def _candidates_best(knob: _Knob, v: float, candidates: list[Plan], mfu: float |
         return None
     model, cluster, job = scenario
     ests = []
-    for plan in candidates:
+    # each candidate with its micro-batch size and recomputation chosen afresh: a longer sequence or a deeper
+    # model changes what fits (the candidates differ only in those then collapse into one)
+    for plan in dict.fromkeys(p.unfixed() for p in candidates):
         sized = rescale(plan, cluster.n_gpus) if plan.world_size != cluster.n_gpus else plan
         if sized is None:
             continue
@@ -224,8 +293,11 @@ def _candidates_best(knob: _Knob, v: float, candidates: list[Plan], mfu: float |
 
 
 def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_best: SearchFn,
-          candidates: list[Plan] | None, steps: int, bisections: int, mfu: float | None) -> Condition | None:
+          candidates: list[Plan] | None, steps: int, bisections: int, mfu: float | None) -> _WalkEnd:
     base_key = layout_key(base.plan)
+
+    def held(v: float) -> float:  # as evaluated; the base is the scenario's own value, not rounded
+        return knob.base if v == knob.base else knob.applied(v)
 
     def full(v: float) -> Estimate | None:
         scenario = knob.apply(v)
@@ -247,7 +319,7 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
             v = float(round(v))
         other = probe(v)
         if other is None:
-            return None
+            return _WalkEnd(held(same), "not built" if knob.apply(v) is None else "none fits")
         if not changed(v, other):
             same = v
             continue
@@ -277,8 +349,7 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
         base_then = _evaluate_at(knob, hi, base, mfu)
         speedup = (base_then.step_time_s / other.step_time_s) if (base_then and base_then.feasible) else float("inf")
         gain = _gain_text(speedup, base_then)
-        # as evaluated (whole sequences, whole nodes); the base is the scenario's own value, not rounded
-        hi, lo = knob.applied(hi), (knob.base if lo == knob.base else knob.applied(lo))
+        hi, lo = knob.applied(hi), held(lo)  # as evaluated (whole sequences, whole nodes)
         if (hi - knob.base) * (1 if direction == "above" else -1) <= 0:
             continue  # rounding took the changed value back across the base: no condition there
         text = f"at {knob.fmt(hi)}" + (f" or {'less' if direction == 'below' else 'more'}" if knob.continuous else "")
@@ -286,10 +357,11 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
         text += f", {label} is best ({gain})"
         if math.isinf(speedup) and base_then is not None and base_then.infeasible_reasons:
             text += f": {base_then.infeasible_reasons[0]}"
-        return Condition(condition=knob.name, direction=direction, value=hi, last_same_value=lo, unit=knob.unit,
-                         base_value=knob.base, plan=other.plan.label(), plan_string=structural_key(other.plan),
-                         speedup=speedup, text=text)
-    return None
+        return _WalkEnd(lo, "change", Condition(
+            condition=knob.name, direction=direction, value=hi, last_same_value=lo, unit=knob.unit,
+            base_value=knob.base, plan=other.plan.label(), plan_string=structural_key(other.plan), speedup=speedup,
+            text=text))
+    return _WalkEnd(held(same), "range")
 
 
 def _gain_text(speedup: float, base_then: Estimate | None) -> str:
