@@ -180,3 +180,24 @@ def test_a_communication_bound_step_without_a_pipeline_sums_to_its_breakdown():
     r = simulate(est, slowdown=CP.comm_slowdown, step_overhead_s=CP.step_overhead_s)
     assert sum(r.breakdown.values()) == pytest.approx(r.step_time_s, rel=1e-9)
     assert sum(v for k, v in r.breakdown.items() if k.startswith("exposed")) > 0.3 * r.step_time_s
+
+
+def test_a_wait_before_a_pipelined_chunk_recurs_with_every_micro_batch():
+    """A gather the params stream cannot prefetch in time holds the steady micro-batch's first compute: the
+    wait is part of that chunk's time (so of every micro-batch's, and of the step), not dropped between
+    chunks. FSDP without resharding after forward, over a 1 GB/s network, makes such a wait on stage 0."""
+    from dataclasses import replace
+
+    from meshplan.units import GB
+
+    m, c, j = worked_example()
+    c = replace(c, inter=replace(c.inter, nic_bytes_per_s=1 * GB))
+    est = evaluate(m, c, j, parse_plan("pp=4,dp_shard=16,mbs=1,recompute=full,reshard_after_forward=false", 64))
+    sim = simulate(est, slowdown=CP.comm_slowdown, step_overhead_s=CP.step_overhead_s).stages[0]
+    comp = [o for o in sim.ops if o.stream == "compute"]
+    first = next(i for i, o in enumerate(comp) if o.name.startswith("mb1 "))
+    last = max(i for i, o in enumerate(comp) if o.name.startswith("mb1 ") and "fwd" in o.name)
+    wait = comp[first].start_s - comp[first - 1].end_s
+    assert wait > 0.01 * (comp[last].end_s - comp[first].start_s)  # the case has such a wait
+    assert sim.chunk_f_s == pytest.approx(comp[last].end_s - comp[first - 1].end_s)
+    assert sum(sim.chunk_terms.values()) == pytest.approx(sim.chunk_f_s + sim.chunk_b_s)

@@ -114,9 +114,14 @@ def simulate_stage(detail: StageDetail, est: Estimate, slowdown: float) -> Stage
     _blame(next(o for o in ops if o.stream == "compute"), 0.0, before, head)  # the stream's first op
     k = min(1, m - 1)  # the steady micro-batch
     (f0, f1), (b0, b1) = chunks[("F", k)], chunks[("B", k)]
-    chunk_f, chunk_b = f1.end_s - f0.start_s, b1.end_s - b0.start_s
+    # each chunk from the end of the compute before it: a wait before its first compute (a gather the
+    # params stream could not prefetch in time) recurs with every micro-batch, so it belongs to the chunk
+    comp = [o for o in ops if o.stream == "compute"]
+    ready = {id(b): a.end_s for a, b in zip(comp, comp[1:])}
+    f_from, b_from = ready.get(id(f0), f0.start_s), ready.get(id(b0), b0.start_s)
+    chunk_f, chunk_b = f1.end_s - f_from, b1.end_s - b_from
     chunk_terms: dict[str, float] = {}
-    for t0, t1 in ((f0.start_s, f1.end_s), (b0.start_s, b1.end_s)):
+    for t0, t1 in ((f_from, f1.end_s), (b_from, b1.end_s)):
         for key, v in _attribute(ops, before, t0, t1)[0].items():
             chunk_terms[key] = chunk_terms.get(key, 0.0) + v
     m_run = min(m, M_SIM)
