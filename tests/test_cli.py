@@ -163,3 +163,29 @@ def test_malformed_inputs_name_the_field_and_exit_2_without_a_traceback(capsys, 
     paths = {"job": str(tmp_path / "job.toml"), "binary": str(tmp_path / "binary.toml"), "dir": str(tmp_path)}
     code, _, err = run(capsys, *(a.format(**paths) for a in args))
     assert code == 2 and says in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("text, says", [
+    ('accelerator = "h100-sxm"\nnodes = 2\n[node]\nnic_gb_per_s = "fast"\n',
+     "cluster.node.nic_gb_per_s: must be a positive number, got 'fast'"),
+    ('accelerator = "h100-sxm"\n[node]\nnic_gb_per_s = -50\n', "cluster.node.nic_gb_per_s: must be a positive "
+                                                               "number, got -50"),  # the file's key and value
+    ('accelerator = "h100-sxm"\n[node]\nnvls_min_gpus = "five"\n', "cluster.node.nvls_min_gpus: must be a positive "
+                                                                   "integer"),
+    ('accelerator = "h100-sxm"\n[node]\nnic_efficiency = 1.5\n', "cluster.node.nic_efficiency: must be a number in"),
+    ("nodes = 2\n", "cluster.accelerator: is missing"),
+])
+def test_cluster_file_values_are_checked_under_their_own_keys(capsys, tmp_path, text, says):
+    """A user's review: text in a [node] table raised ValueError from float(); a negative rate was reported
+    as cluster.inter.nic_bytes_per_s in bytes; a file without its accelerator read as an accelerator's."""
+    f = tmp_path / "cluster.toml"
+    f.write_text(text)
+    code, _, err = run(capsys, "evaluate", "--cluster", str(f), "--plan", "dp_shard=-1")
+    assert code == 2 and says in err and "Traceback" not in err, err
+
+
+def test_runtime_overheads_name_the_field(capsys, tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('[runtime]\ncuda_context_bytes = "half a gig"\n')
+    code, _, err = run(capsys, "evaluate", "--job", str(job), "--plan", "dp_shard=64")
+    assert code == 2 and "job.runtime.cuda_context_bytes: must be a non-negative number" in err

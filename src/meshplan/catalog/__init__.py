@@ -23,6 +23,7 @@ from meshplan.specs import (
     ModelSpec,
     RuntimeOverheads,
 )
+from meshplan.specs._validate import fraction, positive_int, positive_number
 from meshplan.units import GB, MICRO, TERA, GiB
 
 _ACCEL_KEYS = {"name", "description", "bf16_dense_tflop_per_s", "fp8_dense_tflop_per_s", "hbm_capacity_gib",
@@ -104,6 +105,22 @@ def _require(what: str, data: dict[str, Any], key: str) -> Any:
     return data[key]
 
 
+_ABSENT = object()
+
+
+def _number(what: str, data: dict[str, Any], key: str, scale: float = 1.0, default: Any = _ABSENT, *,
+            check: Any = positive_number) -> Any:
+    """``data[key]`` (a number as the file writes it, checked under the file's own key) times ``scale``;
+    ``default`` where absent (required where no default is given)."""
+    if key not in data:
+        if default is _ABSENT:
+            raise SpecError(f"{what}.{key}", "is missing")
+        return default
+    value = data[key]
+    check(f"{what}.{key}", value)
+    return value * scale
+
+
 def _spec(cls: type, what: str, **kwargs: Any) -> Any:
     try:
         return cls(**kwargs)
@@ -130,38 +147,37 @@ def _accelerator(data: dict[str, Any], origin: str) -> AcceleratorSpec:
     missing = [k for k in numeric if k not in sources]
     if missing:
         raise SpecError("accelerator.sources", f"{origin}: every number needs a source; missing: {missing}")
-    fp8 = data.get("fp8_dense_tflop_per_s")
     return _spec(
         AcceleratorSpec, "accelerator",
         name=_require("accelerator", data, "name"),
         description=data.get("description", ""),
-        bf16_flop_per_s=float(_require("accelerator", data, "bf16_dense_tflop_per_s")) * TERA,
-        fp8_flop_per_s=None if fp8 is None else float(fp8) * TERA,
-        hbm_capacity_bytes=float(_require("accelerator", data, "hbm_capacity_gib")) * GiB,
-        hbm_bytes_per_s=float(_require("accelerator", data, "hbm_bandwidth_tb_per_s")) * 1e12,
-        gemm_efficiency=float(_require("accelerator", data, "gemm_efficiency")),
+        bf16_flop_per_s=_number("accelerator", data, "bf16_dense_tflop_per_s", TERA),
+        fp8_flop_per_s=_number("accelerator", data, "fp8_dense_tflop_per_s", TERA, None),
+        hbm_capacity_bytes=_number("accelerator", data, "hbm_capacity_gib", GiB),
+        hbm_bytes_per_s=_number("accelerator", data, "hbm_bandwidth_tb_per_s", 1e12),
+        gemm_efficiency=_number("accelerator", data, "gemm_efficiency", check=fraction),
         sources=sources,
     )
 
 
 def _links(node: dict[str, Any]) -> tuple[IntraNodeLink, InterNodeLink]:
     _reject_unknown("cluster.node", node, _NODE_KEYS)
-    nvls = node.get("nvls_busbw_gb_per_s")
+    w = "cluster.node"
     intra = _spec(
-        IntraNodeLink, "cluster.node",
-        kind=_require("cluster.node", node, "intra_kind"),
-        link_bytes_per_s=float(_require("cluster.node", node, "intra_link_gb_per_s")) * GB,
-        ring_busbw_bytes_per_s=float(_require("cluster.node", node, "ring_busbw_gb_per_s")) * GB,
-        nvls_busbw_bytes_per_s=None if nvls is None else float(nvls) * GB,
-        nvls_min_gpus=int(node.get("nvls_min_gpus", 5)),
-        p2p_bytes_per_s=float(node.get("p2p_gb_per_s", node["intra_link_gb_per_s"])) * GB,
-        latency_s=float(node.get("intra_latency_us", 20)) * MICRO,
+        IntraNodeLink, w,
+        kind=_require(w, node, "intra_kind"),
+        link_bytes_per_s=_number(w, node, "intra_link_gb_per_s", GB),
+        ring_busbw_bytes_per_s=_number(w, node, "ring_busbw_gb_per_s", GB),
+        nvls_busbw_bytes_per_s=_number(w, node, "nvls_busbw_gb_per_s", GB, None),
+        nvls_min_gpus=_number(w, node, "nvls_min_gpus", 1, 5, check=positive_int),
+        p2p_bytes_per_s=_number(w, node, "p2p_gb_per_s", GB, _number(w, node, "intra_link_gb_per_s", GB)),
+        latency_s=_number(w, node, "intra_latency_us", MICRO, 20 * MICRO),
     )
     inter = _spec(
-        InterNodeLink, "cluster.node",
-        nic_bytes_per_s=float(_require("cluster.node", node, "nic_gb_per_s")) * GB,
-        efficiency=float(node.get("nic_efficiency", 0.92)),
-        latency_s=float(node.get("inter_latency_us", 40)) * MICRO,
+        InterNodeLink, w,
+        nic_bytes_per_s=_number(w, node, "nic_gb_per_s", GB),
+        efficiency=_number(w, node, "nic_efficiency", 1.0, 0.92, check=fraction),
+        latency_s=_number(w, node, "inter_latency_us", MICRO, 40 * MICRO),
     )
     return intra, inter
 
@@ -185,6 +201,10 @@ def load_cluster(ref: str, *, nodes: int | None = None, gpus_per_node: int | Non
         name = str(data.get("name", Path(origin).stem))
         nodes = nodes if nodes is not None else data.get("nodes")
     else:
+        if "bf16_dense_tflop_per_s" not in data and set(data) <= _CLUSTER_FILE_KEYS:
+            raise SpecError("cluster.accelerator", f"is missing in {origin}: a cluster spec file names its "
+                                                   f"accelerator (one of {', '.join(_names('accelerators'))}, "
+                                                   "or an accelerator spec file)")
         node = dict(data.get("node", {}))
         accel = _accelerator({k: v for k, v in data.items() if k != "node"}, origin)
         name = accel.name
@@ -198,7 +218,7 @@ def load_cluster(ref: str, *, nodes: int | None = None, gpus_per_node: int | Non
         gpus_per_node=gpus_per_node if gpus_per_node is not None else _require("cluster.node", node,
                                                                              "gpus_per_node"),
         intra=intra, inter=inter,
-        host_bytes_per_s=None if node.get("host_gb_per_s") is None else float(node["host_gb_per_s"]) * GB,
-        host_memory_bytes=None if node.get("host_memory_gib") is None else float(node["host_memory_gib"]) * GiB,
+        host_bytes_per_s=_number("cluster.node", node, "host_gb_per_s", GB, None),
+        host_memory_bytes=_number("cluster.node", node, "host_memory_gib", GiB, None),
         sources=dict(data.get("sources", {})),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -117,7 +118,7 @@ def simulate_stage(detail: StageDetail, est: Estimate, slowdown: float) -> Stage
     # each chunk from the end of the compute before it: a wait before its first compute (a gather the
     # params stream could not prefetch in time) recurs with every micro-batch, so it belongs to the chunk
     comp = [o for o in ops if o.stream == "compute"]
-    ready = {id(b): a.end_s for a, b in zip(comp, comp[1:])}
+    ready = {id(b): a.end_s for a, b in itertools.pairwise(comp)}
     f_from, b_from = ready.get(id(f0), f0.start_s), ready.get(id(b0), b0.start_s)
     chunk_f, chunk_b = f1.end_s - f_from, b1.end_s - b_from
     chunk_terms: dict[str, float] = {}

@@ -22,6 +22,11 @@ def positive_number(field: str, value: object) -> None:
         raise SpecError(field, f"must be a positive number, got {value!r}")
 
 
+def non_negative_number(field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise SpecError(field, f"must be a non-negative number, got {value!r}")
+
+
 def fraction(field: str, value: object, *, allow_zero: bool = False) -> None:
     ok = isinstance(value, int | float) and not isinstance(value, bool)
     lo_ok = ok and (value >= 0 if allow_zero else value > 0)

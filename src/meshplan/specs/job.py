@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.errors import SpecError
-from meshplan.specs._validate import boolean, fraction, one_of, positive_int, positive_number
+from meshplan.specs._validate import boolean, fraction, non_negative_number, one_of, positive_int, positive_number
 from meshplan.units import GiB
 
 OPTIMIZERS = ("adamw", "adamw-bf16-moments", "adam-8bit", "sgd-momentum", "sgd", "adafactor")
@@ -38,8 +38,8 @@ class RuntimeOverheads:
     formulas.md §4.2: max(5 %, 2 GB) suggested)."""
 
     def __post_init__(self) -> None:
-        if self.cuda_context_bytes < 0 or self.nccl_bytes_per_group < 0:
-            raise SpecError("job.runtime", "overheads must be non-negative")
+        non_negative_number("job.runtime.cuda_context_bytes", self.cuda_context_bytes)
+        non_negative_number("job.runtime.nccl_bytes_per_group", self.nccl_bytes_per_group)
         fraction("job.runtime.allocator_fraction", self.allocator_fraction, allow_zero=True)
 
 
