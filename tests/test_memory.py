@@ -89,3 +89,22 @@ def test_only_transformer_engine_stacks_store_fp8_activations():
     assert job(precision="fp8", software="llm-foundry").fp8_saves_fp8_inputs
     assert not job(precision="fp8", software="torchtitan").fp8_saves_fp8_inputs  # torchao saves bf16
     assert not job(software="megatron").fp8_saves_fp8_inputs
+
+
+def test_kv_all_gather_context_parallelism_holds_the_full_sequence_kv_and_dkv():
+    """A user's review: all-gather CP showed the ring's peak. Transformer Engine's KV all-gather re-gathers
+    the full sequence's K and V in each layer's backward and accumulates dK, dV for the full sequence:
+    4 x S x kv_dim x 2 B per micro-batch (Llama 2 7B, S = 131,072: 4.3 GB); the ring holds blocks only."""
+    from meshplan import JobSpec, evaluate, load_cluster, parse_plan
+
+    model, cluster = load_model("llama-2-7b"), load_cluster("h100-sxm", nodes=2)
+    job = JobSpec(global_batch_tokens=2**20, seq_len=131072)
+    peaks = {}
+    for impl in ("ring", "allgather"):
+        est = evaluate(model, cluster, job, parse_plan(f"cp=16,mbs=1,recompute=full,cp_impl={impl}", 16))
+        peaks[impl] = est.memory
+    gathered = peaks["allgather"].terms["cp_kv_gather"]
+    assert gathered == pytest.approx(4 * 131072 * model.kv_dim * 2.0)
+    assert "cp_kv_gather" not in peaks["ring"].terms
+    frag = 1 + job.runtime.allocator_fraction
+    assert peaks["allgather"].peak_bytes - peaks["ring"].peak_bytes == pytest.approx(gathered * frag, rel=1e-6)

@@ -118,7 +118,7 @@ def _number(what: str, data: dict[str, Any], key: str, scale: float = 1.0, defau
         return default
     value = data[key]
     check(f"{what}.{key}", value)
-    return value * scale
+    return value * scale if check is positive_int else float(value) * scale
 
 
 def _spec(cls: type, what: str, **kwargs: Any) -> Any:

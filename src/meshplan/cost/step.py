@@ -305,6 +305,9 @@ class _StaticMemory(NamedTuple):
     """Loss working set per token on the last stage (0 elsewhere)."""
     embedding: float
     """Embedding output per token on the first stage (0 elsewhere)."""
+    cp_gather: float = 0.0
+    """Context parallelism's gathered K, V and dK, dV per local token at a layer's backward (KV all-gather
+    only; memory.cp_kv_gather_bytes_per_token)."""
 
     @property
     def fixed_bytes(self) -> tuple[float, float, float]:
@@ -355,8 +358,10 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
     if plan.ep_dispatch == "deepep" and c.n_moe:
         runtime["deepep_buffers"] = mem.deepep_buffer_bytes(hidden=model.hidden, ep=plan.ep)
 
+    cp_gather = (mem.cp_kv_gather_bytes_per_token(kv_dim=model.kv_dim, tp=plan.tp, cp=plan.cp)
+                 if plan.cp > 1 and plan.context_impl == "allgather" and c.n_dense + c.n_moe else 0.0)
     return _StaticMemory(terms, transient, runtime, *_activation_coefficients(
-        model, job, plan.tp, plan.sequence_parallel, c.n_moe > 0, c.s == 0, c.last, plan.expert_tp))
+        model, job, plan.tp, plan.sequence_parallel, c.n_moe > 0, c.s == 0, c.last, plan.expert_tp), cp_gather)
 
 
 @cache_by_identity(n_specs=2)
@@ -404,9 +409,9 @@ def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, 
             model.hidden * 2.0 / (tp if sp else 1) if first else 0.0)
 
 
-def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, float, float]:
+def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, float, float, float]:
     """The terms the micro-batch size and recomputation set [bytes]: (activations held for backward,
-    embedding output, recomputation working set, logits and loss)."""
+    embedding output, recomputation working set, logits and loss, context parallelism's gathered KV)."""
     tokens, recompute = c.tokens, c.recompute
     modules = recompute_modules_of(recompute)
     flash = c.job.flash_attention or "core_attn" in modules
@@ -433,7 +438,7 @@ def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, floa
             working = tokens * max(freed[0] if c.n_dense else 0.0, freed[1] if c.n_moe else 0.0)
         if c.plan.offload_layers:
             stored -= tokens * _offloaded_bytes_per_token(c, a_dense, a_moe)
-    return held * stored, held * tokens * st.embedding, working, tokens * st.logits
+    return held * stored, held * tokens * st.embedding, working, tokens * st.logits, tokens * st.cp_gather
 
 
 def offloaded_layers(offload_layers: int, n_dense: int, n_moe: int) -> tuple[int, int]:
@@ -461,15 +466,16 @@ def _stage_peak_bytes(c: _StageCtx, st: _StaticMemory) -> float:
 def _stage_memory(c: _StageCtx, static: _StaticMemory | None = None) -> MemoryReport:
     """Peak memory of a GPU of stage ``c.s`` and its terms [bytes]; ``static``: its ``_static_memory``."""
     st = static or _static_memory(c)
-    activations, embedding, working, logits = _dynamic_memory(c, st)
+    activations, embedding, working, logits, cp_gather = _dynamic_memory(c, st)
     static_total, static_transient, static_runtime = st.fixed_bytes
     activation = activations + embedding
-    transient_total = working + logits + static_transient
+    transient_total = working + logits + cp_gather + static_transient
     fragmentation = c.job.runtime.allocator_fraction * (static_total + activation + transient_total)
     runtime_total = static_runtime + fragmentation
     named = {**st.state_terms, "activations": activations, **({"embedding_output": embedding} if embedding else {}),
              **({"recompute_working_set": working} if working else {}),
-             **({"logits_and_loss": logits} if logits else {}), **st.transient_terms, **st.runtime_terms,
+             **({"logits_and_loss": logits} if logits else {}),
+             **({"cp_kv_gather": cp_gather} if cp_gather else {}), **st.transient_terms, **st.runtime_terms,
              "allocator_fragmentation": fragmentation}
     return MemoryReport(terms=named, static_bytes=static_total, activation_bytes=activation,
                         transient_bytes=transient_total, runtime_bytes=runtime_total,
