@@ -191,6 +191,11 @@ def test_sweep_json_and_plot(capsys, tmp_path):
     d = json.loads(out)
     assert code == 0 and len(d["points"]) == 3 and d["points"][0]["best"]["feasible"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # each point's best plan is re-timed by the simulator, as plan's are: the same step time as plan gives
+    best = d["points"][-1]["best"]
+    assert best["closed_form_step_time_s"] is not None
+    code, out = _run(capsys, "plan", *SMALL[:-1], "2M", "--space", "dp-tp", "--json", "--no-conditions")
+    assert json.loads(out)["recommended"]["step_time_s"] == pytest.approx(best["step_time_s"])
 
 
 def test_sweep_bad_range_is_one_line(capsys):

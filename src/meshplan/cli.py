@@ -177,6 +177,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             for p in points], "changes": [{"from_value": a, "to_value": b, "from_plan": pa, "to_plan": pb}
                                           for a, b, pa, pb in changes(points)]}, indent=2))
         return 0
+    from meshplan.units import format_seconds
+
     def fmt(v: float) -> str:  # 1,246,970 rather than 1.24697e+06; 12.5 for small values
         return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
 
@@ -185,8 +187,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(f"{'value':>14}  {'best plan':<34} {'step':>10} {'MFU':>6} {'tokens/s/GPU':>13}")
     for p in points:
         if p.best:
-            print(f"{fmt(p.value):>14}  {p.best.plan.label():<34} {p.best.step_time_s:>9.3g}s {p.best.mfu:>6.1%} "
-                  f"{p.best.tokens_per_s_per_gpu:>13,.0f}")
+            print(f"{fmt(p.value):>14}  {p.best.plan.label():<34} {format_seconds(p.best.step_time_s):>10} "
+                  f"{p.best.mfu:>6.1%} {p.best.tokens_per_s_per_gpu:>13,.0f}")
         else:
             print(f"{fmt(p.value):>14}  no plan fits")
     for a, b, pa, pb in changes(points):

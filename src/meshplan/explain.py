@@ -11,13 +11,10 @@ from meshplan.cost.step import HOST_BOUND, OFFLOAD, evaluate, offload_offered
 from meshplan.errors import SpecError
 from meshplan.search.conditions import Condition, HeldRange, find_conditions
 from meshplan.search.rank import TIE_BAND
-from meshplan.search.search import SearchResult, search
+from meshplan.search.search import REFINE_TOP, SearchResult, search
 from meshplan.search.space import Space, family
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.units import GB, format_gb, format_gib, format_seconds
-
-REFINE_TOP = 10
-"""Plans of a search re-timed by the timeline simulator (the closed form screens all of them)."""
 
 CANDIDATES = 40
 """Leading plans of the base search that the conditions-of-change walk re-evaluates at each value."""

@@ -76,6 +76,11 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
+REFINE_TOP = 10
+"""Plans of a search that ``plan`` and ``sweep`` have re-timed by the timeline simulator (the closed form
+screens all of them), with the best feasible plan of each family."""
+
+
 def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space | None = None, *,
            mfu: float | None = None, progress: Progress | None = None, refine_top: int = 0,
            workers: int | None = None) -> SearchResult:

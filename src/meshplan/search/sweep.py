@@ -10,7 +10,7 @@ from meshplan.cost.estimate import Estimate
 from meshplan.errors import SpecError
 from meshplan.parallel import parallel_map
 from meshplan.search.conditions import changed_label, knob, structural_key, unsplit
-from meshplan.search.search import search
+from meshplan.search.search import REFINE_TOP, search
 from meshplan.search.space import Space
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec
 from meshplan.units import parse_size
@@ -58,7 +58,8 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, name: str, value
 
     def point(item: tuple[float, tuple[ModelSpec, ClusterSpec, JobSpec]]) -> SweepPoint:
         value, scenario = item
-        res = search(*scenario, space, mfu=mfu)
+        # re-timed as plan re-times its leading plans, so that a sweep point and plan give one step time
+        res = search(*scenario, space, mfu=mfu, refine_top=REFINE_TOP, workers=1)
         return SweepPoint(value, res.recommended, {f: e for f, e in res.best_by_family().items() if e.feasible})
 
     return parallel_map(point, sorted(scenarios.items()), workers)
