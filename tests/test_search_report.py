@@ -444,3 +444,22 @@ def test_a_condition_on_depth_keeps_a_candidate_that_recomputed_more_layers_than
 def replace_layers(model, n):
     from dataclasses import replace
     return replace(model, n_layers=n, nominal_params=None)
+
+
+def test_question_2_gives_no_step_for_a_batch_full_sharding_cannot_split_and_no_quarter_batch_line_at_the_batch():
+    """A user's review: with 8 sequences per step on 16 GPUs, question 2 printed full sharding's step timed for
+    16 sequences beside the FLOPs of 8, and its 'quarter batch' line at the scenario's own (or a larger)
+    batch; at long sequences 'why the figures differ' did not name attention's FLOPs."""
+    from meshplan import JobSpec, load_cluster, load_model
+    from meshplan.explain import analyse
+
+    model, cluster = load_model("llama-2-7b"), load_cluster("h100-sxm", nodes=2)
+    q2 = analyse(model, cluster, JobSpec(global_batch_tokens=2**20, seq_len=131072), space=Space.dp_tp(),
+                 with_conditions=False).questions[1].lines
+    assert any(line.startswith("Predicted: none; full sharding over 16 GPUs cannot run this batch") for line in q2)
+    assert not any(line.startswith(("At a", "Why the figures differ")) for line in q2)
+    q2 = analyse(model, cluster, JobSpec(global_batch_tokens=2**20, seq_len=65536), space=Space.dp_tp(),
+                 with_conditions=False).questions[1].lines
+    assert not any(line.startswith("At a") for line in q2)  # 16 sequences on 16 GPUs: no smaller batch splits
+    why = next(line for line in q2 if line.startswith("Why the figures differ"))
+    assert "attention's score and value products" in why

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from meshplan.cost.estimate import Estimate
 from meshplan.cost.simplified import evaluate_simplified
-from meshplan.cost.step import HOST_BOUND, OFFLOAD, evaluate, offload_offered
+from meshplan.cost.step import HOST_BOUND, OFFLOAD, batch_split_reasons, evaluate, offload_offered
 from meshplan.errors import SpecError
 from meshplan.search.conditions import Condition, HeldRange, find_conditions
 from meshplan.search.rank import TIE_BAND
@@ -172,6 +172,24 @@ def _try(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, mfu: 
     return refine(est, slowdown=cp.comm_slowdown, step_overhead_s=cp.step_overhead_s)
 
 
+def _why_fsdp_differs(full: Estimate, simple: Estimate, n_nodes: int, seq_len: int) -> str:
+    """Why the worked example's figures for full sharding differ from the prediction's."""
+    reasons = []
+    ratio = full.flops.model_flop_per_step / simple.flops.model_flop_per_step
+    if ratio > 1.1:  # long sequences: attention's score and value products, which 6·N leaves out
+        reasons.append(f"the model FLOPs count attention's score and value products, which 6·N leaves out "
+                       f"({ratio:.1f}x the simplified FLOPs at sequence length {seq_len:,})")
+    if full.comm_time_s() > 0:
+        reasons += ["each micro-batch re-gathers every unit (FSDP2 reshards after forward and after backward)",
+                    "gradients are reduce-scattered in fp32 (reduce_dtype)"]
+    reasons.append("the exact parameter count is used")
+    if full.comm_time_s() > 0:
+        reasons.append("a ring across nodes drives every NIC of a node at once, so each GPU's NIC carries only its "
+                       "share of the traffic" if n_nodes > 1 else "on one node the traffic runs over NVLink, not "
+                       "the NIC")
+    return ", ".join(reasons[:-1]) + (", and " if len(reasons) > 1 else "") + reasons[-1]
+
+
 def _fsdp_traffic(est: Estimate) -> tuple[float, float, float, float]:
     """(bytes per GPU, inter-node bytes per GPU, time, exposed) of the data-parallel collectives."""
     dp = [e for e in est.comm if e.axis in ("dp_shard", "dp_replicate", "edp")]
@@ -246,21 +264,24 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
                         f"{format_seconds(s_time)}"
                         + (f" at {s_bytes / s_time / GB:.0f} GB/s ({s.comm[0].link})." if s_time > 0 else "."))
         b, inter, t, exp = _fsdp_traffic(full)
-        q2.lines.append(
-            f"Predicted ({full.compute_source}): {full.flops.model_flop_per_step:.3g} model FLOPs "
-            f"({full.flops.convention} convention), step {format_seconds(full.step_time_s)}, MFU {full.mfu:.1%}; "
-            f"FSDP sends {format_gb(b)} per GPU per step over {full.n_microbatches} micro-batch"
-            f"{'es' if full.n_microbatches != 1 else ''}, of which "
-            f"{format_gb(inter)} crosses the NIC; {format_seconds(t)} of collectives, "
-            f"{format_seconds(exp)} exposed ({(1 - exp / t) if t else 1:.0%} hidden).")
-        q2.lines.append(
-            "Why the figures differ: each micro-batch re-gathers every unit (FSDP2 reshards after forward and "
-            "after backward), gradients are reduce-scattered in fp32 (reduce_dtype), "
-            + ("the exact parameter count is used, and a ring across nodes drives every NIC of a node at once, so "
-               "each GPU's NIC carries only its share of the traffic." if cluster.n_nodes > 1 else
-               "and the exact parameter count is used; on one node the traffic runs over NVLink, not the NIC."))
-        small = replace(job, global_batch_tokens=max(job.seq_len * n, job.global_batch_tokens // 4))
-        e_small = _try(model, cluster, small, Plan(dp_shard=n), mfu)
+        unsplit_batch = batch_split_reasons(job, full.plan)[0]
+        if unsplit_batch:  # its step would be timed for a batch it does not run: no figures
+            q2.lines.append(f"Predicted: none; full sharding over {n} GPUs cannot run this batch "
+                            f"({unsplit_batch[0]}).")
+        else:
+            q2.lines.append(
+                f"Predicted ({full.compute_source}): {full.flops.model_flop_per_step:.3g} model FLOPs "
+                f"({full.flops.convention} convention), step {format_seconds(full.step_time_s)}, MFU {full.mfu:.1%}; "
+                f"FSDP sends {format_gb(b)} per GPU per step over {full.n_microbatches} micro-batch"
+                f"{'es' if full.n_microbatches != 1 else ''}, of which "
+                f"{format_gb(inter)} crosses the NIC; {format_seconds(t)} of collectives, "
+                f"{format_seconds(exp)} exposed ({(1 - exp / t) if t else 1:.0%} hidden).")
+            q2.lines.append("Why the figures differ: " + _why_fsdp_differs(full, s, cluster.n_nodes, job.seq_len) + ".")
+        # a quarter of the batch, in whole sequences per GPU (one at least); none where that is not smaller
+        per_gpu = max(1, job.global_batch_tokens // 4 // (job.seq_len * n))
+        small = replace(job, global_batch_tokens=per_gpu * job.seq_len * n)
+        e_small = (_try(model, cluster, small, Plan(dp_shard=n), mfu)
+                   if small.global_batch_tokens < job.global_batch_tokens else None)
         if e_small:
             q2.estimates["fsdp_quarter_batch"] = e_small
             s_small = evaluate_simplified(model, cluster, small, Plan(dp_shard=n), mfu=simple_mfu)

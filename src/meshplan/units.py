@@ -30,7 +30,7 @@ Flop = float
 
 def format_gib(n_bytes: float) -> str:
     """Memory footprint in binary GiB, e.g. ``'17.5 GiB'``."""
-    return f"{n_bytes / GiB:.1f} GiB"
+    return f"{n_bytes / GiB:,.1f} GiB"
 
 
 def format_gb(n_bytes: float) -> str:

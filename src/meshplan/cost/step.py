@@ -804,7 +804,7 @@ def _plan_shared(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, jo
     return _PlanShared(groups, layout, units, static)
 
 
-def _batch_reasons(job: JobSpec, plan: Plan) -> tuple[list[str], int]:
+def batch_split_reasons(job: JobSpec, plan: Plan) -> tuple[list[str], int]:
     """Why the batch does not split as ``plan`` says (empty if it does), and the micro-batch count."""
     reasons: list[str] = []
     seqs, dp = job.global_batch_seqs, plan.dp
@@ -924,7 +924,7 @@ class _Probe(NamedTuple):
 
 def _probe(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan,
            shared: _PlanShared) -> _Probe:
-    reasons, m = _batch_reasons(job, plan)
+    reasons, m = batch_split_reasons(job, plan)
     ctxs = _stage_ctxs(model, counts, cluster, job, plan, m, shared)
     if plan.offload_layers:
         reasons += _offload_reasons(model, cluster, job, plan, ctxs, shared)
@@ -937,7 +937,7 @@ def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec,
                     timed: bool = True) -> Estimate:
     """Memory, FLOPs and (if ``timed`` or the plan fits) the step time of a plan whose micro-batch size
     and recomputation are set; an untimed infeasible estimate has NaN times and no ledger."""
-    reasons, m = _batch_reasons(job, plan)
+    reasons, m = batch_split_reasons(job, plan)
     shared = shared or _plan_shared(model, counts, cluster, job, plan)
     tokens = job.global_batch_tokens
     fraction = 1.0
@@ -1095,7 +1095,7 @@ def _layer_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, tp: int,
 
 
 def _micro_batches(job: JobSpec, dp: int, mbs: int) -> int:
-    """Micro-batches per step of each data-parallel replica (as ``_batch_reasons`` counts them)."""
+    """Micro-batches per step of each data-parallel replica (as ``batch_split_reasons`` counts them)."""
     return max(1, max(1, job.global_batch_seqs // dp) // mbs)
 
 
