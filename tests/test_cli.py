@@ -189,3 +189,10 @@ def test_runtime_overheads_name_the_field(capsys, tmp_path):
     job.write_text('[runtime]\ncuda_context_bytes = "half a gig"\n')
     code, _, err = run(capsys, "evaluate", "--job", str(job), "--plan", "dp_shard=64")
     assert code == 2 and "job.runtime.cuda_context_bytes: must be a non-negative number" in err
+
+
+def test_the_shard_group_under_context_parallelism_is_named_with_it(capsys):
+    """A user's review: FSDP over cp=8 with dp_shard=1 was shown on the 'dp_shard' group of 8 GPUs."""
+    code, out, _ = run(capsys, "evaluate", "--model", "llama-3-8b", "--nodes", "1", "--batch-tokens", "1M",
+                       "--seq-len", "32768", "--plan", "cp=8")
+    assert code == 0 and "all_gather      dp_shard_cp  intra_node  8" in out

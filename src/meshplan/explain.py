@@ -99,7 +99,8 @@ def measure_first(best: Estimate, conditions: list[Condition]) -> list[Measureme
         change = (f"; if it is below the equivalent of {bw[0].value:.3g} GB/s per GPU, {bw[0].plan} becomes best"
                   if bw and top.link == "inter_node" else "")
         out.append(Measurement(
-            f"{top.collective} bus bandwidth on the {top.axis} group ({top.group_size} GPUs, {top.link}) at "
+            f"{top.collective} bus bandwidth on the {top.group_name(best.plan.cp)} group ({top.group_size} GPUs, "
+            f"{top.link}) at "
             f"{format_gb(top.message_bytes)} messages (meshplan measure collectives)",
             f"it is the longest collective of the step: {format_gb(top.bytes_per_gpu)} per GPU{slack}{change}"))
     out.append(Measurement(

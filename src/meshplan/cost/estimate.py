@@ -41,6 +41,11 @@ class CommEntry:
     def overlappable(self) -> bool:
         return self.window != "none"
 
+    def group_name(self, cp: int) -> str:
+        """The axis as a user reads it under context parallelism ``cp``: the data-parallel shard group then
+        spans the CP ranks too (torchtitan's ``dp_shard_cp`` mesh, Megatron's data-and-context group)."""
+        return "dp_shard_cp" if cp > 1 and self.axis == "dp_shard" and self.group_size % cp == 0 else self.axis
+
 
 @dataclass(frozen=True, slots=True)
 class MemoryReport:

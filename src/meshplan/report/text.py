@@ -18,9 +18,9 @@ def _table(rows: list[list[str]], header: list[str]) -> list[str]:
 
 
 def comm_table(est: Estimate) -> list[str]:
-    rows = [[e.collective, e.axis, e.link, str(e.group_size), f"{e.count:,}", format_gb(e.message_bytes),
-             format_gb(e.bytes_per_gpu), format_seconds(e.time_s), format_seconds(e.exposed_s),
-             "yes" if e.overlappable else "no", e.purpose] for e in est.comm]
+    rows = [[e.collective, e.group_name(est.plan.cp), e.link, str(e.group_size), f"{e.count:,}",
+             format_gb(e.message_bytes), format_gb(e.bytes_per_gpu), format_seconds(e.time_s),
+             format_seconds(e.exposed_s), "yes" if e.overlappable else "no", e.purpose] for e in est.comm]
     return _table(rows, ["collective", "axis", "link", "n", "calls", "message", "per GPU", "time", "exposed",
                          "overlap", "what"])
 
@@ -110,12 +110,12 @@ def plan_text(a: PlanAnalysis, *, top: int = 10) -> str:
             elif not a.conditions_swept and a.result.recommended is not None:
                 lines.append("   When to change the plan: not computed (--no-conditions).")
         lines.append("")
-    lines.append(f"Top {min(top, len(r.ranked))} of {len(r.ranked)} plans (infeasible plans are listed with reasons "
+    lines.append(f"Top {min(top, len(r.ranked))} of {len(r.ranked):,} plans (infeasible plans are listed with reasons "
                  "in --json):")
     lines += ranked_table(r.ranked, top)
     infeasible = [e for e in r.ranked if not e.feasible]
     if infeasible:
-        lines += ["", f"{len(infeasible)} plans do not fit; for example:"]
-        for e in infeasible[:3]:
-            lines.append(f"  {e.plan.label()}: {e.infeasible_reasons[0]}")
+        lines += ["", f"{len(infeasible):,} plan{'s do' if len(infeasible) != 1 else ' does'} not fit; for example:"]
+        examples = dict.fromkeys(f"  {e.plan.label()}: {e.infeasible_reasons[0]}" for e in infeasible)
+        lines += list(examples)[:3]  # options that do not change the reason would repeat it word for word
     return "\n".join(lines)
