@@ -103,10 +103,12 @@ def measure_first(best: Estimate, conditions: list[Condition]) -> list[Measureme
             f"{top.link}) at "
             f"{format_gb(top.message_bytes)} messages (meshplan measure collectives)",
             f"it is the longest collective of the step: {format_gb(top.bytes_per_gpu)} per GPU{slack}{change}"))
-    out.append(Measurement(
-        "a profiler trace of one step: exposed NCCL time per collective and the per-rank step-time spread",
-        f"the model predicts {format_seconds(best.comm_time_s(exposed=True))} of exposed communication per step; "
-        "a spread between ranks above a few percent means stragglers (a slow node or NIC) that no plan fixes"))
+    if best.plan.world_size > 1:
+        out.append(Measurement(
+            "a profiler trace of one step: exposed NCCL time per collective and the per-rank step-time spread",
+            f"the model predicts {format_seconds(best.comm_time_s(exposed=True))} of exposed communication per "
+            "step; a spread between ranks above a few percent means stragglers (a slow node or NIC) that no plan "
+            "fixes"))
     host = best.time_breakdown.get(HOST_BOUND, 0.0)
     if host > 0.005 * best.step_time_s:
         out.append(Measurement(
@@ -227,7 +229,8 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
         simplified["fsdp"] = evaluate_simplified(model, cluster, job, Plan(dp_shard=n), mfu=simple_mfu)
         t = full.memory.terms
         q1.lines.append(
-            f"Fully sharded over {n} GPUs: model states {format_gib(full.memory.static_bytes)} per GPU "
+            (f"Fully sharded over {n} GPUs" if n > 1 else "On one GPU (nothing to shard over)")
+            + f": model states {format_gib(full.memory.static_bytes)} per GPU "
             f"(simplified: {simplified['fsdp'].memory.static_bytes / GB:.1f} GB); with "
             f"micro-batch {full.plan.mbs} and recompute={full.plan.recompute_label}, activations add "
             f"{format_gib(full.memory.activation_bytes)}, transient buffers (gathered FSDP units, logits) "

@@ -82,7 +82,8 @@ def plan_text(a: PlanAnalysis, *, top: int = 10) -> str:
     r = a.result
     lines = [f"meshplan plan: {a.model.name} on {a.cluster.name}, {a.cluster.n_nodes} "
              f"node{'s' if a.cluster.n_nodes != 1 else ''} x "
-             f"{a.cluster.gpus_per_node} GPUs, {a.job.global_batch_tokens:,} tokens per step, sequence "
+             f"{a.cluster.gpus_per_node} GPU{'s' if a.cluster.gpus_per_node != 1 else ''}, "
+             f"{a.job.global_batch_tokens:,} tokens per step, sequence "
              f"{a.job.seq_len}, {a.job.optimizer}, {a.job.precision}"
              + (f", {a.job.software}" if a.job.software != "generic" else "")
              + (", torch.compile" if a.job.compiled else "")

@@ -234,7 +234,9 @@ def find_conditions(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, recomm
     of each family, re-sized to the GPU count) at each value; the value where the answer changes is then
     confirmed by a full search (``search_best``), whose answer is the one reported. The walks are
     independent and run on up to ``workers`` cores (default: all; parallel.parallel_map)."""
-    knobs = [knob for knob in _knobs(model, cluster, job) if not only or knob.name in only]
+    # on one node nothing crosses the network: its bandwidth is no condition there
+    knobs = [knob for knob in _knobs(model, cluster, job) if (not only or knob.name in only)
+             and not (knob.name == "inter_node_bandwidth" and cluster.n_nodes == 1)]
     walks = [(knob, direction, factor) for knob in knobs for direction, factor in (("below", 0.5), ("above", 2.0))]
 
     def walk(i: int) -> _WalkEnd:
