@@ -42,8 +42,13 @@ def estimate_text(est: Estimate) -> str:
              f"plan: {p.label()}  [{p.to_string()}]  micro-batches per step: {est.n_microbatches}",
              "feasible: " + ("yes" if est.feasible else "NO"), *(f"  - {r}" for r in est.infeasible_reasons), ""]
     lines += memory_lines(est)
-    lines += ["", f"FLOPs per step: {est.flops.model_flop_per_step:.4g} model ({est.flops.convention}), "
-                  f"{est.flops.hardware_flop_per_step:.4g} executed (with recomputation)"]
+    f = est.flops
+    other = ("causal", f.model_flop_per_step_causal) if f.convention == "palm" else ("palm", f.model_flop_per_step_palm)
+    alt = (f"; in the {other[0]} convention {other[1]:.4g}, MFU {est.mfu * other[1] / f.model_flop_per_step:.1%}"
+           if abs(other[1] / f.model_flop_per_step - 1) > 0.05 and est.step_time_s == est.step_time_s else "")
+    executed = " (with recomputation)" if f.hardware_flop_per_step > 1.0001 * f.model_flop_per_step else ""
+    lines += ["", f"FLOPs per step: {f.model_flop_per_step:.4g} model ({f.convention}{alt}), "
+                  f"{f.hardware_flop_per_step:.4g} executed{executed}"]
     if est.step_time_s == est.step_time_s:
         lines.append(f"step time {format_seconds(est.step_time_s)}  MFU {est.mfu:.1%}  HFU {est.hfu:.1%}  "
                      f"{est.tokens_per_s_per_gpu:,.0f} tokens/s per GPU  ({est.compute_source})")
