@@ -138,6 +138,9 @@ def test_a_condition_with_the_same_degrees_names_the_options_that_change():
     assert changed_label(wide, parse_plan("dp_replicate=2,tp=4,pp=16,async_tp=true", 128)) == (
         "PP=16 x TP=4 x DDP=2 (schedule=zb-v)")
     assert changed_label(parse_plan("tp=8,pp=8", 64), rec) == "PP=8 x TP=8"
+    # a plan that leaves an option at its default says which: 'CP=8 is best' against 'CP=8 (ZERO1 over CP)'
+    assert changed_label(parse_plan("cp=8", 8), parse_plan("cp=8,sharding=zero1", 8)) == "CP=8 (sharding=fsdp)"
+    assert changed_label(rec, zb) == "PP=16 x TP=4 (schedule=1f1b)"
 
 
 def test_the_layer_walk_redoes_megatrons_split_for_each_layer_count():

@@ -187,11 +187,18 @@ def changed_label(plan: Plan, recommended: Plan) -> str:
     """``plan``'s label, with the options in which it differs from ``recommended`` where the two have the
     same degrees ('PP=16 x TP=4 (schedule=zb-h1)'): otherwise the change would read as no change."""
     label = plan.label()
-    if label != recommended.label():
+    degrees = label.split(" (")[0]  # without a sharding note such as '(ZERO1 over CP)'
+    if degrees != recommended.label().split(" (")[0]:
         return label
-    mine = set(structural_key(recommended).split(","))
-    differing = [item for item in structural_key(plan).split(",") if item not in mine]
-    return f"{label} ({','.join(differing)})" if differing else label
+
+    def options(p: Plan) -> dict[str, str]:
+        return dict(item.split("=", 1) for item in structural_key(p).split(",") if "=" in item)
+
+    mine, theirs = options(recommended), options(plan)
+    # an option the plan leaves at its default is named with the value in effect (sharding=fsdp)
+    differing = [f"{k}={theirs[k] if k in theirs else str(getattr(plan, k, 'default')).lower()}"
+                 for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+    return f"{degrees} ({','.join(differing)})" if differing else label
 
 
 def rescale(plan: Plan, n_gpus: int) -> Plan | None:
