@@ -50,7 +50,7 @@ def write_report(a: PlanAnalysis, sweeps: dict[str, list[SweepPoint]], out_dir: 
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = figures(a, sweeps)
     title = (f"meshplan: {a.model.name} on {a.cluster.n_gpus} x {a.cluster.accelerator.name}, "
-             f"{a.job.global_batch_tokens:,} tokens per step")
+             f"{a.job.global_batch_tokens:,} tokens per step, sequence {a.job.seq_len:,}")
     header, rows = _table(a, top)
 
     md = [f"# {title}", ""]
