@@ -196,3 +196,20 @@ def test_the_shard_group_under_context_parallelism_is_named_with_it(capsys):
     code, out, _ = run(capsys, "evaluate", "--model", "llama-3-8b", "--nodes", "1", "--batch-tokens", "1M",
                        "--seq-len", "32768", "--plan", "cp=8")
     assert code == 0 and "all_gather      dp_shard_cp  intra_node  8" in out
+
+
+def test_a_job_file_takes_token_counts_as_the_command_line_does(capsys, tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('global_batch_tokens = "4M"\nseq_len = "4K"\n')
+    code, out, _ = run(capsys, "evaluate", "--job", str(job), "--plan", "dp_shard=64", "--json")
+    assert code == 0 and json.loads(out)["global_batch_tokens"] == 4 * 2**20
+    job.write_text('global_batch_tokens = "lots"\n')
+    code, _, err = run(capsys, "evaluate", "--job", str(job), "--plan", "dp_shard=64")
+    assert code == 2 and "job.global_batch_tokens: must be a whole number of tokens" in err
+
+
+def test_a_model_name_must_be_text(capsys, tmp_path):
+    f = tmp_path / "m.toml"
+    f.write_text('name = 5\nn_layers = 4\nhidden = 512\nn_heads = 8\nn_kv_heads = 8\nffn_hidden = 2048\nvocab = 32000\n')
+    code, _, err = run(capsys, "evaluate", "--model", str(f), "--plan", "dp_shard=64")
+    assert code == 2 and "model.name: must be a non-empty string" in err

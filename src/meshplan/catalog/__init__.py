@@ -24,7 +24,7 @@ from meshplan.specs import (
     RuntimeOverheads,
 )
 from meshplan.specs._validate import fraction, positive_int, positive_number
-from meshplan.units import GB, MICRO, TERA, GiB
+from meshplan.units import GB, MICRO, TERA, GiB, parse_size
 
 _ACCEL_KEYS = {"name", "description", "bf16_dense_tflop_per_s", "fp8_dense_tflop_per_s", "hbm_capacity_gib",
                "hbm_bandwidth_tb_per_s", "gemm_efficiency", "node", "sources"}
@@ -86,6 +86,13 @@ def load_job(path: str | None, *, defaults: dict[str, Any] | None = None, **over
         if "runtime" in spec:
             _reject_unknown("job.runtime", spec["runtime"], {f.name for f in fields(RuntimeOverheads)})
             spec["runtime"] = _spec(RuntimeOverheads, "job.runtime", **spec["runtime"])
+        for key in ("global_batch_tokens", "seq_len"):  # '4M', as the command line takes them
+            if isinstance(spec.get(key), str):
+                try:
+                    spec[key] = parse_size(spec[key])
+                except ValueError:
+                    raise SpecError(f"job.{key}", f"must be a whole number of tokens (e.g. 4194304 or '4M'), "
+                                                  f"got {spec[key]!r}") from None
         data.update(spec)
     data.update({k: v for k, v in overrides.items() if v is not None})
     return _spec(JobSpec, "job", **data)

@@ -88,6 +88,8 @@ class ModelSpec:
     """Where the architecture comes from."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise SpecError("model.name", f"must be a non-empty string, got {self.name!r}")
         for f in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab"):
             positive_int(f"model.{f}", getattr(self, f))
         for f in ("learned_pos_emb", "n_experts", "top_k", "expert_ffn_hidden", "n_shared_experts",
