@@ -210,6 +210,7 @@ def test_a_job_file_takes_token_counts_as_the_command_line_does(capsys, tmp_path
 
 def test_a_model_name_must_be_text(capsys, tmp_path):
     f = tmp_path / "m.toml"
-    f.write_text('name = 5\nn_layers = 4\nhidden = 512\nn_heads = 8\nn_kv_heads = 8\nffn_hidden = 2048\nvocab = 32000\n')
+    f.write_text('name = 5\nn_layers = 4\nhidden = 512\nn_heads = 8\nn_kv_heads = 8\nffn_hidden = 2048\n'
+                 'vocab = 32000\n')
     code, _, err = run(capsys, "evaluate", "--model", str(f), "--plan", "dp_shard=64")
     assert code == 2 and "model.name: must be a non-empty string" in err

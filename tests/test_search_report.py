@@ -141,6 +141,9 @@ def test_a_condition_with_the_same_degrees_names_the_options_that_change():
     # a plan that leaves an option at its default says which: 'CP=8 is best' against 'CP=8 (ZERO1 over CP)'
     assert changed_label(parse_plan("cp=8", 8), parse_plan("cp=8,sharding=zero1", 8)) == "CP=8 (sharding=fsdp)"
     assert changed_label(rec, zb) == "PP=16 x TP=4 (schedule=1f1b)"
+    assert changed_label(parse_plan("cp=8", 8), parse_plan("cp=8,cp_impl=allgather", 8)) == "CP=8 (cp_impl=ring)"
+    assert changed_label(parse_plan("tp=4,dp_shard=2", 8), parse_plan("tp=4,dp_shard=2,sp=false", 8)) == (
+        "TP=4 x FSDP=2 (sp=true)")
 
 
 def test_the_layer_walk_redoes_megatrons_split_for_each_layer_count():

@@ -183,6 +183,11 @@ def unsplit(plan: Plan) -> Plan:
     return replace(plan, layout="") if is_embedding_loss_layout(plan.layout) else plan
 
 
+_EFFECTIVE = {"cp_impl": "context_impl", "sp": "sequence_parallel", "etp": "expert_tp",
+              "reshard_after_forward": "effective_reshard_after_forward", "grad_sync": "effective_grad_sync"}
+"""Plan options whose unset value (None) takes effect as a property of the plan."""
+
+
 def changed_label(plan: Plan, recommended: Plan) -> str:
     """``plan``'s label, with the options in which it differs from ``recommended`` where the two have the
     same degrees ('PP=16 x TP=4 (schedule=zb-h1)'): otherwise the change would read as no change."""
@@ -195,8 +200,12 @@ def changed_label(plan: Plan, recommended: Plan) -> str:
         return dict(item.split("=", 1) for item in structural_key(p).split(",") if "=" in item)
 
     mine, theirs = options(recommended), options(plan)
-    # an option the plan leaves at its default is named with the value in effect (sharding=fsdp)
-    differing = [f"{k}={theirs[k] if k in theirs else str(getattr(plan, k, 'default')).lower()}"
+
+    def in_effect(k: str) -> str:  # an option the plan leaves unset, as it takes effect (sharding=fsdp)
+        v = getattr(plan, _EFFECTIVE.get(k, k), None)
+        return "default" if v is None else str(v).lower()
+
+    differing = [f"{k}={theirs[k] if k in theirs else in_effect(k)}"
                  for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
     return f"{degrees} ({','.join(differing)})" if differing else label
 
