@@ -464,6 +464,10 @@ def test_question_2_gives_no_step_for_a_batch_full_sharding_cannot_split_and_no_
                  with_conditions=False).questions[1].lines
     assert any(line.startswith("Predicted: none; full sharding over 16 GPUs cannot run this batch") for line in q2)
     assert not any(line.startswith(("At a", "Why the figures differ")) for line in q2)
+    q = analyse(model, cluster, JobSpec(global_batch_tokens=2**20, seq_len=131072), space=Space.dp_tp(),
+                with_conditions=False).questions
+    assert "no step is predicted for it" in " ".join(q[0].lines)
+    assert "against full sharding, which cannot run this batch" in " ".join(q[2].lines)  # no step of it in Q3
     q2 = analyse(model, cluster, JobSpec(global_batch_tokens=2**20, seq_len=65536), space=Space.dp_tp(),
                  with_conditions=False).questions[1].lines
     assert not any(line.startswith("At a") for line in q2)  # 16 sequences on 16 GPUs: no smaller batch splits

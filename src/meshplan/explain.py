@@ -237,8 +237,10 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
             f"{format_gib(full.memory.transient_bytes)} and runtime overheads {format_gib(full.memory.runtime_bytes)}"
             f": peak {format_gib(full.memory.peak_bytes)} of {format_gib(full.memory.capacity_bytes)}.")
         if not full.feasible:
-            q1.lines.append("Full sharding cannot run here: " + "; ".join(full.infeasible_reasons)
-                            + ". Its figures below are for the least-memory choice, as if it could.")
+            shown = ("Its memory above is for one sequence per GPU, as if it could; no step is predicted for it"
+                     if batch_split_reasons(job, full.plan)[0] else
+                     "Its figures are for the least-memory choice, as if it could")
+            q1.lines.append("Full sharding cannot run here: " + "; ".join(full.infeasible_reasons) + f". {shown}.")
         if full.plan.recompute != "none":
             bare = _try(model, cluster, job, Plan(dp_shard=n, mbs=1, recompute="none"), mfu)
             if bare is not None and not bare.feasible:
@@ -326,7 +328,10 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
                     f"GPU in {sum(e.count for e in es):,} calls, {format_seconds(sum(e.time_s for e in es))}, "
                     f"{format_seconds(sum(e.exposed_s for e in es))} exposed.")
             q3.lines.append(f"Step {format_seconds(tp.step_time_s)} (MFU {tp.mfu:.1%}) against "
-                            f"{format_seconds(full.step_time_s) if full else 'n/a'} for full sharding; "
+                            + ("n/a for full sharding; " if not full
+                               else "full sharding, which cannot run this batch; "
+                               if batch_split_reasons(job, full.plan)[0]
+                               else f"{format_seconds(full.step_time_s)} for full sharding; ")
                             + ("feasible." if tp.feasible else "infeasible: " + "; ".join(tp.infeasible_reasons)))
     else:
         why = ("the cluster is a single node: there is no data parallelism across nodes to pair it with"

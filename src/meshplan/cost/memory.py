@@ -222,14 +222,17 @@ logit), and its backward writes the gradient over the logits in place: 2 B
 Chunked losses are not modelled."""
 
 
-def cp_kv_gather_bytes_per_token(*, kv_dim: int, tp: int, cp: int, act_bytes: float = 2.0) -> float:
+def cp_kv_gather_bytes_per_token(*, kv_dim: int, tp: int, cp: int, gathered_grads: bool,
+                                 act_bytes: float = 2.0) -> float:
     """Bytes per local token that context parallelism's KV all-gather holds at a layer's backward: the
-    full sequence's K and V, gathered again, and the full sequence's dK and dV, accumulated before their
-    reduce-scatter (Transformer Engine's AttnFuncWithCPAndKVAllGather.backward: ``k_ag, v_ag =
-    gather_along_first_dim(k, v)`` and ``dk = torch.zeros((k.shape[0] * cp_size, ...))``, ``dv`` alike;
-    the forward saves only the local K and V). One layer's at a time: the buffers are freed with it.
-    PyTorch's all-gather rotation (torchtitan's default) is taken to hold the same."""
-    return 2 * (2 * kv_dim / tp) * act_bytes * cp
+    full sequence's K and V, gathered again (the forward saves only the local K and V), and with
+    ``gathered_grads`` the full sequence's dK and dV, accumulated before their reduce-scatter. Transformer
+    Engine's AttnFuncWithCPAndKVAllGather.backward (Megatron-core) holds both: ``k_ag, v_ag =
+    gather_along_first_dim(...)``, ``dk = torch.zeros((k.shape[0] * cp_size, ...))``. PyTorch's
+    (torch.distributed.tensor.experimental._attention, torchtitan's default rotation) gathers K and V but
+    passes dK and dV around a ring (``dkv_rotater``, all-to-all), holding local-sized gradients only. One
+    layer's at a time: the buffers are freed with it."""
+    return (2 if gathered_grads else 1) * (2 * kv_dim / tp) * act_bytes * cp
 
 
 def logits_bytes_per_token(*, vocab: int, tp: int, loss: str = "eager") -> float:

@@ -358,7 +358,8 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
     if plan.ep_dispatch == "deepep" and c.n_moe:
         runtime["deepep_buffers"] = mem.deepep_buffer_bytes(hidden=model.hidden, ep=plan.ep)
 
-    cp_gather = (mem.cp_kv_gather_bytes_per_token(kv_dim=model.kv_dim, tp=plan.tp, cp=plan.cp)
+    cp_gather = (mem.cp_kv_gather_bytes_per_token(kv_dim=model.kv_dim, tp=plan.tp, cp=plan.cp,
+                                                  gathered_grads=plan.sharding == "megatron")
                  if plan.cp > 1 and plan.context_impl == "allgather" and c.n_dense + c.n_moe else 0.0)
     return _StaticMemory(terms, transient, runtime, *_activation_coefficients(
         model, job, plan.tp, plan.sequence_parallel, c.n_moe > 0, c.s == 0, c.last, plan.expert_tp), cp_gather)

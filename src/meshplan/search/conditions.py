@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from meshplan.cost.estimate import Estimate
 from meshplan.cost.pipeline import plan_stage_layers
 from meshplan.parallel import parallel_map
-from meshplan.search.rank import TIE_BAND
+from meshplan.search.rank import TIE_BAND, rank
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.specs.layout import is_embedding_loss_layout, resplit
 from meshplan.units import GB, format_tokens
@@ -273,12 +273,14 @@ class _WalkEnd:
     held: float
     why: str
     condition: Condition | None = None
+    at: float | None = None
+    """The value (as evaluated) at which none of the plans fitted, where that is why it stopped."""
 
 
 def _held_range(knob: _Knob, below: _WalkEnd, above: _WalkEnd) -> HeldRange:
     text = knob.range_text(below.held, above.held)
-    notes = [f"{'below' if end is below else 'above'} it, none of the plans re-evaluated fits"
-             for end in (below, above) if end.why == "none fits"]
+    notes = [f"at {knob.short(end.at)} {knob.noun} none of the leading plans fits"
+             for end in (below, above) if end.why == "none fits" and end.at is not None]
     if notes:
         text += f" ({'; '.join(notes)})"
     return HeldRange(condition=knob.name, low_value=below.held, high_value=above.held, base_value=knob.base,
@@ -286,13 +288,21 @@ def _held_range(knob: _Knob, below: _WalkEnd, above: _WalkEnd) -> HeldRange:
 
 
 def _candidates_best(knob: _Knob, v: float, candidates: list[Plan], mfu: float | None) -> Estimate | None:
+    """The best of ``candidates`` that fits at ``v`` (None where none does or none can be built there:
+    _candidates_built tells which)."""
+    ests = _candidates_built(knob, v, candidates, mfu)
+    ranked = rank(ests) if ests else []
+    return ranked[0] if ranked and ranked[0].feasible else None
+
+
+def _candidates_built(knob: _Knob, v: float, candidates: list[Plan], mfu: float | None) -> list[Estimate]:
+    """``candidates`` evaluated at ``v``: those that can be built there, fitting or not."""
     from meshplan.cost.step import evaluate
     from meshplan.errors import SpecError
-    from meshplan.search.rank import rank
 
     scenario = knob.apply(v)
     if scenario is None:
-        return None
+        return []
     model, cluster, job = scenario
     ests = []
     # each candidate with its micro-batch size and recomputation chosen afresh: a longer sequence or a deeper
@@ -306,8 +316,7 @@ def _candidates_best(knob: _Knob, v: float, candidates: list[Plan], mfu: float |
             ests.append(evaluate(model, cluster, job, sized, mfu=mfu))
         except SpecError:
             continue
-    ranked = rank(ests)
-    return ranked[0] if ranked and ranked[0].feasible else None
+    return ests
 
 
 def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_best: SearchFn,
@@ -337,7 +346,8 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
             v = float(round(v))
         other = probe(v)
         if other is None:
-            return _WalkEnd(held(same), "not built" if knob.apply(v) is None else "none fits")
+            built = knob.apply(v) is not None and (candidates is None or _candidates_built(knob, v, candidates, mfu))
+            return _WalkEnd(held(same), "none fits" if built else "not built", at=knob.applied(v) if built else None)
         if not changed(v, other):
             same = v
             continue
@@ -360,8 +370,10 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
                 else:
                     lo = mid
         confirmed = full(hi) if candidates is not None else other
-        if confirmed is None or not changed(hi, confirmed):
-            same = v
+        if confirmed is None:
+            return _WalkEnd(held(lo), "none fits", at=knob.applied(hi))
+        if not changed(hi, confirmed):  # the full search keeps it at hi; past hi only the candidates were seen
+            same = hi
             continue
         other = confirmed
         base_then = _evaluate_at(knob, hi, base, mfu)

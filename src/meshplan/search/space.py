@@ -66,8 +66,9 @@ def needs_more_memory(variant: Plan) -> bool:
     every micro-batch size and recompute mode, so that it cannot fit where the default does not: SP off
     stores full-sequence activations, a kept or partial reshard keeps gathered parameters, gradient sync
     on the last micro-batch keeps unsharded gradients, the MoE all-to-all overlap keeps one more
-    micro-batch (or model chunk) of activations and rules out full recomputation, and async TP, the CP
-    exchange, the MoE dispatch and DDP's sync frequency change no memory term. The exception is FSDP2
+    micro-batch (or model chunk) of activations and rules out full recomputation, the CP exchange's KV
+    all-gather holds the gathered K and V (the default ring and Ulysses hold none), and async TP, the MoE
+    dispatch and DDP's sync frequency change no memory term. The exception is FSDP2
     under a pipeline resharding per micro-batch, which frees what the default keeps (tested in
     test_properties), expert-TP, which divides the experts' states by tp but gathers their tokens, and
     activation offloading, which frees activations."""

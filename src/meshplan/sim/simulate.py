@@ -116,7 +116,9 @@ def simulate_stage(detail: StageDetail, est: Estimate, slowdown: float) -> Stage
     k = min(1, m - 1)  # the steady micro-batch
     (f0, f1), (b0, b1) = chunks[("F", k)], chunks[("B", k)]
     # each chunk from the end of the compute before it: a wait before its first compute (a gather the
-    # params stream could not prefetch in time) recurs with every micro-batch, so it belongs to the chunk
+    # params stream could not prefetch in time) recurs with every micro-batch, so it belongs to the chunk.
+    # Where the stage's warm-up covers the simulated micro-batches (pp - stage >= M_SIM), the steady
+    # forward follows a forward, not a backward as in 1F1B's steady state: its wait is measured there.
     comp = [o for o in ops if o.stream == "compute"]
     ready = {id(b): a.end_s for a, b in itertools.pairwise(comp)}
     f_from, b_from = ready.get(id(f0), f0.start_s), ready.get(id(b0), b0.start_s)
