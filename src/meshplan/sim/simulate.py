@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -119,9 +118,7 @@ def simulate_stage(detail: StageDetail, est: Estimate, slowdown: float) -> Stage
     # params stream could not prefetch in time) recurs with every micro-batch, so it belongs to the chunk.
     # Where the stage's warm-up covers the simulated micro-batches (pp - stage >= M_SIM), the steady
     # forward follows a forward, not a backward as in 1F1B's steady state: its wait is measured there.
-    comp = [o for o in ops if o.stream == "compute"]
-    ready = {id(b): a.end_s for a, b in itertools.pairwise(comp)}
-    f_from, b_from = ready.get(id(f0), f0.start_s), ready.get(id(b0), b0.start_s)
+    f_from, b_from = (before[id(o)].end_s if id(o) in before else o.start_s for o in (f0, b0))
     chunk_f, chunk_b = f1.end_s - f_from, b1.end_s - b_from
     chunk_terms: dict[str, float] = {}
     for t0, t1 in ((f_from, f1.end_s), (b_from, b1.end_s)):
