@@ -182,11 +182,12 @@ def _why_fsdp_differs(full: Estimate, simple: Estimate, n_nodes: int, seq_len: i
     if ratio > 1.1:  # long sequences: attention's score and value products, which 6·N leaves out
         reasons.append(f"the model FLOPs count attention's score and value products, which 6·N leaves out "
                        f"({ratio:.1f}x the simplified FLOPs at sequence length {seq_len:,})")
-    if full.comm_time_s() > 0:
+    sends = full.comm_time_s() > 0
+    if sends:
         reasons += ["each micro-batch re-gathers every unit (FSDP2 reshards after forward and after backward)",
                     "gradients are reduce-scattered in fp32 (reduce_dtype)"]
     reasons.append("the exact parameter count is used")
-    if full.comm_time_s() > 0:
+    if sends:
         reasons.append("a ring across nodes drives every NIC of a node at once, so each GPU's NIC carries only its "
                        "share of the traffic" if n_nodes > 1 else "on one node the traffic runs over NVLink, not "
                        "the NIC")
@@ -217,6 +218,8 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
     q1 = Question("Memory: can DDP fit, and what does full sharding leave?")
     ddp = _try(model, cluster, job, Plan(dp_replicate=n), mfu)
     full = _try(model, cluster, job, Plan(dp_shard=n), mfu)
+    # why full sharding cannot split the batch (then its step is timed for a batch it does not run)
+    unsplit_batch = batch_split_reasons(job, full.plan)[0] if full else []
     if ddp:
         q1.estimates["ddp"] = ddp
         simplified["ddp"] = evaluate_simplified(model, cluster, job, Plan(dp_replicate=n), mfu=simple_mfu)
@@ -238,7 +241,7 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
             f": peak {format_gib(full.memory.peak_bytes)} of {format_gib(full.memory.capacity_bytes)}.")
         if not full.feasible:
             shown = ("Its memory above is for one sequence per GPU, as if it could; no step is predicted for it"
-                     if batch_split_reasons(job, full.plan)[0] else
+                     if unsplit_batch else
                      "Its figures are for the least-memory choice, as if it could")
             q1.lines.append("Full sharding cannot run here: " + "; ".join(full.infeasible_reasons) + f". {shown}.")
         if full.plan.recompute != "none":
@@ -270,8 +273,7 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
                         f"{format_seconds(s_time)}"
                         + (f" at {s_bytes / s_time / GB:.0f} GB/s ({s.comm[0].link})." if s_time > 0 else "."))
         b, inter, t, exp = _fsdp_traffic(full)
-        unsplit_batch = batch_split_reasons(job, full.plan)[0]
-        if unsplit_batch:  # its step would be timed for a batch it does not run: no figures
+        if unsplit_batch:  # no figures for a batch it does not run
             q2.lines.append(f"Predicted: none; full sharding over {n} GPUs cannot run this batch "
                             f"({unsplit_batch[0]}).")
         else:
@@ -329,8 +331,7 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
                     f"{format_seconds(sum(e.exposed_s for e in es))} exposed.")
             q3.lines.append(f"Step {format_seconds(tp.step_time_s)} (MFU {tp.mfu:.1%}) against "
                             + ("n/a for full sharding; " if not full
-                               else "full sharding, which cannot run this batch; "
-                               if batch_split_reasons(job, full.plan)[0]
+                               else "full sharding, which cannot run this batch; " if unsplit_batch
                                else f"{format_seconds(full.step_time_s)} for full sharding; ")
                             + ("feasible." if tp.feasible else "infeasible: " + "; ".join(tp.infeasible_reasons)))
     else:
