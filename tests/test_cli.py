@@ -125,6 +125,9 @@ def test_model_spec_file(capsys, tmp_path):
     f.write_text(f.read_text() + 'attention_window = 128\nglobal_attention_every = 2\ngated_mlp = "no"\n')
     code, _, err = run(capsys, "evaluate", "--model", str(f), "--plan", "dp_shard=64")
     assert code == 2 and "model.gated_mlp: must be true or false" in err
+    f.write_text(f.read_text().replace('name="tiny"', "name=5").replace('gated_mlp = "no"', "gated_mlp = true"))
+    code, _, err = run(capsys, "evaluate", "--model", str(f), "--plan", "dp_shard=64")
+    assert code == 2 and "model.name: must be a non-empty string" in err  # a name must be text
 
 
 def test_job_spec_file(capsys, tmp_path):
@@ -207,10 +210,3 @@ def test_a_job_file_takes_token_counts_as_the_command_line_does(capsys, tmp_path
     code, _, err = run(capsys, "evaluate", "--job", str(job), "--plan", "dp_shard=64")
     assert code == 2 and "job.global_batch_tokens: must be a whole number of tokens" in err
 
-
-def test_a_model_name_must_be_text(capsys, tmp_path):
-    f = tmp_path / "m.toml"
-    f.write_text('name = 5\nn_layers = 4\nhidden = 512\nn_heads = 8\nn_kv_heads = 8\nffn_hidden = 2048\n'
-                 'vocab = 32000\n')
-    code, _, err = run(capsys, "evaluate", "--model", str(f), "--plan", "dp_shard=64")
-    assert code == 2 and "model.name: must be a non-empty string" in err

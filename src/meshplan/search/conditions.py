@@ -80,7 +80,6 @@ class _Knob:
     base: float
     apply: Callable[[float], tuple[ModelSpec, ClusterSpec, JobSpec] | None]
     integer: bool
-    fmt: Callable[[float], str]
     continuous: bool
     read: Callable[[tuple[ModelSpec, ClusterSpec, JobSpec]], float]
     """The condition's value in a scenario ``apply`` built: what was evaluated, which ``apply`` may have
@@ -88,7 +87,12 @@ class _Knob:
     short: Callable[[float], str]
     """The bare value, for a range ('1M', '6.25', '512')."""
     noun: str
-    """What the bare values count, after a range ('tokens per step')."""
+    """What the bare values count, after a value or a range ('tokens per step')."""
+    phrase: Callable[[float], str] | None = None
+    """One value in words where that is not the bare value and the noun ('sequence length 8192')."""
+
+    def fmt(self, v: float) -> str:
+        return self.phrase(v) if self.phrase else f"{self.short(v)} {self.noun}"
 
     def range_text(self, low: float, high: float) -> str:
         return f"{self.short(low)} to {self.short(high)} {self.noun}"
@@ -146,20 +150,17 @@ def _knobs(model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> list[_Knob]:
         return f"{int(v):,}"
 
     return [
-        _Knob("batch_tokens", "tokens per step", job.global_batch_tokens, batch, True,
-              lambda v: f"{format_tokens(v)} tokens per step", True, lambda sc: sc[2].global_batch_tokens,
-              format_tokens, "tokens per step"),
-        _Knob("inter_node_bandwidth", "GB/s per GPU", cluster.inter.nic_bytes_per_s / GB, bandwidth, False,
-              lambda v: f"{v:.3g} GB/s of inter-node bandwidth per GPU", True,
+        _Knob("batch_tokens", "tokens per step", job.global_batch_tokens, batch, True, True,
+              lambda sc: sc[2].global_batch_tokens, format_tokens, "tokens per step"),
+        _Knob("inter_node_bandwidth", "GB/s per GPU", cluster.inter.nic_bytes_per_s / GB, bandwidth, False, True,
               lambda sc: sc[1].inter.nic_bytes_per_s / GB, lambda v: f"{v:.3g}",
               "GB/s of inter-node bandwidth per GPU"),
-        _Knob("gpus", "GPUs", cluster.n_gpus, gpus, True, lambda v: f"{int(v)} GPUs", False, lambda sc: sc[1].n_gpus,
-              whole, "GPUs"),
-        _Knob("seq_len", "tokens", job.seq_len, seq, True, lambda v: f"sequence length {int(v)}", False,
-              lambda sc: sc[2].seq_len, whole, "tokens per sequence"),
-        _Knob("model_layers", "layers", model.n_layers, layers, True,
-              lambda v: f"{int(v)} layers (model size x{v / model.n_layers:.2g})", False, lambda sc: sc[0].n_layers,
-              whole, "layers"),
+        _Knob("gpus", "GPUs", cluster.n_gpus, gpus, True, False, lambda sc: sc[1].n_gpus, whole, "GPUs",
+              lambda v: f"{int(v)} GPUs"),
+        _Knob("seq_len", "tokens", job.seq_len, seq, True, False, lambda sc: sc[2].seq_len, whole,
+              "tokens per sequence", lambda v: f"sequence length {int(v)}"),
+        _Knob("model_layers", "layers", model.n_layers, layers, True, False, lambda sc: sc[0].n_layers, whole,
+              "layers", lambda v: f"{int(v)} layers (model size x{v / model.n_layers:.2g})"),
     ]
 
 
@@ -287,22 +288,16 @@ def _held_range(knob: _Knob, below: _WalkEnd, above: _WalkEnd) -> HeldRange:
                      unit=knob.unit, low_end=below.why, high_end=above.why, text=text)
 
 
-def _candidates_best(knob: _Knob, v: float, candidates: list[Plan], mfu: float | None) -> Estimate | None:
-    """The best of ``candidates`` that fits at ``v`` (None where none does or none can be built there:
-    _candidates_built tells which)."""
-    ests = _candidates_built(knob, v, candidates, mfu)
-    ranked = rank(ests) if ests else []
-    return ranked[0] if ranked and ranked[0].feasible else None
-
-
-def _candidates_built(knob: _Knob, v: float, candidates: list[Plan], mfu: float | None) -> list[Estimate]:
-    """``candidates`` evaluated at ``v``: those that can be built there, fitting or not."""
+def _candidates_best(knob: _Knob, v: float, candidates: list[Plan], mfu: float | None
+                     ) -> tuple[Estimate | None, bool]:
+    """The best of ``candidates`` that fits at ``v`` (None where none does), and whether any of them can be
+    built there at all."""
     from meshplan.cost.step import evaluate
     from meshplan.errors import SpecError
 
     scenario = knob.apply(v)
     if scenario is None:
-        return []
+        return None, False
     model, cluster, job = scenario
     ests = []
     # each candidate with its micro-batch size and recomputation chosen afresh: a longer sequence or a deeper
@@ -316,7 +311,8 @@ def _candidates_built(knob: _Knob, v: float, candidates: list[Plan], mfu: float 
             ests.append(evaluate(model, cluster, job, sized, mfu=mfu))
         except SpecError:
             continue
-    return ests
+    ranked = rank(ests)
+    return (ranked[0] if ranked and ranked[0].feasible else None), bool(ests)
 
 
 def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_best: SearchFn,
@@ -330,8 +326,11 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
         scenario = knob.apply(v)
         return None if scenario is None else search_best(*scenario)
 
-    def probe(v: float) -> Estimate | None:
-        return full(v) if candidates is None else _candidates_best(knob, v, candidates, mfu)
+    def probe(v: float) -> tuple[Estimate | None, bool]:
+        """The best plan at ``v`` (None where none fits), and whether any plan can be built there."""
+        if candidates is not None:
+            return _candidates_best(knob, v, candidates, mfu)
+        return full(v), knob.apply(v) is not None
 
     def changed(v: float, other: Estimate | None) -> bool:
         if other is None or layout_key(other.plan) == base_key:
@@ -344,9 +343,8 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
         v = knob.base * factor**i
         if knob.integer:
             v = float(round(v))
-        other = probe(v)
+        other, built = probe(v)
         if other is None:
-            built = knob.apply(v) is not None and (candidates is None or _candidates_built(knob, v, candidates, mfu))
             return _WalkEnd(held(same), "none fits" if built else "not built", at=knob.applied(v) if built else None)
         if not changed(v, other):
             same = v
@@ -362,7 +360,7 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
                 a_lo, a_hi = sorted((knob.applied(lo), knob.applied(hi)))
                 if not a_lo < knob.applied(mid) < a_hi:  # it would evaluate a value already tried, or beyond
                     break
-                cand = probe(mid)
+                cand, _ = probe(mid)
                 if cand is None:
                     break
                 if changed(mid, cand):
