@@ -25,7 +25,7 @@ FAMILY_NAMES = {"ddp": "DDP", "fsdp": "FSDP full shard", "hsdp": "HSDP", "tp": "
 
 def dominant_terms(est: Estimate, n: int = 3) -> list[tuple[str, float]]:
     """The largest terms of the step-time breakdown [s], largest first."""
-    return sorted(((k, v) for k, v in est.time_breakdown.items() if v > 0), key=lambda kv: -kv[1])[:n]
+    return sorted(((k, v) for k, v in est.named_breakdown().items() if v > 0), key=lambda kv: -kv[1])[:n]
 
 
 def binding_resource(est: Estimate) -> str:
@@ -65,7 +65,7 @@ def why_not(est: Estimate, best: Estimate) -> str:
         d = est.time_breakdown.get(key, 0.0) - best.time_breakdown.get(key, 0.0)
         diffs.append((d, key))
     d, key = max(diffs)
-    return f"{head}; most of the gap is {key} (+{format_seconds(d)})"
+    return f"{head}; most of the gap is {est.breakdown_name(key)} (+{format_seconds(d)})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,15 @@ class CommEntry:
         spans the CP ranks too (torchtitan's ``dp_shard_cp`` mesh, Megatron's data-and-context group)."""
         return "dp_shard_cp" if cp > 1 and self.axis == "dp_shard" and self.group_size % cp == 0 else self.axis
 
+    @property
+    def breakdown_key(self) -> str:
+        """The key of this entry's exposed time in a step-time breakdown (one key per collective and axis)."""
+        return f"exposed {self.collective} ({self.axis})"
+
+    def breakdown_label(self, cp: int) -> str:
+        """``breakdown_key`` with the group named as a user reads it (``group_name``)."""
+        return f"exposed {self.collective} ({self.group_name(cp)})"
+
 
 @dataclass(frozen=True, slots=True)
 class MemoryReport:
@@ -155,6 +164,17 @@ class Estimate:
     @property
     def tokens_per_s_per_gpu(self) -> float:
         return self.tokens_per_s / self.n_gpus
+
+    def breakdown_name(self, key: str) -> str:
+        """A ``time_breakdown`` key as the user reads it: an exposed collective's group named as the
+        communication table names it (``CommEntry.group_name``: 'dp_shard_cp' where the shard group spans
+        the CP ranks); other keys unchanged."""
+        entry = next((e for e in self.comm if e.breakdown_key == key), None)
+        return entry.breakdown_label(self.plan.cp) if entry is not None else key
+
+    def named_breakdown(self) -> dict[str, float]:
+        """``time_breakdown`` under ``breakdown_name``'s keys, in its order."""
+        return {self.breakdown_name(k): v for k, v in self.time_breakdown.items()}
 
     def comm_time_s(self, *, exposed: bool = False) -> float:
         return sum(e.exposed_s if exposed else e.time_s for e in self.comm)

@@ -752,8 +752,7 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...], 
     _absorb_contention(ledger, compute.comm_slowdown * hidden)
     breakdown: dict[str, float] = {"compute": m * (t_f + t_b + t_w), "recompute": m * t_r}
     for x in ledger:
-        key = f"exposed {x.collective} ({x.axis})"
-        breakdown[key] = breakdown.get(key, 0.0) + x.exposed_s
+        breakdown[x.breakdown_key] = breakdown.get(x.breakdown_key, 0.0) + x.exposed_s
     if wait_f or wait_b:
         breakdown["compute"] -= m * (wait_f + wait_b * (1.0 - r_share))
         breakdown["recompute"] -= m * wait_b * r_share

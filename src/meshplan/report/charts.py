@@ -26,7 +26,8 @@ def _plt():
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=110)
+    # "tight" grows the canvas to hold a legend drawn outside the axes
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     _plt().close(fig)
     return buf.getvalue()
 
@@ -50,17 +51,26 @@ def _stacked(rows: list[tuple[str, dict[str, float]]], xlabel: str, title: str) 
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
     if keys:  # nothing to stack (no plan was timed): no legend to draw
-        ax.legend(fontsize=7, loc="lower right", ncol=2)
+        # beside the axes, not over the bars it names
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return _png(fig)
 
 
-def step_breakdown_chart(estimates: list[Estimate]) -> bytes:
-    rows = [(e.plan.label(), e.time_breakdown) for e in estimates if e.time_breakdown]
+def _names(estimates: list[Estimate], labels: list[str] | None) -> list[str]:
+    return labels if labels is not None else [e.plan.label() for e in estimates]
+
+
+def step_breakdown_chart(estimates: list[Estimate], labels: list[str] | None = None) -> bytes:
+    """``labels`` name the bars (default: each plan's label, which two plans that differ only in their
+    options share)."""
+    rows = [(n, e.named_breakdown()) for n, e in zip(_names(estimates, labels), estimates, strict=True)
+            if e.time_breakdown]
     return _stacked(rows, "seconds per step", "Where the step time goes (stacked terms sum to the step)")
 
 
-def memory_chart(estimates: list[Estimate]) -> bytes:
-    rows = [(e.plan.label(), {k: v / GiB for k, v in e.memory.terms.items()}) for e in estimates]
+def memory_chart(estimates: list[Estimate], labels: list[str] | None = None) -> bytes:
+    rows = [(n, {k: v / GiB for k, v in e.memory.terms.items()})
+            for n, e in zip(_names(estimates, labels), estimates, strict=True)]
     png = _stacked(rows, "GiB per GPU (most loaded stage)", "Memory per GPU by term")
     return png
 

@@ -22,9 +22,13 @@ class Figure:
 
 
 def figures(a: PlanAnalysis, sweeps: dict[str, list[SweepPoint]], top: int = 6) -> list[Figure]:
-    best = [e for e in a.result.ranked if e.feasible][:top]
-    out = [Figure("step_breakdown.png", "Step-time breakdown of the top plans", charts.step_breakdown_chart(best)),
-           Figure("memory.png", "Memory breakdown of the top plans", charts.memory_chart(best))]
+    ranked = [(i, e) for i, e in enumerate(a.result.ranked, 1) if e.feasible][:top]
+    best = [e for _, e in ranked]
+    # the rank ties a bar to its row of the table: plans differing only in options share a label
+    labels = [f"#{i} {e.plan.label()}" for i, e in ranked]
+    out = [Figure("step_breakdown.png", "Step-time breakdown of the top plans",
+                  charts.step_breakdown_chart(best, labels)),
+           Figure("memory.png", "Memory breakdown of the top plans", charts.memory_chart(best, labels))]
     for name, pts in sweeps.items():
         if pts:
             out.append(Figure(f"sweep_{name}.png", f"Sweep of {name}",

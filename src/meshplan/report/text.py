@@ -55,7 +55,7 @@ def estimate_text(est: Estimate) -> str:
         if est.uncertainty:
             lines.append("  " + est.uncertainty.sentence("the prediction"))
         lines.append("time breakdown (sums to the step):")
-        for k, v in est.time_breakdown.items():
+        for k, v in est.named_breakdown().items():
             if v > 0:
                 lines.append(f"  {k:<40} {format_seconds(v):>10}  {v / est.step_time_s:6.1%}")
         if est.mode == "faithful":

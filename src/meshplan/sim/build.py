@@ -28,10 +28,6 @@ _PER_LAYER = ("ag_fwd", "ag_bwd", "grads", "step_ag", "inline_f", "inline_b", "i
               "other_f", "other_b")
 
 
-def _key(e: CommEntry) -> str:
-    return f"exposed {e.collective} ({e.axis})"
-
-
 @dataclass(frozen=True, slots=True)
 class _Per:
     """A ledger entry's time per call site: per layer per micro-batch, per micro-batch, or per layer per step."""
@@ -196,7 +192,7 @@ class _Builder:
             if p.time_s <= 0:
                 continue
             op = Op(name=f"{name}: {p.entry.collective} ({p.entry.axis})", stream=f"{stream}:{p.entry.link}",
-                    work_s=p.time_s, category=_key(p.entry), link=p.entry.link, deps=list(deps))
+                    work_s=p.time_s, category=p.entry.breakdown_key, link=p.entry.link, deps=list(deps))
             self.ops.append(op)
             out.append(op)
         return out

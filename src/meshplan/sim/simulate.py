@@ -233,7 +233,7 @@ def _exposed_from(r: SimResult, est: Estimate) -> list:
     (or their time, where the closed form hid them all)."""
     groups: dict[str, list[int]] = {}
     for i, e in enumerate(est.comm):
-        groups.setdefault(f"exposed {e.collective} ({e.axis})", []).append(i)
+        groups.setdefault(e.breakdown_key, []).append(i)
     out = list(est.comm)
     for key, idx in groups.items():
         total = r.breakdown.get(key, 0.0)
