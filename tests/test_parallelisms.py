@@ -59,6 +59,32 @@ def test_recomputed_forward_exchanges_context_parallel_kv_in_the_backward():
     assert fwd.count == again.count  # every layer recomputed
 
 
+def test_pytorch_context_parallel_passes_dkv_round_the_ring_in_fp32():
+    """PyTorch's _templated_ring_attention_backward rotates dK and dV with an all-to-all permute per ring step
+    (the last returns each sum to its owner) in FP32 (convert_to_f32), under either KV exchange; Transformer
+    Engine (Megatron) passes dKV beside KV in its ring and reduce-scatters it after its KV all-gather."""
+    cp, layers = 4, 80
+    by = {}
+    for plan in ("cp=4,dp_shard=16,mbs=1,recompute=none,cp_impl=ring",
+                 "cp=4,dp_shard=16,mbs=1,recompute=none,cp_impl=allgather",
+                 "cp=4,dp_shard=16,mbs=1,recompute=none,cp_impl=ring,sharding=megatron",
+                 "cp=4,dp_shard=16,mbs=1,recompute=none,cp_impl=allgather,sharding=megatron"):
+        est = _est(plan, seq=32768)
+        by[plan] = {e.purpose: e for e in est.comm if e.axis == "cp"}
+    ring, gather, te_ring, te_gather = by.values()
+    kv = ring["ring attention KV pass (forward)"]
+    m = kv.count // (layers * (cp - 1))
+    for pytorch in (ring, gather):
+        dkv = pytorch["dKV ring pass in FP32 (backward)"]
+        assert dkv.collective == "send_recv" and dkv.count == m * layers * cp
+        assert dkv.message_bytes == pytest.approx(2 * kv.message_bytes)  # FP32 against BF16
+        assert "dKV reduce-scatter (backward)" not in pytorch
+    assert ring["ring attention KV pass (backward)"].message_bytes == kv.message_bytes
+    assert "dKV reduce-scatter (backward)" in te_gather and "dKV ring pass in FP32 (backward)" not in te_gather
+    te_bwd = te_ring["ring attention KV and dKV passes (backward)"]
+    assert te_bwd.message_bytes == pytest.approx(2 * kv.message_bytes) and te_bwd.count == kv.count
+
+
 def test_tp_collectives_of_moe_layers_follow_the_expert_split():
     """A layer issues a TP collective pair for attention and one for its MLP; under EP the routed experts
     are whole on each rank (ETP = 1) and need none, so an MoE layer without shared experts issues one."""

@@ -25,7 +25,8 @@ Semantics per implementation (formulas.md §3, checked against the sources cited
   (docs/crosscheck.md).
 - Context parallelism: ring passes (cp-1) KV chunks forward and KV plus dKV backward
   [liu2023ring]; 'allgather' gathers KV and reduce-scatters dKV; 'a2a' (Ulysses) exchanges Q, K, V
-  and the output by all-to-all [jacobs2023ulysses].
+  and the output by all-to-all [jacobs2023ulysses]. PyTorch's context_parallel (the FSDP plans) sends
+  dKV round the ring in FP32 under either KV exchange, cp passes per layer.
 - Expert parallelism: dispatch and combine all-to-alls forward and backward per MoE layer.
 - Pipeline: one activation send forward and one gradient send backward per micro-batch per model
   chunk at each stage boundary; with TP the message is split t ways (SP or scatter-gather).
@@ -58,6 +59,7 @@ two norms are six all-gathers, each paying a collective's latency, where FSDP2 i
 ZERO_REDUCE_BUCKET_ELEMENTS = 5e8
 """DeepSpeed's default reduce_bucket_size (deepspeed/runtime/zero/config.py, 5e8 elements)."""
 ACT_BYTES = 2.0
+FP32_BYTES = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,20 +262,32 @@ def _context_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraff
     calls = st.m * st.n_layers
     recomputed = st.m * sum(st.recomputed)  # the recomputed forwards run within the backward
     fwd_calls = calls + recomputed
+    # PyTorch's context_parallel (FSDP plans: torchtitan) passes dK and dV round the ring in its backward
+    # whatever exchange it uses for K and V, as an FP32 accumulator (``convert_to_f32``), in one permute
+    # per ring step including the last, which returns each chunk's sum to its owner
+    # (torch/distributed/tensor/experimental/_context_parallel/_attention.py,
+    # ``_templated_ring_attention_backward``: ``dkv_rotater``, ``accum_dtype``). Transformer Engine's
+    # (Megatron) passes dKV beside KV in the ring, or reduce-scatters it after its KV all-gather.
+    pytorch = plan.sharding == "fsdp"
     if plan.context_impl == "ring":
         led.add(SEND_RECV, "cp", "ring attention KV pass (forward)", "forward", calls * (cp - 1),
                 kv_local, "attention")
         led.add(SEND_RECV, "cp", "ring attention KV pass (recomputed forward)", "backward",
                 recomputed * (cp - 1), kv_local, "attention")
-        led.add(SEND_RECV, "cp", "ring attention KV and dKV passes (backward)", "backward",
-                calls * (cp - 1), 2 * kv_local, "attention")
+        if pytorch:
+            led.add(SEND_RECV, "cp", "ring attention KV pass (backward)", "backward", calls * (cp - 1),
+                    kv_local, "attention")
+        else:
+            led.add(SEND_RECV, "cp", "ring attention KV and dKV passes (backward)", "backward",
+                    calls * (cp - 1), 2 * kv_local, "attention")
     elif plan.context_impl == "allgather":
         led.add(ALL_GATHER, "cp", "KV all-gather (forward)", "forward", calls, kv_local * cp, "attention")
         led.add(ALL_GATHER, "cp", "KV all-gather (recomputed forward)", "backward", recomputed, kv_local * cp,
                 "attention")
         led.add(ALL_GATHER, "cp", "KV all-gather (backward)", "backward", calls, kv_local * cp, "attention")
-        led.add(REDUCE_SCATTER, "cp", "dKV reduce-scatter (backward)", "backward", calls, kv_local * cp,
-                "attention")
+        if not pytorch:
+            led.add(REDUCE_SCATTER, "cp", "dKV reduce-scatter (backward)", "backward", calls, kv_local * cp,
+                    "attention")
     else:
         qkv = st.tokens * (model.q_dim + 2 * model.kv_dim) * ACT_BYTES / plan.tp
         out = st.tokens * model.q_dim * ACT_BYTES / plan.tp
@@ -281,6 +295,9 @@ def _context_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraff
                 fwd_calls, qkv + out, "none")
         led.add(ALL_TO_ALL, "cp", "Ulysses all-to-all of gradients (backward)", "backward", calls, qkv + out,
                 "none")
+    if pytorch and plan.context_impl != "a2a":
+        led.add(SEND_RECV, "cp", "dKV ring pass in FP32 (backward)", "backward", calls * cp,
+                kv_local / ACT_BYTES * FP32_BYTES, "attention")
 
 
 def _expert_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, st: StageTraffic) -> None:
