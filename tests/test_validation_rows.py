@@ -383,3 +383,57 @@ def test_fp8_attention_and_fused_grouped_mlps_only_where_a_recipe_sets_them():
             assert r.scenario.job.precision == "fp8" and r.scenario.job.cuda_graphs
             assert any("fp8_attention=true" in n for n in r.scenario.imputed)
             assert rows[r.row]["software"].split("/")[0].strip() in ("NeMo 26.06", "NeMo 26.08")
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED), reason="shared data not beside the repository")
+def test_a_malformed_cell_skips_its_row_and_names_the_column():
+    """A user's review: malformed cells were read as blank (a row then skipped for the wrong reason) or as
+    another number ('2x' dropped the TP degree, '2.5' truncated, NaN passed the CI gates)."""
+    import csv
+
+    from meshplan.validation.rows import Skip, scenario_from_row
+
+    with open(SHARED, encoding="utf-8") as fh:
+        row = next(csv.DictReader(fh))  # a torchtitan Llama 3.1 8B row
+    assert scenario_from_row(0, row).plan.dp_shard == 8
+    cases = {"tp": ("2x", "not a number"), "n_layers": ("32L", "not a number"), "seq_len": ("8K", "not a number"),
+             "tokens_per_sec_per_gpu": ("nan", "finite number > 0"), "micro_batch_size": ("0", "> 0"),
+             "n_gpus": ("-8", "> 0"), "pp": ("2.5", "whole number"), "peak_memory_gb": ("82 GiB", "not a number"),
+             "precision": ("int4", "must begin with one of"), "recompute": ("sometimes", "must begin with one of"),
+             "zero_or_fsdp": ("zero7", "must begin with one of"), "flash_attention": ("maybe", "must begin with")}
+    for column, (value, says) in cases.items():
+        with pytest.raises(Skip, match=rf"^{column}='{value}': .*{says}"):
+            scenario_from_row(0, row | {column: value})
+    derived = row | {"tokens_per_sec_per_gpu": "", "tflops_per_gpu": "300", "flops_counting": "HW FLOPs"}
+    with pytest.raises(Skip, match="flops_counting='HW FLOPs'"):  # model or hardware FLOPs: not guessed
+        scenario_from_row(0, derived)
+
+
+@pytest.mark.parametrize(("gpu", "accelerator"), [
+    ("A100 40GB", "a100-40gb"), ("NVIDIA A100-SXM4-40GB", "a100-40gb"), ("A100 80GB (Selene)", "a100-80gb"),
+    ("A100 (DGX A100)", "a100-40gb"), ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("H100 SXM 96GB HBM2e", "h100-sxm"),
+    ("GB200 (NVL72)", "gb200"), ("B200 (DGX-B200)", "b200"), ("H100 PCIe 80GB", None), ("H100 NVL", None),
+    ("A100", None), ("TPU v5p", None)])
+def test_gpu_names_map_by_family_and_memory_not_by_prefix(gpu, accelerator):
+    """'A100-SXM4-40GB' had matched the 'A100' prefix of the 80 GB part, and an H100 PCIe card the SXM part."""
+    from meshplan.validation.rows import Skip, _accelerator
+
+    if accelerator is None:
+        with pytest.raises(Skip, match="not in the catalog"):
+            _accelerator(gpu)
+    else:
+        assert _accelerator(gpu)[0] == accelerator
+
+
+def test_a_row_with_too_few_or_too_many_cells_is_skipped_not_a_traceback(tmp_path):
+    """A truncated last line raised a TypeError from the virtual-stage imputation."""
+    from meshplan.validation.validate import load_scenarios, read_rows
+
+    header = "model,n_layers,hidden,n_heads,vocab,seq_len,gpu_type,n_gpus,tp,pp,source_group,precision," \
+             "global_batch_size,tokens_per_sec_per_gpu,notes\n"
+    f = tmp_path / "runs.csv"
+    f.write_text(header + "Llama,32,4096,32,128256,4096,H100 80GB,8,1\n"
+                 + "Llama,32,4096,32,128256,4096,H100 80GB,8,1,1,x,bf16,8,100,note,extra\n")
+    short, long = load_scenarios(read_rows(f))
+    assert short.skipped == "9 cells against 15 columns"
+    assert long.skipped == "16 cells against 15 columns"

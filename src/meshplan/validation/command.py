@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from meshplan.calibration import UNSEEN_STACK, catalog_fit, compute_params_for
+from meshplan.errors import SpecError
 from meshplan.validation import calibrate as cal
 from meshplan.validation import fold_store
 from meshplan.validation.calibrate import MAX_ROUNDS, TOLERANCE
@@ -21,7 +23,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("validate", help="predict published training runs and compare with the measurements")
     p.add_argument("path", help="CSV with the columns of shared/data/published_runs.csv")
     p.add_argument("--json", action="store_true", help="one record per row and summaries")
-    p.add_argument("--plot", metavar="FILE", help="write predicted against measured tokens/s (PNG)")
+    p.add_argument("--plot", metavar="FILE", help="write predicted against measured tokens/s (.png, .pdf or .svg)")
     p.add_argument("--cv", type=int, default=5, metavar="K",
                    help="k-fold cross-validation: fit on k-1 folds, predict the k-th (0: skip; default 5); the "
                         "catalog's stored fold fits serve where they were made for this data, k and rounds")
@@ -166,8 +168,12 @@ def text_report(results: list[RowResult], fit: dict, cv: dict | None, group_cv: 
     unfit = fit["predicted_not_to_fit"]
     lines.append(f"measured runs predicted not to fit in memory: {len(unfit)}"
                  + (f" ({_rows(unfit)})" if unfit else ""))
+    over = fit.get("recipe_recompute_over_memory") or []
+    if over:
+        lines.append(f"measured runs whose recipe's recomputation the memory model puts over the GPU (timed with "
+                     f"meshplan's own; see their imputed notes): {len(over)} ({_rows(over)})")
     worst = sorted((r for r in results if r.error is not None), key=lambda r: -abs(r.cv_error or r.error or 0))[:12]
-    lines += ["", "largest errors:"]
+    lines += ["", "largest errors" + (" (cross-validated)" if cv else "") + " (row: the data row, from 0):"]
     for r in worst:
         e = r.cv_error if r.cv_error is not None else r.error
         lines.append(f"  row {r.row:>3} {e:+7.1%}  {r.source_group[:22]:<22} {r.model[:26]:<26} {r.gpu[:16]:<16} "
@@ -192,11 +198,14 @@ def _plot(results: list[RowResult], path: str, use_cv: bool) -> None:
 
     fig, ax = plt.subplots(figsize=(6.5, 6))
     groups = sorted({r.source_group for r in results if r.error is not None})
+    seen: list[float] = []
     for g in groups:
         rs = [r for r in results if r.source_group == g and r.error is not None]
         pred = [(r.cv_predicted_tokens_per_s_per_gpu if use_cv else r.predicted_tokens_per_s_per_gpu) for r in rs]
-        ax.scatter([r.measured_tokens_per_s_per_gpu for r in rs], pred, s=12, label=g, alpha=0.75)
-    lo, hi = 5, 1e5
+        meas = [r.measured_tokens_per_s_per_gpu for r in rs]
+        ax.scatter(meas, pred, s=12, label=g, alpha=0.75)
+        seen += [v for v in (*meas, *pred) if v]
+    lo, hi = (min(seen) / 1.5, max(seen) * 1.5) if seen else (5.0, 1e5)  # the diagonals span every point
     ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
     for f in (0.8, 1.25):
         ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
@@ -242,8 +251,36 @@ def _set_lso(results: list[RowResult], preds: dict[int, float]) -> None:
         r.lso_predicted_tokens_per_s_per_gpu = preds.get(r.row)
 
 
+PLOT_FORMATS = (".png", ".pdf", ".svg")
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Reject options that could only fail after the work (or pass a gate that means nothing)."""
+    if args.cv < 0 or args.cv == 1:
+        raise SpecError("validate --cv", f"must be 0 (no cross-validation) or at least 2 folds, got {args.cv}")
+    for flag, value in (("--max-cv-mape", args.max_cv_mape), ("--max-memory-mape", args.max_memory_mape)):
+        if value is not None and not 0 < value <= 1:
+            raise SpecError(f"validate {flag}", f"a fraction in (0, 1] (0.062 is 6.2 %), got {value}")
+    if args.plot:
+        out = Path(args.plot)
+        if out.suffix.lower() not in PLOT_FORMATS:
+            raise SpecError("validate --plot", f"{args.plot!r}: the file must end in {', '.join(PLOT_FORMATS)}")
+        if not out.parent.is_dir():
+            raise SpecError("validate --plot", f"{args.plot!r}: folder {str(out.parent)!r} does not exist")
+        try:
+            import matplotlib  # noqa: F401
+        except ModuleNotFoundError:
+            raise SpecError("validate --plot", "needs matplotlib: pip install 'meshplan[plot]'") from None
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
+    _check_args(args)
     results = load_scenarios(read_rows(args.path))
+    folds = max(2, args.cv or 5) if args.calibrate else args.cv
+    n_modelled = sum(r.scenario is not None for r in results)
+    if folds and folds > n_modelled:
+        raise SpecError("validate --cv", f"{folds} folds need at least as many modelled rows; {args.path} has "
+                                         f"{n_modelled} (--cv 0 skips cross-validation)")
     if args.profile:
         from dataclasses import replace
 
@@ -314,13 +351,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
                           "rows": [_record(r) for r in results]}, indent=1))
     else:
         print(text_report(results, fit_sum, cv_sum, group_sum))
-    gates = ((args.max_cv_mape, "cross-validated MAPE", (cv_sum or fit_sum)["tokens_per_s_per_gpu"]),
+    cv_name = "cross-validated MAPE" if cv_sum else "MAPE of the fit (no cross-validation: --cv 0)"
+    gates = ((args.max_cv_mape, cv_name, (cv_sum or fit_sum)["tokens_per_s_per_gpu"]),
              (args.max_memory_mape, "peak-memory MAPE", fit_sum["peak_memory"]))
     for threshold, name, errors in gates:
         if threshold is None:
             continue
         mape = errors["mape"]  # type: ignore[index]
-        if mape is None or mape > threshold:
+        if mape is None or not math.isfinite(mape) or mape > threshold:
             print(f"meshplan: validate: {name} {'none' if mape is None else f'{mape:.1%}'} exceeds {threshold:.1%}",
                   file=sys.stderr)
             return 1

@@ -46,26 +46,42 @@ class Skip(Exception):
     """A row meshplan does not model, with the reason."""
 
 
-# gpu_type prefix -> (catalog accelerator, overrides: AcceleratorSpec fields in base units, and
-# "peak_scale", a factor on its BF16 and FP8 peaks)
-_GPUS = [
+# gpu_type pattern -> (catalog accelerator, overrides: AcceleratorSpec fields in base units, and
+# "peak_scale", a factor on its BF16 and FP8 peaks), the first that matches the name in upper case with
+# "NVIDIA" dropped and hyphens read as spaces ("NVIDIA A100-SXM4-40GB" is "A100 SXM4 40GB"); None for a part
+# the catalog lacks, with the reason
+_GPUS: list[tuple[str, str | None, dict[str, Any] | str]] = [
+    (r"\b(PCIE|NVL)\b", None, "PCIe and NVL cards run at other clocks and power than the catalog's SXM parts"),
     # Meta's Grand Teton H100: "96GB HBM2e with 2.4 TB/sec peak memory bandwidth", run at a 500 W power limit;
     # "the actual peak TFLOPs number is between SXM and NVL, and we don't know its exact value" (torchtitan
     # benchmarks/llama3_h100_202412_torchtitan.md, "Hardware" and footnote 2). Taken at the middle of that
     # range: SXM 989.4 and NVL 835.5 dense BF16 TFLOP/s (NVIDIA H100 datasheet, 1,979 and 1,671 with
     # sparsity), 0.922 of the SXM peak, BF16 and FP8 alike; the range is +-8 %.
-    ("H100 SXM 96GB", "h100-sxm", {"hbm_capacity_bytes": 96 * GiB, "hbm_bytes_per_s": 2.4e12,
-                                   "peak_scale": (989.4 + 835.5) / 2 / 989.4}),
-    ("H100", "h100-sxm", {}),
-    ("H200", "h200", {}),
-    ("A100 40GB", "a100-40gb", {}),
-    ("A100 (DGX A100)", "a100-40gb", {}),  # Megatron v1's 2020 tables: DGX A100 shipped 40 GB parts until Nov 2020
-    ("A100", "a100-80gb", {}),
-    ("GB200", "gb200", {}),
-    ("GB300", "gb300", {}),
-    ("B200", "b200", {}),
-    ("B300", "b300", {}),
+    (r"\bH100\b.*\b96 ?GB\b", "h100-sxm", {"hbm_capacity_bytes": 96 * GiB, "hbm_bytes_per_s": 2.4e12,
+                                           "peak_scale": (989.4 + 835.5) / 2 / 989.4}),
+    (r"\bH100\b", "h100-sxm", {}),
+    (r"\bH200\b", "h200", {}),
+    (r"\bA100\b.*(\b40 ?GB\b|\(DGX A100\))", "a100-40gb", {}),  # Megatron v1's 2020 tables: DGX A100 shipped
+    (r"\bA100\b.*\b80 ?GB\b", "a100-80gb", {}),                  # 40 GB parts until Nov 2020
+    (r"\bA100\b", None, "an A100 without its memory size (40GB or 80GB)"),
+    (r"\bGB200\b", "gb200", {}),
+    (r"\bGB300\b", "gb300", {}),
+    (r"\bB200\b", "b200", {}),
+    (r"\bB300\b", "b300", {}),
 ]
+
+
+def _accelerator(gpu: str) -> tuple[str, dict[str, Any]]:
+    """The catalog accelerator of a ``gpu_type`` and its overrides (_GPUS); skips a part the catalog lacks."""
+    name = re.sub(r"\bNVIDIA\b", "", gpu.upper()).replace("-", " ").replace("_", " ")
+    for pattern, accel, extra in _GPUS:
+        if re.search(pattern, name):
+            if accel is None:
+                raise Skip(f"accelerator {gpu!r} not in the catalog: {extra}")
+            assert isinstance(extra, dict)
+            return accel, extra
+    raise Skip(f"accelerator {gpu!r} not in the catalog")
+
 
 SOFTWARE_OF_GROUP = {
     "MosaicML llm-foundry": "llm-foundry",
@@ -106,18 +122,39 @@ _GATED_FAMILIES = ("llama", "mixtral", "qwen", "deepseek", "kimi", "gpt-oss", "g
 
 
 def _f(row: dict[str, str], key: str) -> float | None:
+    """The row's number in column ``key``, None where the cell is blank; a cell that is not a finite
+    positive number skips the row, naming the column (never read as blank, nor as another number)."""
     v = (row.get(key) or "").strip()
     if not v:
         return None
     try:
-        return float(v)
+        x = float(v)
     except ValueError:
-        return None
+        raise Skip(f"{key}={v!r}: not a number") from None
+    if not math.isfinite(x) or x <= 0:
+        raise Skip(f"{key}={v!r}: must be a finite number > 0")
+    return x
 
 
 def _i(row: dict[str, str], key: str, default: int | None = None) -> int | None:
+    """``_f`` for a count: a whole number >= 1."""
     v = _f(row, key)
-    return default if v is None else int(v)
+    if v is None:
+        return default
+    if v != int(v):
+        raise Skip(f"{key}={row[key].strip()!r}: must be a whole number >= 1")
+    return int(v)
+
+
+def _word(row: dict[str, str], key: str, allowed: tuple[str, ...]) -> str:
+    """The lower-cased cell of a categorical column, which must begin with one of ``allowed`` (the words
+    of shared/data/README.md; '' allows a blank cell); anything else skips the row, naming them."""
+    cell = (row.get(key) or "").strip()
+    v = cell.lower()
+    if any(v.startswith(a) if a else not v for a in allowed):
+        return v
+    shown = ", ".join(repr(a) if a else "blank" for a in allowed)
+    raise Skip(f"{key}={cell!r}: must begin with one of {shown} (any case)")
 
 
 def _model(row: dict[str, str], idx: int) -> ModelSpec:
@@ -167,10 +204,7 @@ def _cluster(row: dict[str, str]) -> ClusterSpec:
     n = _i(row, "n_gpus")
     if not n:
         raise Skip("n_gpus missing")
-    match = next(((name, overrides) for prefix, name, overrides in _GPUS if gpu.startswith(prefix)), None)
-    if match is None:
-        raise Skip(f"accelerator {gpu!r} not in the catalog")
-    name, overrides = match
+    name, overrides = _accelerator(gpu)
     gpn = _i(row, "gpus_per_node", 8) or 8
     if gpn > 8:  # an NVL72 domain: jobs use whole trays; take the largest power of two dividing the job
         gpn = math.gcd(n, 64)
@@ -185,7 +219,10 @@ def _cluster(row: dict[str, str]) -> ClusterSpec:
     m = re.search(r"(\d+)\s*Gb/s per GPU", row.get("interconnect", ""))
     if m:
         inter = int(m.group(1)) / 8
-    cluster = load_cluster(name, nodes=nodes, gpus_per_node=gpn, inter_node_gb_per_s=inter)
+    try:
+        cluster = load_cluster(name, nodes=nodes, gpus_per_node=gpn, inter_node_gb_per_s=inter)
+    except SpecError as exc:
+        raise Skip(f"cluster: {exc}") from None
     if overrides:
         accel = cluster.accelerator
         fields = {k: v for k, v in overrides.items() if k != "peak_scale"}
@@ -284,7 +321,7 @@ def _reduce_dtype_bytes(row: dict[str, str], precision: str) -> tuple[float, tup
 
 
 def _precision(row: dict[str, str]) -> str:
-    p = row["precision"].lower()
+    p = _word(row, "precision", ("bf16", "fp16", "16-bit", "fp8", "mxfp8", "nvfp4"))
     if "fp4" in p:
         raise Skip("NVFP4 compute is not modelled")
     return "fp8" if ("fp8" in p) else "bf16"
@@ -326,7 +363,7 @@ def _plan(row: dict[str, str], model: ModelSpec,
     dp = _i(row, "dp") or n_gpus // (tp * pp * cp)
     if tp * pp * cp * dp != n_gpus:
         raise Skip(f"layout tp·pp·cp·dp = {tp * pp * cp * dp} does not match {n_gpus} GPUs")
-    z = (row.get("zero_or_fsdp") or "").lower()
+    z = _word(row, "zero_or_fsdp", ("", "none", "fsdp", "zero1", "zero2", "zero3", "distributed optimizer"))
     group = row["source_group"]
     sharding = "fsdp"
     raf: bool | int | None = None
@@ -339,8 +376,8 @@ def _plan(row: dict[str, str], model: ModelSpec,
                 dp_shard, dp_rep = dp, 1
     elif "shard_grad_op" in z:
         raf = False
-    elif z.startswith("zero3"):
-        sharding = "zero3"
+    elif z[:5] in ("zero1", "zero2", "zero3"):
+        sharding = z[:5]
     elif "fsdp" in z:
         pass
     elif group in MEGATRON_CORE_GROUPS or "distributed optimizer" in z:
@@ -349,7 +386,8 @@ def _plan(row: dict[str, str], model: ModelSpec,
         sharding, dp_shard, dp_rep = "fsdp", 1, dp  # 2020-2022 Megatron: DDP, optimizer not sharded
     if ep > 1 and (tp * cp * dp_shard) % ep:
         raise Skip(f"ep={ep} does not fold into tp·cp·dp_shard = {tp * cp * dp_shard}")
-    vpp = _i(row, "virtual_pp")
+    # a pipeline said to interleave without its stages per rank ('... not stated'): imputed below
+    vpp = None if "not stated" in (row.get("virtual_pp") or "").lower() else _i(row, "virtual_pp")
     mbs = _i(row, "micro_batch_size")
     if group == "torchtitan" and pp > 1:
         vpp, mbs, said_tt = _torchtitan_pipeline(row, dp, pp, vpp, mbs)
@@ -365,7 +403,7 @@ def _plan(row: dict[str, str], model: ModelSpec,
             imputed = (*imputed, f"layout={split} from {EMBEDDING_LOSS_SPLIT}")
     if pp > 1 and vpp and vpp > 1 and (model.n_layers >= pp * vpp or split):  # uneven chunks: Megatron layouts
         schedule, v = "interleaved", vpp
-    rc = (row.get("recompute") or "").lower()
+    rc = _word(row, "recompute", ("", "none", "full", "selective"))
     if rc.startswith("selective") and ("op" in rc or "sac" in rc):
         recompute: str | None = "sac"  # torchtitan selective AC, op policy
     elif rc.startswith("selective"):
@@ -375,7 +413,7 @@ def _plan(row: dict[str, str], model: ModelSpec,
     if not rc and row.get("software", "").startswith(MEGATRON_V1):
         recompute = "full"
         imputed = (*imputed, f"recompute=full from {MEGATRON_V1_RECIPE}")
-    spv = (row.get("sequence_parallel") or "").lower()
+    spv = _word(row, "sequence_parallel", ("", "y", "n"))
     sp = None if not spv else spv.startswith("y")
     if group in MEGATRON_CORE_GROUPS and not spv:
         sp = True
@@ -437,6 +475,12 @@ def _cuda_graphs(row: dict[str, str], recipe: RecipeSettings | None) -> tuple[bo
     return False, "layers", ()
 
 
+FLOPS_COUNTINGS = ("hardware-like", "model flops", "nemo", "megatron", "mfu")
+"""How a row's TFLOP/s counts (``flops_counting``, read where throughput is derived from them): 'hardware-like'
+counts the full-recompute forward; the others (model FLOPs as NeMo, Megatron-core, Megatron v1 or an MFU
+definition state them) count none."""
+
+
 def _measured_tokens(row: dict[str, str], model: ModelSpec) -> tuple[float, str]:
     tps = _f(row, "tokens_per_sec_per_gpu")
     if tps:
@@ -451,7 +495,8 @@ def _measured_tokens(row: dict[str, str], model: ModelSpec) -> tuple[float, str]
     seq = int(_f(row, "seq_len") or 0)
     f = model_flop_per_token(model, counts, seq_len=seq, causal=False)
     how = "tflops_per_gpu / model FLOPs per token (non-causal)"
-    if row.get("flops_counting", "").lower().startswith("hardware-like"):
+    counting = _word(row, "flops_counting", FLOPS_COUNTINGS)
+    if counting.startswith("hardware-like"):
         f += recompute_flop_per_token(model, counts, seq_len=seq, recompute="full", flash_attention=True,
                                       causal=False)
         how = "tflops_per_gpu / hardware FLOPs per token (with the full-recompute forward)"
@@ -465,7 +510,7 @@ def impute_virtual_stages(rows: list[dict[str, str]]) -> dict[int, dict[str, str
     returned rows carry it in ``virtual_pp``; rows with no such siblings, or disagreeing ones, are left
     as they are."""
     def key(r: dict[str, str]) -> tuple[str, ...]:
-        return r.get("source_group", ""), r.get("model", ""), r.get("tp", ""), r.get("pp", "")
+        return tuple(r.get(k) or "" for k in ("source_group", "model", "tp", "pp"))
 
     stated: dict[tuple[str, ...], set[str]] = {}
     for r in rows:
@@ -475,9 +520,15 @@ def impute_virtual_stages(rows: list[dict[str, str]]) -> dict[int, dict[str, str
     out = {}
     for i, r in enumerate(rows):
         vs = stated.get(key(r), set())
-        if re.search(r"\bVP=NA\b", r.get("notes", "")) and not (r.get("virtual_pp") or "").strip() and len(vs) == 1:
+        if re.search(r"\bVP=NA\b", r.get("notes") or "") and not (r.get("virtual_pp") or "").strip() and len(vs) == 1:
             out[i] = {**r, "virtual_pp": next(iter(vs))}
     return out
+
+
+RECOMPUTE_REPLACED = "recompute chosen by meshplan"
+"""How an imputed note begins where meshplan's memory model puts a run's recipe recomputation over the GPU
+(the run fitted), so that the row runs meshplan's own choice: the memory model's error, counted by
+``validate`` beside the runs predicted not to fit."""
 
 
 def _fitting_recompute(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan,
@@ -493,7 +544,7 @@ def _fitting_recompute(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, pla
     said = next(n for n in imputed if n.startswith(RECIPE_RECOMPUTE))
     kept = tuple(n for n in imputed if n is not said)
     return replace(plan, recompute=None, recompute_modules=""), (
-        *kept, f"recompute chosen by meshplan: its memory model puts {said} {over:.1f} GiB over the GPU's memory")
+        *kept, f"{RECOMPUTE_REPLACED}: its memory model puts {said} {over:.1f} GiB over the GPU's memory")
 
 
 def scenario_from_row(idx: int, row: dict[str, str]) -> Scenario:
@@ -516,7 +567,7 @@ def scenario_from_row(idx: int, row: dict[str, str]) -> Scenario:
         job = JobSpec(global_batch_tokens=gbs * seq, seq_len=seq, precision=precision,
                       fp8_param_gather=precision == "fp8" and "fp8 fsdp all-gather" in row["precision"].lower(),
                       loss=loss, reduce_dtype_bytes=reduce_bytes,
-                      flash_attention=not (row.get("flash_attention") or "").lower().startswith("n"),
+                      flash_attention=not _word(row, "flash_attention", ("", "y", "n", "unknown")).startswith("n"),
                       fp8_attention=recipe is not None and recipe.fp8_attention and precision == "fp8",
                       fused_grouped_mlp=recipe is not None and recipe.fused_grouped_mlp and precision == "fp8",
                       compiled=compiled, cuda_graphs=graphs, cuda_graph_scope=graph_scope, software=_software(row))

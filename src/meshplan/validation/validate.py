@@ -14,10 +14,12 @@ from meshplan.cost.estimate import Estimate
 from meshplan.cost.step import evaluate
 from meshplan.errors import SpecError
 from meshplan.validation.repeats import config_key, repeat_floor
-from meshplan.validation.rows import Scenario, Skip, impute_virtual_stages, scenario_from_row
+from meshplan.validation.rows import RECOMPUTE_REPLACED, Scenario, Skip, impute_virtual_stages, scenario_from_row
 
 REQUIRED_COLUMNS = ("model", "n_layers", "hidden", "n_heads", "vocab", "seq_len", "gpu_type", "n_gpus", "tp", "pp",
-                    "source_group")
+                    "source_group", "precision", "global_batch_size")
+THROUGHPUT_COLUMNS = ("tokens_per_sec_per_gpu", "tflops_per_gpu")
+"""What a row's throughput is read from: the file must have one of them."""
 
 
 @dataclass(slots=True)
@@ -73,21 +75,31 @@ def read_rows(path: str | Path) -> list[dict[str, str]]:
     try:
         with p.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
-            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+            columns = reader.fieldnames or []
+            missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+            if not any(c in columns for c in THROUGHPUT_COLUMNS):
+                missing.append(" or ".join(THROUGHPUT_COLUMNS))
             if missing:
                 raise SpecError("validate", f"{path} lacks columns {', '.join(missing)} (see shared/data/README.md)")
-            return list(reader)
+            rows = list(reader)
     except (UnicodeDecodeError, csv.Error) as exc:
         raise SpecError("validate", f"{path} is not a UTF-8 CSV file: {exc}") from None
+    if not rows:
+        raise SpecError("validate", f"{path} has a header but no data rows")
+    return rows
 
 
 def load_scenarios(rows: list[dict[str, str]]) -> list[RowResult]:
     out = []
     imputed = impute_virtual_stages(rows)
     for i, row in enumerate(rows):
-        r = RowResult(row=i, source_group=row.get("source_group", ""), gpu=row.get("gpu_type", ""),
-                      model=row.get("model", ""), plan="")
+        r = RowResult(row=i, source_group=row.get("source_group") or "", gpu=row.get("gpu_type") or "",
+                      model=row.get("model") or "", plan="")
         try:
+            if None in row:  # csv.DictReader files surplus cells under None, and fills missing ones with None
+                raise Skip(f"{len(row) - 1 + len(row[None])} cells against {len(row) - 1} columns")  # type: ignore
+            if None in row.values():
+                raise Skip(f"{sum(v is not None for v in row.values())} cells against {len(row)} columns")
             sc = scenario_from_row(i, imputed.get(i, row))
         except Skip as exc:
             r.skipped = str(exc)
@@ -161,4 +173,6 @@ def summary(results: list[RowResult], *, use_cv: bool, use_lso: bool = False) ->
         "repeated_configurations": repeats,
         "peak_memory": summarise(mem),
         "predicted_not_to_fit": [r.row for r in results if r.predicted_feasible is False],
+        "recipe_recompute_over_memory": [r.row for r in results if r.scenario is not None and any(
+            n.startswith(RECOMPUTE_REPLACED) for n in r.scenario.imputed)],
     }
