@@ -156,6 +156,13 @@ def test_job_spec_file(capsys, tmp_path):
     (["evaluate", "--model", "{binary}", "--plan", "dp_shard=64"], "is not UTF-8 text"),
     (["evaluate", "--profile", "{binary}", "--plan", "dp_shard=64"], "profile: malformed JSON"),
     (["validate", "{binary}"], "is not a UTF-8 CSV file"),
+    (["validate", "{header}"], "has a header but no data rows"),
+    (["validate", "{header}", "--cv", "1"], "validate --cv: must be 0 (no cross-validation) or at least 2"),
+    (["validate", "{header}", "--cv", "-1"], "validate --cv: must be 0"),
+    (["validate", "{header}", "--cv", "0", "--max-cv-mape", "6"], "a fraction in (0, 1]"),
+    (["validate", "{header}", "--cv", "0", "--plot", "{dir}/out.txt"], "must end in .png"),
+    (["validate", "{header}", "--cv", "0", "--plot", "{dir}/no/out.png"], "does not exist"),
+    (["report", "--out", "{job}", "--no-conditions"], "report --out: "),
     (["evaluate", "--job", "{dir}", "--plan", "dp_shard=64"], "(it is a directory)"),
     (["evaluate", "--plan", "tp=8,pp=8,mbs=1,recompute=full,recompute_layers=100"], "allowed 1..10"),
 ])
@@ -163,7 +170,10 @@ def test_malformed_inputs_name_the_field_and_exit_2_without_a_traceback(capsys, 
     """What a user's review found raising instead (ZeroDivisionError, TypeError, UnicodeDecodeError)."""
     (tmp_path / "job.toml").write_text("runtime = 5\n")
     (tmp_path / "binary.toml").write_bytes(b"\xff\xfe\x00")
-    paths = {"job": str(tmp_path / "job.toml"), "binary": str(tmp_path / "binary.toml"), "dir": str(tmp_path)}
+    (tmp_path / "header.csv").write_text("model,n_layers,hidden,n_heads,vocab,seq_len,gpu_type,n_gpus,tp,pp,"
+                                         "source_group,precision,global_batch_size,tokens_per_sec_per_gpu\n")
+    paths = {"job": str(tmp_path / "job.toml"), "binary": str(tmp_path / "binary.toml"), "dir": str(tmp_path),
+             "header": str(tmp_path / "header.csv")}
     code, _, err = run(capsys, *(a.format(**paths) for a in args))
     assert code == 2 and says in err and "Traceback" not in err, err
 

@@ -37,6 +37,28 @@ def test_first_stage_holds_p_microbatches():
     assert in_flight_microbatches(schedule="gpipe", pp=8, m=32, vpp=1, stage=0, layers=10) == 32
 
 
+def test_interleaved_stages_hold_their_warm_up_chunks():
+    """A reviewer's finding: stage r of Megatron's interleaved schedule runs 2(p - r - 1) + (v - 1)p + 1
+    chunk forwards before its first backward (schedules.py, get_pp_rank_microbatches), chunk (i // p) mod v
+    for forward i. meshplan scaled the first stage's p + (p - 1)/v by (p - r)/p: 1.375 micro-batches on
+    the last of 4 stages at v = 2 against 2.5."""
+    def held(stage: int, chunks: tuple[float, ...] = ()) -> float:
+        return in_flight_microbatches(schedule="interleaved", pp=4, m=32, vpp=2, stage=stage, layers=20,
+                                      chunk_layers=chunks)
+
+    assert [held(r) for r in range(4)] == pytest.approx([5.5, 4.5, 3.5, 2.5])
+    assert held(0) == pytest.approx(4 * (1 + 3 / 8))  # Korthikanti et al.'s first stage
+    # uneven chunks: the last stage's 5 forwards are 4 of its first chunk (7 layers) and 1 of its second (13)
+    assert held(3, (7.0, 13.0)) == pytest.approx((4 * 7 + 13) / 20)
+    # a later chunk smaller than the first: the steady state's backward of the small chunk frees less than
+    # its forward of the large one added, and the peak comes after the warm-up (a review's simulation of
+    # Megatron's order: 5.78 on the first stage of p=4, v=2 with chunks of 10 and 8 layers)
+    assert held(0, (10.0, 8.0)) == pytest.approx(5.7777777, rel=1e-6)
+    assert held(0, (10.0, 8.0)) > (4 * 10 + 4 * 8 + 3 * 10) / 18  # the warm-up's end
+    # fewer micro-batches than the warm-up: all of them
+    assert in_flight_microbatches(schedule="interleaved", pp=4, m=2, vpp=2, stage=0, layers=20) == 2
+
+
 def test_moe_all_to_all_overlap_holds_one_micro_batch_and_one_layer_without_a_pipeline():
     """Megatron's combined 1F1B pairs forward layer i with backward layer N-1-i and releases the latter:
     one micro-batch and one layer are alive, not two micro-batches."""

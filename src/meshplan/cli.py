@@ -201,6 +201,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     from meshplan.report.html import write_report
     from meshplan.search.sweep import geometric, sweep
 
+    out_dir = Path(args.out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise SpecError("report --out", f"{args.out!r} is a file; give a folder (it is created if missing)")
     model, cluster, job = _scenario(args)
     space = _space(args)
     analysis = analyse(model, cluster, job, space=space, mfu=args.mfu, with_conditions=not args.no_conditions,
@@ -213,8 +216,16 @@ def cmd_report(args: argparse.Namespace) -> int:
         "inter-node-bandwidth": sweep(model, cluster, job, "inter-node-bandwidth", geometric(bw / 8, bw * 2, 6),
                                       space=space, workers=args.jobs),
     }
-    html_path, md_path = write_report(analysis, sweeps, Path(args.out))
-    print(f"wrote {html_path} and {md_path}")
+    html_path, md_path = write_report(analysis, sweeps, out_dir)
+    if args.json:  # the plan command's JSON beside the report
+        from meshplan.report.json import plan_analysis_dict
+
+        out = plan_analysis_dict(analysis, top=None)
+        out["profile_notes"] = args.profile_notes
+        (out_dir / "report.json").write_text(json.dumps(out, indent=2))
+        print(f"wrote {html_path}, {md_path} and {out_dir / 'report.json'}")
+    else:
+        print(f"wrote {html_path} and {md_path}")
     return 0
 
 
@@ -229,8 +240,12 @@ def cmd_catalog(args: argparse.Namespace) -> int:
         a = c.accelerator
         accels.append({"name": name, "description": a.description, "bf16_tflop_per_s": a.bf16_flop_per_s / 1e12,
                        "fp8_tflop_per_s": None if a.fp8_flop_per_s is None else a.fp8_flop_per_s / 1e12,
-                       "hbm_gib": a.hbm_capacity_bytes / 2**30, "gpus_per_node": c.gpus_per_node,
-                       "intra": c.intra.kind, "intra_gb_per_s": c.intra.link_bytes_per_s / GB,
+                       "hbm_gib": a.hbm_capacity_bytes / 2**30, "hbm_tb_per_s": a.hbm_bytes_per_s / 1e12,
+                       "gpus_per_node": c.gpus_per_node, "intra": c.intra.kind,
+                       "intra_gb_per_s": c.intra.link_bytes_per_s / GB,
+                       "ring_busbw_gb_per_s": c.intra.ring_busbw_bytes_per_s / GB,
+                       "nvls_busbw_gb_per_s": None if c.intra.nvls_busbw_bytes_per_s is None
+                       else c.intra.nvls_busbw_bytes_per_s / GB,
                        "nic_gb_per_s": c.inter.nic_bytes_per_s / GB, "sources": a.sources})
     models = []
     for name in list_models():
@@ -242,18 +257,22 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"accelerators": accels, "models": models}, indent=2))
         return 0
-    print("accelerators (dense peaks; memory in GiB; links per GPU per direction, decimal GB/s):")
+    print("accelerators (dense TFLOP/s; HBM in GiB and TB/s; links per GPU per direction and NCCL bus bandwidths "
+          "(busbw) in decimal GB/s):")
     for a in accels:
         fp8 = f"{a['fp8_tflop_per_s']:.0f}" if a["fp8_tflop_per_s"] else "-"
-        print(f"  {a['name']:<10} BF16 {a['bf16_tflop_per_s']:>7.1f}  FP8 {fp8:>6}  HBM {a['hbm_gib']:>5.0f} GiB  "
-              f"{a['gpus_per_node']:>2}/node {a['intra']:<8} {a['intra_gb_per_s']:>4.0f} GB/s  NIC "
+        nvls = f"{a['nvls_busbw_gb_per_s']:.0f}" if a["nvls_busbw_gb_per_s"] else "-"
+        print(f"  {a['name']:<10} BF16 {a['bf16_tflop_per_s']:>7.1f}  FP8 {fp8:>6}  HBM {a['hbm_gib']:>6.2f} GiB "
+              f"{a['hbm_tb_per_s']:>4.1f} TB/s  {a['gpus_per_node']:>2}/node {a['intra']:<8} "
+              f"{a['intra_gb_per_s']:>4.0f} GB/s (busbw ring {a['ring_busbw_gb_per_s']:.0f}, NVLS {nvls})  NIC "
               f"{a['nic_gb_per_s']:.0f} GB/s   {a['description']}")
     print("models:")
     for m in models:
         active = f" ({m['active_params'] / 1e9:.1f}B active)" if m["moe"] else ""
         print(f"  {m['name']:<16} {m['params'] / 1e9:>8.2f}B{active:<18} L={m['n_layers']:<4} h={m['hidden']:<6} "
               f"heads={m['n_heads']}/{m['n_kv_heads']}  {m['source'][:60]}")
-    print("every number has a source: meshplan catalog --json")
+    print("every number has a source: meshplan catalog --json (in these display units, not the base units of "
+          "plan and evaluate JSON)")
     return 0
 
 

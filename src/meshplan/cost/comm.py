@@ -192,7 +192,7 @@ def _grad_bytes(plan: Plan, job: JobSpec) -> float:
     return 2.0 if plan.sharding.startswith("zero") else job.reduce_dtype_bytes
 
 
-def _tensor_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffic) -> None:
+def _tensor_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, st: StageTraffic) -> None:
     if plan.tp <= 1:
         return
     msg = st.tokens * model.hidden * ACT_BYTES
@@ -209,11 +209,11 @@ def _tensor_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffi
     # (torch/utils/checkpoint.py, set_checkpoint_early_stop), so a block's final reduction after its MLP (a
     # dense one, or TP-split experts) is not re-run; Megatron's recomputation re-runs the whole forward.
     ends_on_reduction = r_dense + (r_moe if experts_split else 0)
-    recomputed_rs = recomputed if plan.sharding == "megatron" else recomputed - st.m * ends_on_reduction
+    megatron = plan.runs_megatron_layers(job.software)
+    recomputed_rs = recomputed if megatron else recomputed - st.m * ends_on_reduction
     window_f = "forward" if plan.async_tp else "none"
     window_b = "backward" if plan.async_tp else "none"
     if plan.sequence_parallel:
-        megatron = plan.sharding == "megatron"
         led.add(ALL_GATHER, "tp", "SP all-gather before QKV and MLP (forward)", "forward", per_layer,
                 msg, window_f)
         led.add(REDUCE_SCATTER, "tp", "SP reduce-scatter after attention and MLP (forward)", "forward",
@@ -252,7 +252,7 @@ def _tensor_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffi
                     window_b)
 
 
-def _context_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraffic) -> None:
+def _context_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, st: StageTraffic) -> None:
     cp = plan.cp
     if cp <= 1:
         return
@@ -262,13 +262,13 @@ def _context_parallel(led: _Ledger, model: ModelSpec, plan: Plan, st: StageTraff
     calls = st.m * st.n_layers
     recomputed = st.m * sum(st.recomputed)  # the recomputed forwards run within the backward
     fwd_calls = calls + recomputed
-    # PyTorch's context_parallel (FSDP plans: torchtitan) passes dK and dV round the ring in its backward
-    # whatever exchange it uses for K and V, as an FP32 accumulator (``convert_to_f32``), in one permute
-    # per ring step including the last, which returns each chunk's sum to its owner
+    # PyTorch's context_parallel (FSDP plans off the Megatron stack: torchtitan) passes dK and dV round the
+    # ring in its backward whatever exchange it uses for K and V, as an FP32 accumulator (``convert_to_f32``),
+    # in one permute per ring step including the last, which returns each chunk's sum to its owner
     # (torch/distributed/tensor/experimental/_context_parallel/_attention.py,
     # ``_templated_ring_attention_backward``: ``dkv_rotater``, ``accum_dtype``). Transformer Engine's
     # (Megatron) passes dKV beside KV in the ring, or reduce-scatters it after its KV all-gather.
-    pytorch = plan.sharding == "fsdp"
+    pytorch = not plan.runs_megatron_layers(job.software)
     if plan.context_impl == "ring":
         led.add(SEND_RECV, "cp", "ring attention KV pass (forward)", "forward", calls * (cp - 1),
                 kv_local, "attention")
@@ -370,8 +370,8 @@ def comm_ledger(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan
     led = _Ledger(cluster, groups)
     if not in_layer:
         _data_parallel(led, plan, job, st)
-    _tensor_parallel(led, model, plan, st)
-    _context_parallel(led, model, plan, st)
+    _tensor_parallel(led, model, plan, job, st)
+    _context_parallel(led, model, plan, job, st)
     _expert_parallel(led, model, plan, job, st)
     if not in_layer:
         _pipeline(led, model, plan, st)

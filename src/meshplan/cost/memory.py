@@ -80,15 +80,16 @@ def model_state_bytes(*, n_params: float, shard_degree: int, state: StateBytes) 
 def layer_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: int, sp: bool,
                                      flash_attention: bool, seq_len: int, moe_tokens_factor: float = 0.0,
                                      moe_ffn_hidden: int = 0, n_shared: int = 0, expert_tp: int = 1,
-                                     fp8_inputs: bool = False) -> float:
+                                     fp8_inputs: bool = False, gathered_inputs: bool = False) -> float:
     """Activation bytes one layer saves for backward, per token on the rank, no recompute [bytes/token].
 
     .. math:: 8D/t_{sp} + (4h_q + 4h_{kv} + 6F)/t  + 2·N·S/t\\ (no\\ FlashAttention)
 
     Generalises [4] Table 2 to GQA and SwiGLU (formulas.md §3.8): norm inputs 4D, QKV and MLP inputs 2D
-    each (all replicated unless sequence-parallel), Q, K, V and attention output 2 bytes each, gated MLP
-    6F (4F for GeLU). No dropout (Llama-style); bf16 activations. Without FlashAttention the softmax
-    output (2·N·S bytes per token) is stored too.
+    each (all replicated unless sequence-parallel; the QKV and MLP inputs replicated under it too with
+    ``gathered_inputs``, PyTorch's tensor parallelism: activation_parts_per_token), Q, K, V and attention
+    output 2 bytes each, gated MLP 6F (4F for GeLU). No dropout (Llama-style); bf16 activations. Without
+    FlashAttention the softmax output (2·N·S bytes per token) is stored too.
     For an MoE layer, ``moe_tokens_factor`` = k·capacity·imbalance expert-token copies per token, each
     storing 6F_e (gated) plus its dispatched input and combined output (2D each); shared experts store
     6F_e per token each. With the experts split over TP (``expert_tp`` > 1, Plan.expert_tp) each rank
@@ -107,26 +108,36 @@ def layer_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: i
     return sum(activation_parts_per_token(
         model, ffn_hidden=ffn_hidden, tp=tp, sp=sp, flash_attention=flash_attention, seq_len=seq_len,
         moe_tokens_factor=moe_tokens_factor, moe_ffn_hidden=moe_ffn_hidden, n_shared=n_shared,
-        expert_tp=expert_tp, fp8_inputs=fp8_inputs).values())
+        expert_tp=expert_tp, fp8_inputs=fp8_inputs, gathered_inputs=gathered_inputs).values())
 
 
 def activation_parts_per_token(model: ModelSpec, *, ffn_hidden: int, tp: int, sp: bool, flash_attention: bool,
                                seq_len: int, moe_tokens_factor: float = 0.0, moe_ffn_hidden: int = 0,
-                               n_shared: int = 0, expert_tp: int = 1, fp8_inputs: bool = False
-                               ) -> dict[str, float]:
+                               n_shared: int = 0, expert_tp: int = 1, fp8_inputs: bool = False,
+                               gathered_inputs: bool = False) -> dict[str, float]:
     """``layer_activation_bytes_per_token`` by the tensor that holds it, each on the rank's share of the
     tokens [bytes/token]: 'norm_inputs', 'qkv_input', 'mlp_input' (the two norms' outputs), 'qkv' (Q, K, V
     as attention saves them), 'attn_out', 'mla_latents', 'mlp' (a dense layer's MLP; an MoE layer's shared
     experts), 'routed_act1' (each routed copy's first expert-GEMM output), 'routed_act2' (the activation
     output, the second GEMM's input), 'routed_io' (dispatched inputs and combined outputs), 'scores'
     (unfused attention's softmax output). Megatron's selective recomputation frees some of them
-    (selective_freed_bytes_per_token)."""
+    (selective_freed_bytes_per_token).
+
+    ``gathered_inputs``: under sequence parallelism the QKV and MLP inputs are held whole, as the
+    all-gather delivered them, not as the rank's shard. PyTorch's tensor parallelism (torchtitan's plan:
+    ``SequenceParallel`` norms, then ``ColwiseParallel`` linears whose inputs are redistributed to
+    ``Replicate``) saves the gathered input for the weight gradient, since its backward gathers nothing
+    again; Megatron-core saves the shard and gathers it again in backward (``comm``'s "SP input
+    re-gather"). Measured under a fake process group with ``saved_tensors_hooks`` on the harness's
+    ``apply_tp`` (tp=4): wq/wk/wv and w1/w3 save the full sequence, the norms their shard."""
     D = model.hidden
     t = float(tp)
     g = 1.0 if fp8_inputs else 2.0  # bytes per element of a GEMM input saved by its linear alone
     moe_layer = bool(moe_tokens_factor)
     rep = t if sp else 1.0  # norms and the GEMM inputs they feed: split only under sequence parallelism
-    parts = {"norm_inputs": 4.0 * D / rep, "qkv_input": g * D / rep, "mlp_input": (2.0 if moe_layer else g) * D / rep}
+    rep_in = 1.0 if gathered_inputs else rep  # the GEMM inputs: whole where the all-gathered copy is saved
+    parts = {"norm_inputs": 4.0 * D / rep, "qkv_input": g * D / rep_in,
+             "mlp_input": (2.0 if moe_layer else g) * D / rep_in}
     qkv = 2.0 * model.n_heads * model.qk_head_dim + 2.0 * model.n_kv_heads * model.qk_head_dim
     qkv += 2.0 * model.n_kv_heads * model.value_head_dim
     parts["qkv"] = qkv / t

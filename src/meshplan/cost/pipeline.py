@@ -17,6 +17,8 @@ References
 
 from __future__ import annotations
 
+import functools
+
 from meshplan.memo import cache_by_identity
 from meshplan.specs import ModelSpec, Plan
 from meshplan.specs.layout import layers_per_stage, parse_layout
@@ -70,7 +72,7 @@ def stage_layers(model: ModelSpec, pp: int, layout: str = "", chunks: int = 1) -
 
 
 def in_flight_microbatches(*, schedule: str, pp: int, m: int, vpp: int, stage: int, layers: int,
-                           ep_overlap: bool = False) -> float:
+                           ep_overlap: bool = False, chunk_layers: tuple[float, ...] = ()) -> float:
     """Micro-batches whose activations stage ``stage`` holds at its peak [micro-batches of its layers] [3].
 
     Megatron's MoE all-to-all overlap runs the forward of one micro-batch beside the backward of the one
@@ -79,15 +81,46 @@ def in_flight_microbatches(*, schedule: str, pp: int, m: int, vpp: int, stage: i
     megatron/core/models/common/model_chunk_schedule_plan.py), and autograd frees each backward layer's
     saved tensors as it goes, so without a pipeline one micro-batch and one layer (of the stage's
     ``layers``) are alive; the interleaved schedule warms up one more model chunk
-    (num_warmup_microbatches + 1, megatron/core/pipeline_parallel/schedules.py)."""
+    (num_warmup_microbatches + 1, megatron/core/pipeline_parallel/schedules.py).
+
+    Interleaved, stage r runs 2(p - r - 1) + (v - 1)p chunk forwards before its steady state
+    (``unpaired_microbatches``), then a forward and a backward by turns, in groups of p micro-batches per
+    model chunk (``microbatch_group_size_per_vp_stage``, p by default): forward i runs the rank's chunk
+    (i // p) mod v, backward i its chunk v - 1 - (i // p) mod v. The held micro-batches are the most
+    chunk forwards alive at once, each weighted by its chunk's layers (``chunk_layers``, the stage's chunks
+    in order; equal chunks without) over the stage's (``interleaved_peak``): p + (p - 1)/v on the first
+    stage with equal chunks ([3]'s 1 + (p - 1)/(pv) times p), ((v - 1)p + 1)/v on the last. With equal
+    chunks the peak is the first steady forward's; where a rank's later chunks are the smaller, it comes
+    later (a backward then frees less than the forward before it added)."""
     if pp == 1:
         return 1.0 + (1.0 / layers if ep_overlap and m > 1 else 0.0)
     if schedule == "gpipe":
         return float(m)
-    held = float(min(m, pp - stage))
-    if schedule == "interleaved":
-        held = min(float(m), held * (1.0 + (pp - 1) / (pp * vpp)) + (1.0 / vpp if ep_overlap else 0.0))
-    return held
+    if schedule != "interleaved":
+        return float(min(m, pp - stage))
+    sizes = chunk_layers or (1.0,) * vpp
+    return interleaved_peak(pp, vpp, m, stage, tuple(sizes), ep_overlap)
+
+
+@functools.lru_cache(maxsize=4096)
+def interleaved_peak(pp: int, vpp: int, m: int, stage: int, sizes: tuple[float, ...], ep_overlap: bool) -> float:
+    """The most layers' activations stage ``stage`` of Megatron's interleaved schedule holds at once, in
+    units of its layers (``sizes``: the layers of each of its chunks, in order) [micro-batches]: its
+    warm-up forwards (one more with the MoE all-to-all overlap, whose forward runs beside the next
+    backward), then a forward and a backward by turns (in_flight_microbatches). The live set repeats
+    with the period of p·v passes, so two periods past the warm-up bound its peak."""
+    v, total = vpp, sum(sizes)
+    passes = m * v
+    warm = min(passes, (pp - stage - 1) * 2 + (v - 1) * pp + (1 if ep_overlap else 0))
+    live = peak = 0.0
+    for i in range(warm):
+        live += sizes[(i // pp) % v]
+    peak = live
+    for j, i in enumerate(range(warm, min(passes, warm + 2 * pp * v))):
+        live += sizes[(i // pp) % v]
+        peak = max(peak, live)
+        live -= sizes[v - 1 - (j // pp) % v]
+    return peak / total if total > 0 else min(float(m), (warm + 1) / v)
 
 
 def unpaired_microbatches(*, schedule: str, pp: int, m: int, vpp: int, stage: int) -> float:
@@ -129,6 +162,21 @@ def round_robin_chunks(schedule: str, vpp: int) -> int:
     """Model chunks per rank that stage_layers places round-robin: the interleaved schedule's virtual
     stages (ZB-V's V-shaped pair is split as one chunk per rank)."""
     return vpp if schedule == "interleaved" else 1
+
+
+@cache_by_identity(n_specs=1, maxsize=4096)
+def stage_chunk_layers(model: ModelSpec, pp: int, layout: str, chunks: int, stage: int) -> tuple[float, ...]:
+    """Layers of each model chunk of rank ``stage``, in the order it runs them (chunk c on rank c mod pp), as
+    stage_layers places them: a layout's, MTP's split (its layers on the last chunk), or the stage's layers
+    split evenly."""
+    if layout or (model.mtp_layers and pp > 1):
+        sizes = [float(n) for n in ([c.layers for c in parse_layout(layout)] if layout
+                                    else mtp_chunk_layers(model.n_layers, model.mtp_layers, pp * chunks))]
+        sizes[-1] += model.mtp_layers
+    else:
+        d, e = stage_layers(model, pp, layout, chunks)[stage]
+        return ((d + e) / chunks,) * chunks
+    return tuple(sizes[stage::pp])
 
 
 def plan_stage_layers(model: ModelSpec, plan: Plan) -> list[tuple[int, int]]:

@@ -44,6 +44,7 @@ from meshplan.cost.pipeline import (
     in_flight_microbatches,
     plan_stage_layers,
     round_robin_chunks,
+    stage_chunk_layers,
     stage_layers,
     unpaired_microbatches,
 )
@@ -359,10 +360,11 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
         runtime["deepep_buffers"] = mem.deepep_buffer_bytes(hidden=model.hidden, ep=plan.ep)
 
     cp_gather = (mem.cp_kv_gather_bytes_per_token(kv_dim=model.kv_dim, tp=plan.tp, cp=plan.cp,
-                                                  gathered_grads=plan.sharding == "megatron")
+                                                  gathered_grads=plan.runs_megatron_layers(job.software))
                  if plan.cp > 1 and plan.context_impl == "allgather" and c.n_dense + c.n_moe else 0.0)
     return _StaticMemory(terms, transient, runtime, *_activation_coefficients(
-        model, job, plan.tp, plan.sequence_parallel, c.n_moe > 0, c.s == 0, c.last, plan.expert_tp), cp_gather)
+        model, job, plan.tp, plan.sequence_parallel, c.n_moe > 0, c.s == 0, c.last, plan.expert_tp,
+        plan.sequence_parallel and not plan.runs_megatron_layers(job.software)), cp_gather)
 
 
 @cache_by_identity(n_specs=2)
@@ -382,21 +384,23 @@ def _selective_freed(model: ModelSpec, job: JobSpec, tp: int, sp: bool, moe: boo
 
 @cache_by_identity(n_specs=2)
 def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, moe: bool, first: bool, last: bool,
-                             etp: int) -> tuple[tuple[float, float], tuple[float, float], float, tuple[float, float],
-                                                float, float]:
+                             etp: int, gathered: bool
+                             ) -> tuple[tuple[float, float], tuple[float, float], float, tuple[float, float], float,
+                                        float]:
     """The per-token fields of ``_StaticMemory`` (a_dense ... embedding), memoised: they depend on the
-    model, the job and the TP split (of the experts: ``etp``) only."""
+    model, the job and the TP split (of the experts: ``etp``; ``gathered``: the QKV and MLP inputs are saved
+    as the sequence-parallel all-gather delivered them, memory.activation_parts_per_token) only."""
 
     def act(flash: bool, moe: bool) -> float:
         if not moe:
             return mem.layer_activation_bytes_per_token(model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp,
                                                         flash_attention=flash, seq_len=job.seq_len,
-                                                        fp8_inputs=job.fp8_saves_fp8_inputs)
+                                                        fp8_inputs=job.fp8_saves_fp8_inputs, gathered_inputs=gathered)
         return mem.layer_activation_bytes_per_token(
             model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp, flash_attention=flash, seq_len=job.seq_len,
             moe_tokens_factor=model.top_k * job.moe_capacity_factor * job.moe_routing_imbalance,
             moe_ffn_hidden=model.expert_ffn_hidden, n_shared=model.n_shared_experts, expert_tp=etp,
-            fp8_inputs=job.fp8_saves_fp8_inputs)
+            fp8_inputs=job.fp8_saves_fp8_inputs, gathered_inputs=gathered)
 
     a_moe = (act(False, True), act(True, True)) if moe else (0.0, 0.0)
     sac_m = (mem.sac_activation_bytes_per_token(model, ffn_hidden=model.expert_ffn_hidden * model.top_k, tp=tp,
@@ -423,7 +427,8 @@ def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, floa
                                  modules)
         a_dense, a_moe = a_dense - freed[0], a_moe - freed[1]
     held = in_flight_microbatches(schedule=c.plan.schedule, pp=c.plan.pp, m=c.m, vpp=c.plan.vpp, stage=c.s,
-                                  ep_overlap=c.plan.ep_overlap, layers=c.n_dense + c.n_moe)
+                                  ep_overlap=c.plan.ep_overlap, layers=c.n_dense + c.n_moe,
+                                  chunk_layers=_chunk_layers(c.model, c.plan, c.s))
     working = 0.0
     if recompute == "full":
         r_dense, r_moe = c.recomputed
@@ -440,6 +445,14 @@ def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, floa
         if c.plan.offload_layers:
             stored -= tokens * _offloaded_bytes_per_token(c, a_dense, a_moe)
     return held * stored, held * tokens * st.embedding, working, tokens * st.logits, tokens * st.cp_gather
+
+
+def _chunk_layers(model: ModelSpec, plan: Plan, stage: int) -> tuple[float, ...]:
+    """The layers of each model chunk of an interleaved stage, in order (in_flight_microbatches weighs
+    the chunks its warm-up runs by them); none for other schedules."""
+    if plan.schedule != "interleaved" or plan.pp == 1:
+        return ()
+    return stage_chunk_layers(model, plan.pp, plan.layout, plan.vpp, stage)
 
 
 def offloaded_layers(offload_layers: int, n_dense: int, n_moe: int) -> tuple[int, int]:
@@ -832,7 +845,7 @@ def _offload_reasons(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan:
     iteration (offload_runs_with); and the offloaded tensors must fit in the GPU's share of host memory
     where the node spec gives it (ClusterSpec.host_memory_bytes)."""
     reasons = []
-    if plan.sharding != "megatron" and job.software != "megatron":
+    if not plan.runs_megatron_layers(job.software):
         reasons.append(f"activation offloading is Megatron-core's (Transformer Engine's offload context): needs "
                        f"sharding=megatron or job software = megatron, got sharding={plan.sharding} and software="
                        f"{job.software}")
@@ -865,7 +878,7 @@ def offload_offered(cluster: ClusterSpec, job: JobSpec, plan: Plan) -> bool:
     Megatron-FSDP) without a pipeline, on a node whose host link rate is known, outside per-layer CUDA
     graphs (_offload_reasons names each of these where a plan offloads anyway)."""
     return (plan.pp == 1 and cluster.host_bytes_per_s is not None and offload_runs_with(job)
-            and (plan.sharding == "megatron" or job.software == "megatron"))
+            and plan.runs_megatron_layers(job.software))
 
 
 def bounding_stages(layout: list[tuple[int, int]]) -> list[int]:
@@ -1062,7 +1075,8 @@ def _critical_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan:
         return 0.0
     stages = plan_stage_layers(model, plan)
     per = _layer_comm_s(model, cluster, job, plan.tp, plan.sequence_parallel, plan.async_tp,
-                        plan.sharding == "megatron", plan.cp, plan.context_impl, plan.ep, plan.expert_tp,
+                        plan.runs_megatron_layers(job.software), plan.cp, plan.context_impl, plan.ep,
+                        plan.expert_tp,
                         plan.ep_dispatch, plan.ep_overlap, mbs, plan)
     least = float("inf")
     for s in sorted({0, plan.pp - 1}):
@@ -1210,7 +1224,7 @@ def recompute_options(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[
     if plan.offload_layers:  # Megatron offloads only without recomputation
         return ["none"], 0
     modes = ["none", "sac", "full"] if job.flash_attention else ["none", "selective", "sac", "full"]
-    if plan.sharding == "megatron" or job.software == "megatron":  # Megatron-core has modules, not op-level SAC
+    if plan.runs_megatron_layers(job.software):  # Megatron-core has modules, not op-level SAC
         keys = megatron_selective_keys(model, job.flash_attention, job.fused_grouped_mlp)
         modes[modes.index("sac"):modes.index("sac") + 1] = keys
     if plan.ep_overlap:  # Megatron's all-to-all overlap runs without full recomputation (or offloading)
@@ -1270,7 +1284,8 @@ class _Choice:
         self._bounds = _shared_bounds(model, cluster, job, compute, plan.tp, plan.cp, plan.ep, plan.expert_tp,
                                       plan.pp, plan.dp,
                                       plan.schedule, plan.vpp, plan.sequence_parallel, plan.context_impl,
-                                      plan.async_tp, plan.sharding == "megatron", plan.ep_dispatch, plan.ep_overlap,
+                                      plan.async_tp, plan.runs_megatron_layers(job.software), plan.ep_dispatch,
+                                      plan.ep_overlap,
                                       plan.mbs)
 
     def variant(self, rc: str, b: int, n: int | None = None) -> Plan:
@@ -1308,7 +1323,8 @@ class _Choice:
         frees = 0.0
         for s, st in self.shared.static.items():
             held = in_flight_microbatches(schedule=plan.schedule, pp=plan.pp, m=m, vpp=plan.vpp, stage=s,
-                                          ep_overlap=plan.ep_overlap, layers=sum(self.shared.layout[s]))
+                                          ep_overlap=plan.ep_overlap, layers=sum(self.shared.layout[s]),
+                                          chunk_layers=_chunk_layers(self.model, plan, s))
             frees = max(frees, held * tokens * (max(st.a_dense[flash], st.a_moe[flash]) - st.full_recompute))
         frees *= 1.0 + self.job.runtime.allocator_fraction
         return self.partial_layers if frees <= 0 else max(1, min(self.partial_layers, math.ceil(over / frees)))

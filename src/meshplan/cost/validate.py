@@ -76,7 +76,7 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
         if folded % (plan.ep * plan.expert_tp):
             raise SpecError("plan.etp", f"ep x etp = {plan.ep} x {plan.expert_tp} must divide tp x cp x dp_shard "
                                         f"= {folded} (the expert mesh folds onto those ranks); use etp=1")
-    if model.is_moe and plan.sharding == "megatron" and plan.tp > 1 and not plan.sequence_parallel:
+    if model.is_moe and plan.runs_megatron_layers(job.software) and plan.tp > 1 and not plan.sequence_parallel:
         raise SpecError("plan.sp", "Megatron-core trains MoE layers with TP only under sequence parallelism "
                                    "(MoELayer raises otherwise): leave sp out or set sp=true")
     if plan.recompute_modules:

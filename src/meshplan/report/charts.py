@@ -4,11 +4,10 @@ function returns PNG bytes."""
 from __future__ import annotations
 
 import io
-import itertools
 
 from meshplan.cost.estimate import Estimate
 from meshplan.errors import SpecError
-from meshplan.search.sweep import SweepPoint
+from meshplan.search.sweep import SweepPoint, changes
 from meshplan.units import GiB
 
 
@@ -75,7 +74,15 @@ def memory_chart(estimates: list[Estimate], labels: list[str] | None = None) -> 
     return png
 
 
+SWEEP_AXES = {"batch-tokens": "global batch [tokens per step]",
+              "inter-node-bandwidth": "inter-node bandwidth [GB/s per GPU per direction]",
+              "gpus": "GPUs", "seq-len": "sequence length [tokens]", "layers": "layers"}
+"""The x-axis title of a sweep of each condition (sweep --vary NAME), with its unit."""
+
+
 def sweep_chart(points: list[SweepPoint], *, xlabel: str, log_x: bool) -> bytes:
+    """``xlabel``: a condition's name (SWEEP_AXES gives its title) or a title."""
+    xlabel = SWEEP_AXES.get(xlabel, xlabel)
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     families = sorted({f for p in points for f in p.by_family})
@@ -86,11 +93,10 @@ def sweep_chart(points: list[SweepPoint], *, xlabel: str, log_x: bool) -> bytes:
     best_x = [p.value for p in points if p.best]
     best_y = [p.best.tokens_per_s_per_gpu for p in points if p.best]
     ax.plot(best_x, best_y, "k--", lw=1, label="best")
-    for p, q in itertools.pairwise(points):
-        if p.best and q.best and p.best.plan.label() != q.best.plan.label():
-            ax.axvline((p.value * q.value) ** 0.5, color="grey", lw=0.6, ls=":")
-            ax.text((p.value * q.value) ** 0.5, ax.get_ylim()[1] * 0.98, q.best.plan.label(), fontsize=6,
-                    rotation=90, va="top")
+    for before, after, _, label in changes(points):  # the changes the sweep's text lists, as it names them
+        x = (before * after) ** 0.5
+        ax.axvline(x, color="grey", lw=0.6, ls=":")
+        ax.text(x, ax.get_ylim()[1] * 0.98, label, fontsize=6, rotation=90, va="top")
     if log_x:
         ax.set_xscale("log")
     ax.set(xlabel=xlabel, ylabel="predicted tokens/s per GPU", title="Best plan of each family")

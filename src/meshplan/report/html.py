@@ -32,7 +32,8 @@ def figures(a: PlanAnalysis, sweeps: dict[str, list[SweepPoint]], top: int = 6) 
     for name, pts in sweeps.items():
         if pts:
             out.append(Figure(f"sweep_{name}.png", f"Sweep of {name}",
-                              charts.sweep_chart(pts, xlabel=name, log_x=log_ticks([p.value for p in pts]))))
+                              charts.sweep_chart(pts, xlabel=name,
+                                                 log_x=log_ticks([p.value for p in pts]))))
     return out
 
 
@@ -43,10 +44,16 @@ def _table(a: PlanAnalysis, top: int) -> tuple[list[str], list[list[str]]]:
         p = e.plan
         rows.append([str(i), p.label(), p.to_string(), f"{p.mbs} x {e.n_microbatches}, {p.recompute_label}",
                      format_seconds(e.step_time_s) if e.step_time_s == e.step_time_s else "-",
-                     f"{e.mfu:.1%}" if e.mfu == e.mfu else "-", format_seconds(e.comm_time_s(exposed=True)),
+                     f"{e.mfu:.1%}" if e.mfu == e.mfu else "-",
+                     format_seconds(e.comm_time_s(exposed=True)) if e.step_time_s == e.step_time_s else "-",
                      format_gib(e.memory.peak_bytes), "yes" if e.feasible else "no",
                      "" if e.feasible else e.infeasible_reasons[0]])
     return header, rows
+
+
+def _md_cell(text: str) -> str:
+    """A Markdown table cell: a layout's '|' would end the cell and its '*' start emphasis."""
+    return text.replace("|", "\\|").replace("*", "\\*")
 
 
 def write_report(a: PlanAnalysis, sweeps: dict[str, list[SweepPoint]], out_dir: Path, *, top: int = 15
@@ -87,7 +94,8 @@ def write_report(a: PlanAnalysis, sweeps: dict[str, list[SweepPoint]], out_dir: 
     md.append("")
     h.append("</ul>")
     md += [f"## Ranked plans (top {len(rows)} of {len(a.result.ranked)})", "", "| " + " | ".join(header) + " |",
-           "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows] + [""]
+           "|" + "---|" * len(header)] + ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
+    md += [""]
     h += [f"<h2>Ranked plans (top {len(rows)} of {len(a.result.ranked)})</h2><table><tr>"
           + "".join(f"<th>{html.escape(c)}</th>" for c in header) + "</tr>"]
     h += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows] + ["</table>"]

@@ -76,7 +76,8 @@ def ranked_table(estimates: list[Estimate], top: int) -> list[str]:
         rows.append([str(i), p.label(), ",".join(p.option_labels()), f"mbs={p.mbs},{p.recompute_label}",
                      str(e.n_microbatches),
                      format_seconds(e.step_time_s) if e.step_time_s == e.step_time_s else "-",
-                     f"{e.mfu:.1%}" if e.mfu == e.mfu else "-", format_seconds(exposed),
+                     f"{e.mfu:.1%}" if e.mfu == e.mfu else "-",
+                     format_seconds(exposed) if e.step_time_s == e.step_time_s else "-",  # not timed
                      format_gib(e.memory.peak_bytes), "yes" if e.feasible else "no",
                      "" if e.feasible else e.infeasible_reasons[0][:70]])
     return _table(rows, ["#", "plan", "options", "micro-batch", "m", "step", "MFU", "exposed comm", "peak mem", "fits",

@@ -160,7 +160,10 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
     if progress:
         progress(total, total)
     n_cfg = sum(configurations(p) for p in [*plans, *variants])
-    ranked = rank(results)
+    # a variant that settles on its base plan's choices (automatic offloading that offloads no layer) is
+    # that plan: ranked once
+    seen: set[Plan] = set()
+    ranked = rank([e for e in results if not (e.plan in seen or seen.add(e.plan))])
     if refine_top:
         from meshplan.sim.simulate import refine
 
@@ -175,5 +178,5 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
                                               step_overhead_s=compute.step_overhead_s), top, workers)
         refined = {id(e): r for e, r in zip(top, timed, strict=True)}
         ranked = rank([refined.get(id(e), e) for e in ranked])
-    return SearchResult(ranked=ranked, n_plans=len(results), n_configurations=n_cfg,
+    return SearchResult(ranked=ranked, n_plans=len(ranked), n_configurations=n_cfg,
                         elapsed_s=time.perf_counter() - t0, n_pruned=n_pruned)

@@ -102,7 +102,7 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
     per_replica = max(1, job.global_batch_seqs // plan.dp)
     sharded, gpn = plan.sharding == "fsdp" and plan.shard_degree > 1, cluster.gpus_per_node
     tp_opts: list[tuple[bool | None, bool]] = [(None, False)]
-    if plan.tp > 1 and not (model.is_moe and plan.sharding == "megatron"):  # Megatron's MoE needs SP with TP
+    if plan.tp > 1 and not (model.is_moe and plan.runs_megatron_layers(job.software)):  # Megatron's MoE: SP with TP
         tp_opts.append((False, False))
         if plan.sharding in ("fsdp", "megatron"):
             tp_opts.append((None, True))
@@ -211,6 +211,10 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space:
             if ep > 1 and (tp * cp * ds) % ep:
                 continue
             shardings = space.shardings if ds * cp > 1 else ("fsdp",)
+            if ds * cp == 1 and tp > 1 and job.software not in STACK_SHARDINGS:
+                # nothing to shard, but Megatron-core's tensor-parallel layers save less than PyTorch's
+                # (Plan.runs_megatron_layers): both frameworks are plans, where the space has them
+                shardings = tuple(s for s in ("fsdp", "megatron") if s in space.shardings) or ("fsdp",)
             if ds * cp > 1 and job.software in STACK_SHARDINGS:  # a named stack runs its own shardings only
                 shardings = tuple(s for s in shardings if s in STACK_SHARDINGS[job.software])
             if pp > 1 and schedule not in STACK_SCHEDULES.get(job.software, (schedule,)):

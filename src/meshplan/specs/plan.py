@@ -284,6 +284,14 @@ class Plan:
         """The expert-TP every framework runs by default: tp without expert parallelism, 1 with it."""
         return self.tp if self.ep == 1 else 1
 
+    def runs_megatron_layers(self, software: str) -> bool:
+        """Whether the plan runs Megatron-core's layers and recomputation (its tensor- and context-parallel
+        linears and attention, recomputation modules, activation offloading) rather than PyTorch's own
+        (DTensor tensor parallelism, ``context_parallel``, ``torch.utils.checkpoint``): a plan with Megatron's
+        distributed optimizer, or any plan of a job on the Megatron stack (``software`` 'megatron':
+        Megatron-FSDP, the plain data parallelism of the Megatron papers)."""
+        return self.sharding == "megatron" or software == "megatron"
+
     @property
     def context_impl(self) -> str:
         """The context-parallel exchange in effect."""
@@ -407,6 +415,8 @@ class Plan:
         label = " x ".join(parts) if parts else "single GPU"
         if self.dp_shard == 1 and self.cp > 1 and self.sharding != "fsdp":
             label += f" ({shard_name} over CP)"  # model states sharded over the cp ranks
+        elif self.shard_degree == 1 and self.sharding == "megatron" and parts:
+            label += " (Megatron)"  # nothing sharded: Megatron-core's layers and schedules (runs_megatron_layers)
         return label
 
     def to_string(self) -> str:
