@@ -93,10 +93,10 @@ def write_report(a: PlanAnalysis, sweeps: dict[str, list[SweepPoint]], out_dir: 
         h.append(f"<li>{none}</li>")
     md.append("")
     h.append("</ul>")
-    md += [f"## Ranked plans (top {len(rows)} of {len(a.result.ranked)})", "", "| " + " | ".join(header) + " |",
+    md += [f"## Ranked plans (top {len(rows)} of {len(a.result.ranked):,})", "", "| " + " | ".join(header) + " |",
            "|" + "---|" * len(header)] + ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
     md += [""]
-    h += [f"<h2>Ranked plans (top {len(rows)} of {len(a.result.ranked)})</h2><table><tr>"
+    h += [f"<h2>Ranked plans (top {len(rows)} of {len(a.result.ranked):,})</h2><table><tr>"
           + "".join(f"<th>{html.escape(c)}</th>" for c in header) + "</tr>"]
     h += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows] + ["</table>"]
     for f in figs:
