@@ -567,3 +567,18 @@ def test_pipeline_neighbours_in_one_nvlink_domain_send_over_nvlink():
         one = next(e.edge_s / 7 for e in nvlink.stages[0].comm if e.axis == "pp")
         other = next(e.edge_s / 7 for e in ib.stages[0].comm if e.axis == "pp")
         assert all(e.edge_s == pytest.approx(4 * one + 3 * other) for e in p2p)
+
+
+def test_torchtitan_context_parallelism_passes_k_and_v_at_every_query_head():
+    """torchtitan's Llama repeats K and V to every query head (repeat_kv) before the SDPA call that
+    context parallelism replaces, so its ring passes n_heads/n_kv_heads times the GQA chunk: 4x for
+    Llama 3 8B (32 query heads, 8 KV heads)."""
+    m, c = load_model("llama-3-8b"), load_cluster("h100-sxm", nodes=1)
+    plan = parse_plan("cp=8,mbs=1,recompute=full,cp_impl=ring", 8)
+    passes = {}
+    for software in ("generic", "torchtitan"):
+        job = JobSpec(global_batch_tokens=2**20, seq_len=65536, software=software)
+        est = evaluate(m, c, job, plan)
+        passes[software] = next(e for e in est.comm if e.purpose == "ring attention KV pass (forward)")
+    assert passes["torchtitan"].message_bytes == pytest.approx(4 * passes["generic"].message_bytes)
+    assert passes["generic"].message_bytes == pytest.approx(65536 / 8 * 2 * m.kv_dim * 2)

@@ -256,7 +256,8 @@ def _context_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, 
     cp = plan.cp
     if cp <= 1:
         return
-    kv_local = st.tokens * 2 * model.kv_dim * ACT_BYTES / plan.tp  # K and V of the local chunk, TP heads
+    kv_width = model.q_dim if job.attention_kv_expanded else model.kv_dim  # torchtitan: repeated to every head
+    kv_local = st.tokens * 2 * kv_width * ACT_BYTES / plan.tp  # K and V of the local chunk, TP heads
     if model.is_mla:
         kv_local = st.tokens * model.n_heads * (model.qk_head_dim + model.value_head_dim) * ACT_BYTES / plan.tp
     calls = st.m * st.n_layers

@@ -359,7 +359,8 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
     if plan.ep_dispatch == "deepep" and c.n_moe:
         runtime["deepep_buffers"] = mem.deepep_buffer_bytes(hidden=model.hidden, ep=plan.ep)
 
-    cp_gather = (mem.cp_kv_gather_bytes_per_token(kv_dim=model.kv_dim, tp=plan.tp, cp=plan.cp,
+    kv_width = model.q_dim if job.attention_kv_expanded else model.kv_dim
+    cp_gather = (mem.cp_kv_gather_bytes_per_token(kv_dim=kv_width, tp=plan.tp, cp=plan.cp,
                                                   gathered_grads=plan.runs_megatron_layers(job.software))
                  if plan.cp > 1 and plan.context_impl == "allgather" and c.n_dense + c.n_moe else 0.0)
     return _StaticMemory(terms, transient, runtime, *_activation_coefficients(

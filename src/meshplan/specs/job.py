@@ -18,6 +18,11 @@ STACK_LOSS = {"megatron": "vocab_parallel", "llm-foundry": "fused"}
 """The cross-entropy a stack runs unless told: Megatron-core's vocab-parallel cross-entropy
 (tensor_parallel/cross_entropy.py); llm-foundry's MPT defaults to flash_attn's fused one (``loss_fn:
 fused_crossentropy`` in ComposerMPTCausalLM, llmfoundry/models/mpt/modeling_mpt.py); others eager."""
+KV_EXPANDING_STACKS = ("torchtitan",)
+"""Stacks whose attention receives K and V repeated to every query head: torchtitan's Llama calls
+``repeat_kv`` on them before ``F.scaled_dot_product_attention`` (torchtitan/models/llama3/model/model.py,
+and torchtitan/models/llama/model.py of 2024), so its context parallelism, which runs inside that call,
+passes and gathers K and V at the query heads' width."""
 TE_FP8_STACKS = ("megatron", "llm-foundry")
 """Stacks whose FP8 linears are Transformer Engine's, which save the FP8 copy of a GEMM's input for the
 weight gradient (memory.layer_activation_bytes_per_token); llm-foundry's FP8 runs use TE (``amp_fp8``).
@@ -143,6 +148,12 @@ class JobSpec:
     def fp8_saves_fp8_inputs(self) -> bool:
         """Whether saved GEMM inputs are FP8 copies (TE_FP8_STACKS under precision='fp8')."""
         return self.precision == "fp8" and self.software in TE_FP8_STACKS
+
+    @property
+    def attention_kv_expanded(self) -> bool:
+        """Whether attention's K and V are repeated to every query head before it runs
+        (KV_EXPANDING_STACKS)."""
+        return self.software in KV_EXPANDING_STACKS
 
     @property
     def loss_impl(self) -> str:
