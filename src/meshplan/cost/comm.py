@@ -252,12 +252,17 @@ def _tensor_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, s
                     window_b)
 
 
+def attention_kv_dim(model: ModelSpec, job: JobSpec) -> int:
+    """The width of each of K and V as attention receives them: the query heads' where the stack repeats
+    them to every head (JobSpec.attention_kv_expanded: torchtitan), else the model's KV heads'."""
+    return model.q_dim if job.attention_kv_expanded else model.kv_dim
+
+
 def _context_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, st: StageTraffic) -> None:
     cp = plan.cp
     if cp <= 1:
         return
-    kv_width = model.q_dim if job.attention_kv_expanded else model.kv_dim  # torchtitan: repeated to every head
-    kv_local = st.tokens * 2 * kv_width * ACT_BYTES / plan.tp  # K and V of the local chunk, TP heads
+    kv_local = st.tokens * 2 * attention_kv_dim(model, job) * ACT_BYTES / plan.tp  # the local chunk, TP heads
     if model.is_mla:
         kv_local = st.tokens * model.n_heads * (model.qk_head_dim + model.value_head_dim) * ACT_BYTES / plan.tp
     calls = st.m * st.n_layers

@@ -44,6 +44,16 @@ def mtp_chunk_layers(n_layers: int, mtp_layers: int, chunks: int) -> list[int]:
     return sizes
 
 
+def _chunk_sizes(model: ModelSpec, pp: int, layout: str, chunks: int) -> list[int] | None:
+    """Decoder layers of every model chunk where the split is not even: a layout's, or MTP's
+    (mtp_chunk_layers); None for an even split. The MTP layers themselves are not counted."""
+    if layout:
+        return [c.layers for c in parse_layout(layout)]
+    if model.mtp_layers and pp > 1:
+        return mtp_chunk_layers(model.n_layers, model.mtp_layers, pp * chunks)
+    return None
+
+
 @cache_by_identity(n_specs=1, maxsize=1024)
 def stage_layers(model: ModelSpec, pp: int, layout: str = "", chunks: int = 1) -> list[tuple[int, int]]:
     """(dense layers, MoE layers) on each stage, the model's multi-token-prediction layers (ModelSpec.mtp_layers,
@@ -51,10 +61,9 @@ def stage_layers(model: ModelSpec, pp: int, layout: str = "", chunks: int = 1) -
     the layers of its chunks (``chunks`` per rank, chunk c on rank c mod pp); without one, a model with MTP
     takes mtp_chunk_layers over pp x ``chunks`` chunks, and other models split evenly, the remainder to the
     first stages. The leading dense layers of an MoE model are taken in order."""
-    if layout:
-        counts = layers_per_stage([c.layers for c in parse_layout(layout)], pp)
-    elif model.mtp_layers and pp > 1:
-        counts = layers_per_stage(mtp_chunk_layers(model.n_layers, model.mtp_layers, pp * chunks), pp)
+    sizes = _chunk_sizes(model, pp, layout, chunks)
+    if sizes is not None:
+        counts = layers_per_stage(sizes, pp)
     else:
         base, extra = divmod(model.n_layers, pp)
         counts = [base + (1 if s < extra else 0) for s in range(pp)]
@@ -84,7 +93,7 @@ def in_flight_microbatches(*, schedule: str, pp: int, m: int, vpp: int, stage: i
     (num_warmup_microbatches + 1, megatron/core/pipeline_parallel/schedules.py).
 
     Interleaved, stage r runs 2(p - r - 1) + (v - 1)p chunk forwards before its steady state
-    (``unpaired_microbatches``), then a forward and a backward by turns, in groups of p micro-batches per
+    (``warmup_forwards``), then a forward and a backward by turns, in groups of p micro-batches per
     model chunk (``microbatch_group_size_per_vp_stage``, p by default): forward i runs the rank's chunk
     (i // p) mod v, backward i its chunk v - 1 - (i // p) mod v. The held micro-batches are the most
     chunk forwards alive at once, each weighted by its chunk's layers (``chunk_layers``, the stage's chunks
@@ -111,11 +120,8 @@ def interleaved_peak(pp: int, vpp: int, m: int, stage: int, sizes: tuple[float, 
     with the period of p·v passes, so two periods past the warm-up bound its peak."""
     v, total = vpp, sum(sizes)
     passes = m * v
-    warm = min(passes, (pp - stage - 1) * 2 + (v - 1) * pp + (1 if ep_overlap else 0))
-    live = peak = 0.0
-    for i in range(warm):
-        live += sizes[(i // pp) % v]
-    peak = live
+    warm = min(passes, warmup_forwards(pp, v, stage) + (1 if ep_overlap else 0))
+    live = peak = sum(sizes[(i // pp) % v] for i in range(warm))
     for j, i in enumerate(range(warm, min(passes, warm + 2 * pp * v))):
         live += sizes[(i // pp) % v]
         peak = max(peak, live)
@@ -133,8 +139,14 @@ def unpaired_microbatches(*, schedule: str, pp: int, m: int, vpp: int, stage: in
     if pp == 1:
         return 1.0 if m > 0 else 0.0
     v = vpp if schedule == "interleaved" else 1
-    warm = (pp - stage - 1) * (2 if v > 1 else 1) + (v - 1) * pp + 1
-    return min(float(m), warm / v)
+    return min(float(m), (warmup_forwards(pp, v, stage) + 1) / v)
+
+
+def warmup_forwards(pp: int, v: int, stage: int) -> int:
+    """Model-chunk forwards stage ``stage`` runs before its first backward is due, with ``v`` chunks per
+    rank: (pp - stage - 1)·2 + (v - 1)·pp interleaved, pp - stage - 1 in 1F1B
+    (get_pp_rank_microbatches, megatron/core/pipeline_parallel/schedules.py)."""
+    return (pp - stage - 1) * (2 if v > 1 else 1) + (v - 1) * pp
 
 
 def bubble_time_s(*, schedule: str, pp: int, vpp: int, t_f_s: float, t_b_s: float, t_w_s: float) -> float:
@@ -169,14 +181,13 @@ def stage_chunk_layers(model: ModelSpec, pp: int, layout: str, chunks: int, stag
     """Layers of each model chunk of rank ``stage``, in the order it runs them (chunk c on rank c mod pp), as
     stage_layers places them: a layout's, MTP's split (its layers on the last chunk), or the stage's layers
     split evenly."""
-    if layout or (model.mtp_layers and pp > 1):
-        sizes = [float(n) for n in ([c.layers for c in parse_layout(layout)] if layout
-                                    else mtp_chunk_layers(model.n_layers, model.mtp_layers, pp * chunks))]
-        sizes[-1] += model.mtp_layers
-    else:
+    sizes = _chunk_sizes(model, pp, layout, chunks)
+    if sizes is None:
         d, e = stage_layers(model, pp, layout, chunks)[stage]
         return ((d + e) / chunks,) * chunks
-    return tuple(sizes[stage::pp])
+    sized = [float(n) for n in sizes]
+    sized[-1] += model.mtp_layers  # on the last chunk, as stage_layers counts them on the last stage
+    return tuple(sized[stage::pp])
 
 
 def plan_stage_layers(model: ModelSpec, plan: Plan) -> list[tuple[int, int]]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields, replace
 from typing import NamedTuple
 
 from meshplan.cost import memory as mem
-from meshplan.cost.comm import PARAM_DTYPE_BYTES, StageTraffic, Unit, comm_ledger
+from meshplan.cost.comm import PARAM_DTYPE_BYTES, StageTraffic, Unit, attention_kv_dim, comm_ledger
 from meshplan.cost.compute import (
     FP8_ATTENTION_SPEEDUP,
     ComputeParams,
@@ -359,13 +359,13 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
     if plan.ep_dispatch == "deepep" and c.n_moe:
         runtime["deepep_buffers"] = mem.deepep_buffer_bytes(hidden=model.hidden, ep=plan.ep)
 
-    kv_width = model.q_dim if job.attention_kv_expanded else model.kv_dim
-    cp_gather = (mem.cp_kv_gather_bytes_per_token(kv_dim=kv_width, tp=plan.tp, cp=plan.cp,
-                                                  gathered_grads=plan.runs_megatron_layers(job.software))
+    megatron = plan.runs_megatron_layers(job.software)
+    cp_gather = (mem.cp_kv_gather_bytes_per_token(kv_dim=attention_kv_dim(model, job), tp=plan.tp, cp=plan.cp,
+                                                  gathered_grads=megatron)
                  if plan.cp > 1 and plan.context_impl == "allgather" and c.n_dense + c.n_moe else 0.0)
     return _StaticMemory(terms, transient, runtime, *_activation_coefficients(
         model, job, plan.tp, plan.sequence_parallel, c.n_moe > 0, c.s == 0, c.last, plan.expert_tp,
-        plan.sequence_parallel and not plan.runs_megatron_layers(job.software)), cp_gather)
+        plan.sequence_parallel and not megatron), cp_gather)
 
 
 @cache_by_identity(n_specs=2)

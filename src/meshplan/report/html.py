@@ -9,9 +9,10 @@ from pathlib import Path
 
 from meshplan.explain import PlanAnalysis
 from meshplan.report import charts
+from meshplan.report.text import timing_cells
 from meshplan.search.conditions import held_sentence
 from meshplan.search.sweep import SweepPoint, log_ticks
-from meshplan.units import format_gib, format_seconds
+from meshplan.units import format_gib
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,10 +44,7 @@ def _table(a: PlanAnalysis, top: int) -> tuple[list[str], list[list[str]]]:
     for i, e in enumerate(a.result.ranked[:top], 1):
         p = e.plan
         rows.append([str(i), p.label(), p.to_string(), f"{p.mbs} x {e.n_microbatches}, {p.recompute_label}",
-                     format_seconds(e.step_time_s) if e.step_time_s == e.step_time_s else "-",
-                     f"{e.mfu:.1%}" if e.mfu == e.mfu else "-",
-                     format_seconds(e.comm_time_s(exposed=True)) if e.step_time_s == e.step_time_s else "-",
-                     format_gib(e.memory.peak_bytes), "yes" if e.feasible else "no",
+                     *timing_cells(e), format_gib(e.memory.peak_bytes), "yes" if e.feasible else "no",
                      "" if e.feasible else e.infeasible_reasons[0]])
     return header, rows
 

@@ -68,16 +68,20 @@ def estimate_text(est: Estimate) -> str:
     return "\n".join(lines)
 
 
+def timing_cells(e: Estimate) -> list[str]:
+    """A ranked table's step, MFU and exposed communication of ``e``; '-' for a plan that was not timed
+    (infeasible: NaN times, no ledger)."""
+    if e.step_time_s != e.step_time_s:
+        return ["-", "-", "-"]
+    return [format_seconds(e.step_time_s), f"{e.mfu:.1%}", format_seconds(e.comm_time_s(exposed=True))]
+
+
 def ranked_table(estimates: list[Estimate], top: int) -> list[str]:
     rows = []
     for i, e in enumerate(estimates[:top], 1):
-        exposed = e.comm_time_s(exposed=True)
         p = e.plan
         rows.append([str(i), p.label(), ",".join(p.option_labels()), f"mbs={p.mbs},{p.recompute_label}",
-                     str(e.n_microbatches),
-                     format_seconds(e.step_time_s) if e.step_time_s == e.step_time_s else "-",
-                     f"{e.mfu:.1%}" if e.mfu == e.mfu else "-",
-                     format_seconds(exposed) if e.step_time_s == e.step_time_s else "-",  # not timed
+                     str(e.n_microbatches), *timing_cells(e),
                      format_gib(e.memory.peak_bytes), "yes" if e.feasible else "no",
                      "" if e.feasible else e.infeasible_reasons[0][:70]])
     return _table(rows, ["#", "plan", "options", "micro-batch", "m", "step", "MFU", "exposed comm", "peak mem", "fits",
