@@ -224,6 +224,27 @@ def test_combination_bound_never_exceeds_its_step_time(model, cluster, job, data
     assert _compute_bound_s(model, cluster, job, plan, compute, b, rc) <= est.step_time_s * (1 + 1e-9)
 
 
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(models(), clusters(), jobs(), st.data())
+def test_traffic_floors_never_exceed_the_step_time(model, cluster, job, data):
+    """A search prunes an option variant whose busiest link, or whose compute bound plus the contention
+    its traffic must add, is past the tie band (step.traffic_floors, taken at the largest micro-batch
+    size and least recomputation): both floors must hold for every combination the plan could choose."""
+    from meshplan.calibration import compute_params_for
+    from meshplan.cost.step import _Choice, _compute_bound_s
+
+    drawn = _draw_combination(model, cluster, job, data)
+    if drawn is None:
+        return
+    plan, b, rc = drawn
+    compute = compute_params_for(cluster.accelerator.name, job.software)
+    floors = _Choice(model, cluster, job, plan, compute, None, None).floors
+    est = evaluate(model, cluster, job, replace(plan, mbs=b).with_recompute(rc), compute=compute)
+    assert floors.link_s <= est.step_time_s * (1 + 1e-9)
+    assert _compute_bound_s(model, cluster, job, plan, compute, b, rc) + floors.contention_s <= (
+        est.step_time_s * (1 + 1e-9))
+
+
 @SETTINGS
 @given(models(), clusters(), jobs(), st.data())
 def test_choice_bound_respects_a_fixed_partial_recomputation(model, cluster, job, data):

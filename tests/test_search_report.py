@@ -337,7 +337,7 @@ def test_branch_and_bound_finds_what_evaluating_every_variant_finds(scenario):
     """The search prunes option variants by a lower bound; evaluating all of them must not change the
     recommendation or the tie band."""
     from meshplan import evaluate, search
-    from meshplan.search.rank import rank
+    from meshplan.search.rank import TIE_BAND, rank
     from meshplan.search.space import option_variants
 
     m, c, j = scenario()
@@ -350,6 +350,11 @@ def test_branch_and_bound_finds_what_evaluating_every_variant_finds(scenario):
     assert result.recommended.step_time_s == every[0].step_time_s
     fastest = min(e.step_time_s for e in every if e.feasible)
     assert min(e.step_time_s for e in result.feasible) == fastest
+
+    def band(estimates):
+        return {(e.plan, e.step_time_s) for e in estimates if e.feasible and e.step_time_s <= fastest * (1 + TIE_BAND)}
+
+    assert band(result.ranked) == band(every)
 
 
 def test_search_chooses_partial_recomputation_when_it_is_fastest():

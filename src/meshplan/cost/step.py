@@ -637,6 +637,66 @@ def _stage_ledger(c: _StageCtx) -> list[CommEntry]:
     return comm_ledger(c.model, c.cluster, c.job, plan, c.groups, st)
 
 
+def _stage_comm(c: _StageCtx, compute: ComputeParams) -> list[CommEntry]:
+    """``_stage_ledger`` with each call's time as the step prices it: ZeRO-3's data-parallel collectives
+    slowed by ComputeParams.zero3_collective_efficiency."""
+    ledger = _stage_ledger(c)
+    if c.plan.sharding == "zero3" and compute.zero3_collective_efficiency < 1.0:
+        eff = compute.zero3_collective_efficiency
+        ledger = [replace(e, time_s=e.time_s / eff, edge_s=e.edge_s / eff) if e.axis in SHARDED_DP_AXES else e
+                  for e in ledger]
+    return ledger
+
+
+class TrafficFloors(NamedTuple):
+    """Lower bounds on a plan's step time from its communication (``traffic_floors``) [s]."""
+
+    link_s: float
+    """The busiest link's traffic outside the attention window, plus the fixed step overhead: a floor on
+    the whole step time."""
+    contention_s: float
+    """A floor on what the hideable traffic adds to the compute, the bubble, the overhead and the
+    critical communication (``_compute_bound_s``)."""
+
+
+def traffic_floors(ctxs: list[_StageCtx], compute: ComputeParams) -> TrafficFloors:
+    """What the traffic of the stages ``ctxs`` alone makes their step time at least [s]; with the fewest,
+    largest micro-batches and the least recomputation, over every choice of them: each call costs a latency
+    plus its bytes over a rate, so the same bytes in fewer calls take less time, data-parallel traffic runs
+    once or once per micro-batch, and recomputation only adds calls.
+
+    A stage's step time includes its whole compute W, every exposed second and the contention
+    (``_stage_time``). On one link L carrying T_L:
+
+    - ``link_s``: the forward windows together hide at most overlap·(the forwards), the backward windows
+      overlap·(the backwards) and the whole-step windows only what those left of overlap·W
+      (``_set_exposure``), so the traffic outside the attention window hides at most overlap·W <= W
+      and T_L - W of it is exposed; exposure overlapping on two links (``_overlap_links``) still leaves
+      the larger link's, and ``_absorb_contention`` charges max(contention, excess). So the step is at
+      least W + T_L - W = T_L. Attention-window traffic may hide behind attention a second time and is
+      left out; with an overlap efficiency above 1 this floor is 0.
+    - ``contention_s``: of the traffic compute may hide (every window but 'none'), the part X exposed
+      beyond its edges and the rest hidden, which slows compute by comm_slowdown·(T_L - X); the step pays
+      max(comm_slowdown·(T_L - X), X) (``_absorb_contention``), at least comm_slowdown/(1 + comm_slowdown)
+      of T_L whatever X is.
+    """
+    link, hideable = 0.0, 0.0
+    for c in ctxs:
+        outside: dict[str, float] = defaultdict(float)
+        overlappable: dict[str, float] = defaultdict(float)
+        for e in _stage_comm(c, compute):
+            if e.window != "attention":
+                outside[e.link] += e.time_s
+            if e.window != "none":
+                overlappable[e.link] += e.time_s
+        link = max(link, max(outside.values(), default=0.0))
+        hideable = max(hideable, max(overlappable.values(), default=0.0))
+    if max(compute.overlap_efficiency, compute.zero3_overlap_efficiency) > 1.0:
+        link = 0.0
+    slowdown = max(0.0, compute.comm_slowdown)
+    return TrafficFloors(link_s=link + compute.step_overhead_s, contention_s=slowdown / (1.0 + slowdown) * hideable)
+
+
 def _host_waits_s(c: _StageCtx, compute: ComputeParams, ledger: list[CommEntry], fwd_s: float,
                   bwd_s: float) -> tuple[float, float]:
     """Per micro-batch, how long stage ``c.s``'s layers wait for the host to launch their kernels, forward
@@ -730,11 +790,7 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...], 
     """Communication ledger, exposure and the stage's step time [s]; ``st``: its ``_static_memory``."""
     plan, m = c.plan, c.m
     lf, lb, t_w, t_r, attn, hf, hb = times
-    ledger = _stage_ledger(c)
-    if plan.sharding == "zero3" and compute.zero3_collective_efficiency < 1.0:
-        eff = compute.zero3_collective_efficiency
-        ledger = [replace(e, time_s=e.time_s / eff, edge_s=e.edge_s / eff) if e.axis in SHARDED_DP_AXES else e
-                  for e in ledger]
+    ledger = _stage_comm(c, compute)
     bwd = lb + t_w + t_r
     host_f, host_b = _host_waits_s(c, compute, ledger, lf, bwd)
     off_f, off_b = _offload_waits_s(c, st, lf + host_f, bwd + host_b)  # the copies overlap the host's pace too
@@ -807,14 +863,22 @@ class _PlanShared(NamedTuple):
     static: dict[int, _StaticMemory]
 
 
-def _plan_shared(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan
-                 ) -> _PlanShared:
-    groups = axis_groups(plan, cluster)
+_PlanMesh = tuple[dict[str, Group], list[tuple[int, int]], dict[int, tuple[Unit, ...]]]
+"""A plan's groups, stage layout and the parameters each bounding stage holds: what its ledger needs."""
+
+
+def _plan_mesh(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, plan: Plan) -> _PlanMesh:
     layout = plan_stage_layers(model, plan)
-    stages = bounding_stages(layout)
-    units = {s: _local_params(model, counts, plan, s, *layout[s], tied_copy=plan.pp > 1) for s in stages}
+    units = {s: _local_params(model, counts, plan, s, *layout[s], tied_copy=plan.pp > 1)
+             for s in bounding_stages(layout)}
+    return axis_groups(plan, cluster), layout, units
+
+
+def _plan_shared(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan,
+                 mesh: _PlanMesh | None = None) -> _PlanShared:
+    groups, layout, units = mesh or _plan_mesh(model, counts, cluster, plan)
     static = {s: _static_memory(_StageCtx(model, counts, cluster, job, plan, groups, s, *layout[s], 1, units[s]))
-              for s in stages}
+              for s in units}
     return _PlanShared(groups, layout, units, static)
 
 
@@ -1272,7 +1336,7 @@ class _Choice:
         self.model, self.cluster, self.job, self.plan = model, cluster, job, plan
         self.compute, self.mfu, self.cutoff_s = compute, mfu, cutoff_s
         self.counts = param_counts(model)
-        self.shared = _plan_shared(model, self.counts, cluster, job, plan)
+        self._mesh = _plan_mesh(model, self.counts, cluster, plan)
         self.mbs_list = [plan.mbs] if plan.mbs else micro_batch_sizes(job, plan.dp)  # largest first
         self.recomputes, self.partial_layers = recompute_options(model, job, plan)
         # the most layers a stage may offload (Megatron: all but one), when the choice includes offloading
@@ -1310,6 +1374,20 @@ class _Choice:
                                                     shared=self.shared, timed=timed)
         return self._timed[rc, b, n]
 
+    @functools.cached_property
+    def shared(self) -> _PlanShared:
+        return _plan_shared(self.model, self.counts, self.cluster, self.job, self.plan, self._mesh)
+
+    @functools.cached_property
+    def floors(self) -> TrafficFloors:
+        """``traffic_floors`` of the plan at its largest micro-batch size and least recomputation: floors
+        over every combination (from the plan's mesh alone: a plan they prune needs no static memory)."""
+        b, rc = self.mbs_list[0], self.recomputes[0]
+        plan = self.variant(rc, b)
+        ctxs = _stage_ctxs(self.model, self.counts, self.cluster, self.job, plan,
+                           _micro_batches(self.job, plan.dp, b), _PlanShared(*self._mesh, static={}))
+        return traffic_floors(ctxs, self.compute)
+
     def fewest_recomputed(self, b: int) -> int:
         """A lower bound on the layers per stage that full recomputation must re-run to fit at micro-batch
         size ``b``: what the plan without recomputation needs beyond the HBM, over the most one recomputed
@@ -1335,9 +1413,12 @@ class _Choice:
         limit = self.cutoff_s if self.cutoff_s is not None else float("inf")
         if self.best is not None and self.mfu is None:  # with an assumed MFU compute is rescaled: no bound
             limit = min(limit, self.best.step_time_s)
-        if limit == float("inf"):
+        if limit == float("inf") or self.bound(rc, b, n) >= limit:
+            return limit != float("inf")
+        if self.cutoff_s is None:  # a plan evaluated in full: its floors cost about what they save
             return False
-        return self.bound(rc, b, n) >= limit
+        floors = self.floors
+        return floors.link_s >= limit or self.bound(rc, b, n) + floors.contention_s >= limit
 
     def bound(self, rc: str, b: int, n: int | None = None) -> float:
         """``_compute_bound_s`` of a combination; b = 0: the least over every micro-batch size. ``n`` None:
@@ -1383,6 +1464,8 @@ class _Choice:
                 return None
             rc, n = min(lenient, key=lambda x: self.probe(x[0], mbs[-1], x[1]).peak_bytes)
             return self.at(rc, mbs[-1], n, timed=time_infeasible)
+        if self.cutoff_s is not None and self.pruned(self.recomputes[0], 0):
+            return None  # no combination can beat the cutoff: the least recomputation at its best size
         first_fits: dict[str, int | None] = {}
         smallest: tuple[float, str, int, int | None] | None = None  # (peak, mode, mbs, layers) if none fits
         hi_bound = len(mbs) - 1  # a mode fits no smaller a micro-batch than the one before it (less recompute)

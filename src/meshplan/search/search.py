@@ -38,7 +38,8 @@ class SearchResult:
     n_pruned: int = 0
     """Option variants not listed: those that do not fit in memory (their structure is listed, with its
     reasons, under its default options) and those whose step time is provably above the tie band of the
-    best plan (a compute and bubble bound, ``step_time_lower_bound_s``): none could be recommended."""
+    fastest plan (a compute and bubble bound, ``step_time_lower_bound_s``, or the floors their traffic
+    sets, ``cost.step.traffic_floors``): none could be recommended."""
 
     @property
     def recommended(self) -> Estimate | None:
