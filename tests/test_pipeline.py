@@ -7,7 +7,7 @@ from meshplan.cost.pipeline import bubble_fraction, bubble_time_s, in_flight_mic
 
 def _rate(schedule, p, m, v=1):
     """Bubble over ideal compute, t_F = t_B = t_W = 1 (formulas.md §3.9 'bubble rate')."""
-    return bubble_time_s(schedule=schedule, pp=p, vpp=v, t_f_s=1, t_b_s=1, t_w_s=1) / (3 * m)
+    return bubble_time_s(schedule=schedule, pp=p, vpp=v, m=m, t_f_s=1, t_b_s=1, t_w_s=1) / (3 * m)
 
 
 def test_1f1b_bubble_p8_m32():
@@ -26,6 +26,19 @@ def test_zb_h1_is_a_third_of_1f1b():
 
 def test_zb_v_zero_when_times_equal():
     assert _rate("zb-v", 8, 32) == 0.0
+
+
+def test_zero_bubble_fills_with_the_weight_passes_there_are():
+    """With fewer micro-batches than bubble slots to fill (k(p-1): 7 for ZB-H1, 14 for ZB-V at p = 8) the
+    W passes fill m slots and the rest stays idle, so that a longer W pass never shortens the step."""
+    assert _rate("zb-v", 8, 4) == pytest.approx((7 * 2 - 4) / 12)
+    assert _rate("zb-h1", 8, 7) == pytest.approx(7 / 21)
+    assert _rate("zb-h1", 8, 3) == pytest.approx((14 - 3) / 9)
+    for schedule in ("zb-h1", "zb-v"):
+        for m in (1, 4, 7, 14, 32):
+            steps = [m * (2 + t_w) + bubble_time_s(schedule=schedule, pp=8, vpp=1, m=m, t_f_s=1, t_b_s=1, t_w_s=t_w)
+                     for t_w in (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)]
+            assert steps == sorted(steps)
 
 
 def test_first_stage_holds_p_microbatches():

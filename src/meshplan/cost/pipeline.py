@@ -10,7 +10,9 @@ References
     divides it by v and multiplies point-to-point traffic by v.
 [2] P. Qi et al., "Zero Bubble Pipeline Parallelism," ICLR 2024: ZB-H1 bubble (p-1)(t_F + t_B - t_W)
     at the activation memory of 1F1B; ZB-V (two chunks per rank, V-shape) near zero bubble at the same
-    memory when t_F = t_B = t_W, in general (p-1)·max(0, t_F + t_B - 2·t_W).
+    memory when t_F = t_B = t_W, in general (p-1)·max(0, t_F + t_B - 2·t_W). Both assume enough
+    micro-batches to fill the bubble with deferred W passes; with m below k(p-1) meshplan fills it with
+    the m there are (``bubble_time_s``).
 [3] V. Korthikanti et al., arXiv:2205.05198, §4.2.3: the first 1F1B stage holds p micro-batches in
     flight; interleaving multiplies it by (1 + (p-1)/(p·v)).
 """
@@ -149,9 +151,14 @@ def warmup_forwards(pp: int, v: int, stage: int) -> int:
     return (pp - stage - 1) * (2 if v > 1 else 1) + (v - 1) * pp
 
 
-def bubble_time_s(*, schedule: str, pp: int, vpp: int, t_f_s: float, t_b_s: float, t_w_s: float) -> float:
-    """Idle time of a pipeline rank per step [s] ([1], [2]). t_b_s is the input-gradient part of the
-    backward, t_w_s the weight-gradient part."""
+def bubble_time_s(*, schedule: str, pp: int, vpp: int, m: int, t_f_s: float, t_b_s: float, t_w_s: float
+                  ) -> float:
+    """Idle time of a pipeline rank per step of ``m`` micro-batches [s] ([1], [2]). t_b_s is the
+    input-gradient part of the backward, t_w_s the weight-gradient part.
+
+    The zero-bubble schedules fill the p - 1 slots of the 1F1B bubble with deferred weight-gradient
+    passes, k per slot (``W_FILLS``: (p - 1)(t_F + t_B - k·t_W), [2]). They cannot fill more than the rank's
+    m passes, so with m < k(p - 1) the rest stays idle, and the step never shortens as t_W grows."""
     if pp == 1:
         return 0.0
     full = t_f_s + t_b_s + t_w_s
@@ -159,14 +166,18 @@ def bubble_time_s(*, schedule: str, pp: int, vpp: int, t_f_s: float, t_b_s: floa
         return (pp - 1) * full
     if schedule == "interleaved":
         return (pp - 1) * full / vpp
-    if schedule == "zb-h1":
-        return (pp - 1) * max(0.0, t_f_s + t_b_s - t_w_s)
-    return (pp - 1) * max(0.0, t_f_s + t_b_s - 2.0 * t_w_s)  # zb-v
+    filled = min(W_FILLS[schedule] * (pp - 1), m) * t_w_s  # zb-h1, zb-v
+    return max(0.0, (pp - 1) * (t_f_s + t_b_s) - filled)
+
+
+W_FILLS = {"zb-h1": 1, "zb-v": 2}
+"""How many weight-gradient passes per rank the zero-bubble schedules place in each of the p - 1 bubble
+slots (``bubble_time_s``)."""
 
 
 def bubble_fraction(*, schedule: str, pp: int, m: int, vpp: int) -> float:
     """Bubble as a fraction of the step's wall time for t_F = t_B = t_W: (p-1)/(m+p-1) for 1F1B."""
-    bubble = bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, t_f_s=1.0, t_b_s=1.0, t_w_s=1.0)
+    bubble = bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, m=m, t_f_s=1.0, t_b_s=1.0, t_w_s=1.0)
     return bubble / (bubble + 3.0 * m)
 
 

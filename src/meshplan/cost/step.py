@@ -656,7 +656,7 @@ class TrafficFloors(NamedTuple):
     the whole step time."""
     contention_s: float
     """A floor on what the hideable traffic adds to the compute, the bubble, the overhead and the
-    critical communication (``_compute_bound_s``)."""
+    critical communication of the busiest stage (``_compute_bound_s``)."""
 
 
 def traffic_floors(ctxs: list[_StageCtx], compute: ComputeParams) -> TrafficFloors:
@@ -678,9 +678,10 @@ def traffic_floors(ctxs: list[_StageCtx], compute: ComputeParams) -> TrafficFloo
     - ``contention_s``: of the traffic compute may hide (every window but 'none'), the part X exposed
       beyond its edges and the rest hidden, which slows compute by comm_slowdown·(T_L - X); the step pays
       max(comm_slowdown·(T_L - X), X) (``_absorb_contention``), at least comm_slowdown/(1 + comm_slowdown)
-      of T_L whatever X is.
+      of T_L whatever X is. The compute bound takes its busiest stage, which need not be the one with the
+      most traffic, so this floor is the least over the stages.
     """
-    link, hideable = 0.0, 0.0
+    link, hideable = 0.0, float("inf")
     for c in ctxs:
         outside: dict[str, float] = defaultdict(float)
         overlappable: dict[str, float] = defaultdict(float)
@@ -690,11 +691,12 @@ def traffic_floors(ctxs: list[_StageCtx], compute: ComputeParams) -> TrafficFloo
             if e.window != "none":
                 overlappable[e.link] += e.time_s
         link = max(link, max(outside.values(), default=0.0))
-        hideable = max(hideable, max(overlappable.values(), default=0.0))
+        hideable = min(hideable, max(overlappable.values(), default=0.0))
     if max(compute.overlap_efficiency, compute.zero3_overlap_efficiency) > 1.0:
         link = 0.0
     slowdown = max(0.0, compute.comm_slowdown)
-    return TrafficFloors(link_s=link + compute.step_overhead_s, contention_s=slowdown / (1.0 + slowdown) * hideable)
+    return TrafficFloors(link_s=link + compute.step_overhead_s,
+                         contention_s=slowdown / (1.0 + slowdown) * (hideable if ctxs else 0.0))
 
 
 def _host_waits_s(c: _StageCtx, compute: ComputeParams, ledger: list[CommEntry], fwd_s: float,
@@ -815,7 +817,7 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...], 
     # ones do (the expert all-to-all without ep_overlap, TP without async TP, Ulysses)
     stall_f, stall_b = (sum(x.exposed_s for x in ledger if x.window == "none" and x.axis in LAYER_AXES
                             and (x.phase == "forward") == fwd) / m for fwd in (True, False))
-    bubble = bubble_time_s(schedule=plan.schedule, pp=plan.pp, vpp=plan.vpp, t_f_s=t_f + stall_f,
+    bubble = bubble_time_s(schedule=plan.schedule, pp=plan.pp, vpp=plan.vpp, m=m, t_f_s=t_f + stall_f,
                            t_b_s=t_b + t_r + stall_b, t_w_s=t_w)
     opt = _optimizer_s(c, compute)
     hidden = sum(x.time_s - x.exposed_s for x in ledger)
@@ -1192,7 +1194,8 @@ def _shape_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: Comp
         t_f, t_b, t_w, t_r, _, hf, hb = _stage_compute_times(
             model, accelerator, compute, job, tokens, tp, cp, ep, etp, sp, cp_chunked, n_dense, n_moe, s == pp - 1,
             recompute, recomputed_layers(recompute, recompute_layers, n_dense, n_moe))
-        bubble = bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, t_f_s=t_f + hf, t_b_s=t_b + hb + t_r, t_w_s=t_w)
+        bubble = bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, m=m, t_f_s=t_f + hf, t_b_s=t_b + hb + t_r,
+                               t_w_s=t_w)
         worst = max(worst, m * (t_f + hf + t_b + hb + t_w + t_r) + bubble)
     return worst + compute.step_overhead_s
 
