@@ -74,3 +74,23 @@ def test_pytorch_sequence_parallel_linears_save_the_gathered_input():
     # bytes per token of the sequence: the whole bf16 input (2 bytes x hidden), once for QKV and once for the MLP
     assert parts["qkv_input"] == parts["mlp_input"] == 2.0 * spec.hidden
     assert parts["norm_inputs"] == 4.0 * spec.hidden / TP
+
+
+def test_torchtitan_attention_saves_expanded_kv_and_its_output_twice():
+    """torchtitan's attention repeats K and V to every query head before SDPA, which saves Q, K, V and its
+    output; the output projection then saves a contiguous copy of that output in its own layout. The
+    harness's model attends the same way: memory.activation_parts_per_token with ``kv_expanded`` and
+    ``output_copied`` counts what it saves."""
+    from meshplan.cost.memory import activation_parts_per_token
+
+    spec, saved = _saved_by_module(sequence_parallel=True)
+    heads, head_dim = spec.n_heads // TP, spec.qk_head_dim
+    shapes = [shape for module in saved.values() for shape in module]
+    per_head = [s for s in shapes if len(s) == 4 and s[1:] == (heads, SEQ, head_dim)]  # (batch, heads, seq, dim)
+    assert len(per_head) == 4, shapes  # Q, K and V at every query head, and the output
+    assert (SEQ, heads * head_dim) in saved["attention.wo"], saved["attention.wo"]  # the projection's copy
+    parts = activation_parts_per_token(spec, ffn_hidden=spec.ffn_hidden, tp=TP, sp=True, flash_attention=True,
+                                       seq_len=SEQ, gathered_inputs=True, kv_expanded=True, output_copied=True)
+    bf16 = 2.0
+    assert parts["qkv"] == 3 * bf16 * heads * head_dim  # bytes per token of the sequence
+    assert parts["attn_out"] == 2 * bf16 * heads * head_dim
