@@ -245,6 +245,29 @@ def test_traffic_floors_never_exceed_the_step_time(model, cluster, job, data):
         est.step_time_s * (1 + 1e-9))
 
 
+def test_traffic_floor_is_taken_where_the_compute_bound_is():
+    """The compute bound takes the busiest stage; the contention floor added to it must then be one every
+    stage reaches. Here the last stage, holding a huge vocabulary's LM head, computes the most, while the
+    first, with 20 layers to its 8, carries the most traffic: the sum of the two maxima exceeds the step,
+    and evaluate_within had pruned the plan below its cutoff (found by a review)."""
+    from meshplan import JobSpec, load_cluster, load_model
+    from meshplan.calibration import compute_params_for
+    from meshplan.cost.step import _Choice, _compute_bound_s, evaluate_within
+
+    model = replace(load_model("llama-3.2-3b"), vocab=1_048_576)
+    cluster = load_cluster("h100-sxm", nodes=2)
+    job = JobSpec(global_batch_tokens=64 * 4096, seq_len=4096)
+    compute = compute_params_for(cluster.accelerator.name, job.software)
+    plan = Plan(pp=2, tp=8, async_tp=True, sp=True, sharding="megatron", layout="Et*20|t*8L")
+    floors = _Choice(model, cluster, job, plan, compute, None, None).floors
+    fixed = evaluate(model, cluster, job, replace(plan, mbs=8, recompute="none"), compute=compute)
+    assert _compute_bound_s(model, cluster, job, plan, compute, 8, "none") + floors.contention_s <= fixed.step_time_s
+    best = evaluate(model, cluster, job, plan, compute=compute)
+    assert best.feasible
+    within = evaluate_within(model, cluster, job, plan, cutoff_s=best.step_time_s * 1.02, compute=compute)
+    assert within is not None and within.step_time_s == best.step_time_s
+
+
 @SETTINGS
 @given(models(), clusters(), jobs(), st.data())
 def test_choice_bound_respects_a_fixed_partial_recomputation(model, cluster, job, data):

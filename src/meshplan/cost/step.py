@@ -1246,8 +1246,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *
 def evaluate_within(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *, cutoff_s: float,
                     compute: ComputeParams | None = None) -> Estimate | None:
     """``evaluate``, for a search that only needs plans faster than ``cutoff_s``: None when nothing fits
-    in memory, or when every combination that fits has a compute bound (``_compute_bound_s``) above
-    ``cutoff_s``, so that its step time is too. The memory probes still run; the communication
+    in memory, or when every combination that fits has a compute bound (``_compute_bound_s``, plus the
+    contention its traffic must add) or a busiest link (``traffic_floors``) above ``cutoff_s``, so that
+    its step time is too. The memory probes still run; the communication
     ledgers of the pruned combinations do not."""
     return _evaluate(model, cluster, job, plan, mfu=None, compute=compute, cutoff_s=cutoff_s)
 
