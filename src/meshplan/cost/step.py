@@ -657,8 +657,8 @@ class TrafficFloors(NamedTuple):
     """The busiest link's traffic outside the attention window, plus the fixed step overhead: a floor on
     the whole step time."""
     contention_s: float
-    """A floor on what the hideable traffic adds to the compute, the bubble, the overhead and the
-    critical communication of the busiest stage (``_compute_bound_s``)."""
+    """A floor on what the hideable traffic, on every link, adds to the compute, the bubble, the overhead
+    and the critical communication of the busiest stage (``_compute_bound_s``)."""
 
 
 def traffic_floors(ctxs: list[_StageCtx], compute: ComputeParams) -> TrafficFloors:
@@ -677,23 +677,24 @@ def traffic_floors(ctxs: list[_StageCtx], compute: ComputeParams) -> TrafficFloo
       the larger link's, and ``_absorb_contention`` charges max(contention, excess). So the step is at
       least W + T_L - W = T_L. Attention-window traffic may hide behind attention a second time and is
       left out; with an overlap efficiency above 1 this floor is 0.
-    - ``contention_s``: of the traffic compute may hide (every window but 'none'), the part X exposed
-      beyond its edges and the rest hidden, which slows compute by comm_slowdown·(T_L - X); the step pays
-      max(comm_slowdown·(T_L - X), X) (``_absorb_contention``), at least comm_slowdown/(1 + comm_slowdown)
-      of T_L whatever X is. The compute bound takes its busiest stage, which need not be the one with the
-      most traffic, so this floor is the least over the stages.
+    - ``contention_s``: of the traffic T compute may hide (every window but 'none', on every link), the
+      edges are exposed, a part X beyond them is exposed too and the rest is hidden, which slows compute by
+      comm_slowdown·(T - edges - X); the step pays the edges and max(comm_slowdown·(T - edges - X), X)
+      (``_absorb_contention``), at least comm_slowdown/(1 + comm_slowdown) of T whatever X is. The compute
+      bound takes its busiest stage, which need not be the one with the most traffic, so this floor is the
+      least over the stages.
     """
     link, hideable = 0.0, float("inf")
     for c in ctxs:
         outside: dict[str, float] = defaultdict(float)
-        overlappable: dict[str, float] = defaultdict(float)
+        overlappable = 0.0
         for e in _stage_comm(c, compute):
             if e.window != "attention":
                 outside[e.link] += e.time_s
             if e.window != "none":
-                overlappable[e.link] += e.time_s
+                overlappable += e.time_s
         link = max(link, max(outside.values(), default=0.0))
-        hideable = min(hideable, max(overlappable.values(), default=0.0))
+        hideable = min(hideable, overlappable)
     if max(compute.overlap_efficiency, compute.zero3_overlap_efficiency) > 1.0:
         link = 0.0
     slowdown = max(0.0, compute.comm_slowdown)
