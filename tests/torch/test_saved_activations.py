@@ -19,9 +19,10 @@ TP = 4
 SEQ = 96  # no saved weight shard of the scaled-down model is (SEQ, hidden)
 
 
-def _saved_by_module(sequence_parallel: bool) -> tuple[object, dict[str, list[tuple[int, ...]]]]:
+def _saved_by_module(sequence_parallel: bool, storages: dict[str, list[int]] | None = None
+                     ) -> tuple[object, dict[str, list[tuple[int, ...]]]]:
     """(the scaled-down spec, the local shape of every tensor saved for backward, by the module that saved
-    it)."""
+    it); ``storages``, if given, receives the address of each one's storage in the same order."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -46,6 +47,8 @@ def _saved_by_module(sequence_parallel: bool) -> tuple[object, dict[str, list[tu
         def pack(t):
             local = t.to_local() if isinstance(t, DTensor) else t
             saved.setdefault(current[0], []).append(tuple(local.shape))
+            if storages is not None:
+                storages.setdefault(current[0], []).append(local.untyped_storage().data_ptr())
             return t
 
         tokens = SEQ // TP if sequence_parallel else SEQ
@@ -76,21 +79,25 @@ def test_pytorch_sequence_parallel_linears_save_the_gathered_input():
     assert parts["norm_inputs"] == 4.0 * spec.hidden / TP
 
 
-def test_torchtitan_attention_saves_expanded_kv_and_its_output_twice():
+def test_torchtitan_attention_saves_expanded_kv_and_its_output_once():
     """torchtitan's attention repeats K and V to every query head before SDPA, which saves Q, K, V and its
-    output; the output projection then saves a contiguous copy of that output in its own layout. The
-    harness's model attends the same way: memory.activation_parts_per_token with ``kv_expanded`` and
-    ``output_copied`` counts what it saves."""
+    output; the output projection saves that same output as its input (SDPA returns it in the
+    projection's layout, so the transpose-and-contiguous between them copies nothing). The harness's
+    model attends the same way: memory.activation_parts_per_token with ``kv_expanded`` counts what it
+    saves."""
     from meshplan.cost.memory import activation_parts_per_token
 
-    spec, saved = _saved_by_module(sequence_parallel=True)
+    storages: dict[str, list[int]] = {}
+    spec, saved = _saved_by_module(sequence_parallel=True, storages=storages)
     heads, head_dim = spec.n_heads // TP, spec.qk_head_dim
-    shapes = [shape for module in saved.values() for shape in module]
-    per_head = [s for s in shapes if len(s) == 4 and s[1:] == (heads, SEQ, head_dim)]  # (batch, heads, seq, dim)
-    assert len(per_head) == 4, shapes  # Q, K and V at every query head, and the output
-    assert (SEQ, heads * head_dim) in saved["attention.wo"], saved["attention.wo"]  # the projection's copy
+    per_head = [(shape, ptr) for module in saved for shape, ptr in zip(saved[module], storages[module], strict=True)
+                if len(shape) == 4 and shape[1:] == (heads, SEQ, head_dim)]  # (batch, heads, seq, dim)
+    assert len(per_head) == 4, saved  # Q, K and V at every query head, and the output
+    wo_input = [ptr for shape, ptr in zip(saved["attention.wo"], storages["attention.wo"], strict=True)
+                if shape == (SEQ, heads * head_dim)]
+    assert len(wo_input) == 1 and wo_input[0] in {ptr for _, ptr in per_head}  # the output's own storage
     parts = activation_parts_per_token(spec, ffn_hidden=spec.ffn_hidden, tp=TP, sp=True, flash_attention=True,
-                                       seq_len=SEQ, gathered_inputs=True, kv_expanded=True, output_copied=True)
+                                       seq_len=SEQ, gathered_inputs=True, kv_expanded=True)
     bf16 = 2.0
     assert parts["qkv"] == 3 * bf16 * heads * head_dim  # bytes per token of the sequence
-    assert parts["attn_out"] == 2 * bf16 * heads * head_dim
+    assert parts["attn_out"] == bf16 * heads * head_dim

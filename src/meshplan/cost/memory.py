@@ -81,7 +81,7 @@ def layer_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: i
                                      flash_attention: bool, seq_len: int, moe_tokens_factor: float = 0.0,
                                      moe_ffn_hidden: int = 0, n_shared: int = 0, expert_tp: int = 1,
                                      fp8_inputs: bool = False, gathered_inputs: bool = False,
-                                     kv_expanded: bool = False, output_copied: bool = False) -> float:
+                                     kv_expanded: bool = False) -> float:
     """Activation bytes one layer saves for backward, per token on the rank, no recompute [bytes/token].
 
     .. math:: 8D/t_{sp} + (4h_q + 4h_{kv} + 6F)/t  + 2·N·S/t\\ (no\\ FlashAttention)
@@ -109,15 +109,14 @@ def layer_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: i
     return sum(activation_parts_per_token(
         model, ffn_hidden=ffn_hidden, tp=tp, sp=sp, flash_attention=flash_attention, seq_len=seq_len,
         moe_tokens_factor=moe_tokens_factor, moe_ffn_hidden=moe_ffn_hidden, n_shared=n_shared,
-        expert_tp=expert_tp, fp8_inputs=fp8_inputs, gathered_inputs=gathered_inputs, kv_expanded=kv_expanded,
-        output_copied=output_copied).values())
+        expert_tp=expert_tp, fp8_inputs=fp8_inputs, gathered_inputs=gathered_inputs,
+        kv_expanded=kv_expanded).values())
 
 
 def activation_parts_per_token(model: ModelSpec, *, ffn_hidden: int, tp: int, sp: bool, flash_attention: bool,
                                seq_len: int, moe_tokens_factor: float = 0.0, moe_ffn_hidden: int = 0,
                                n_shared: int = 0, expert_tp: int = 1, fp8_inputs: bool = False,
-                               gathered_inputs: bool = False, kv_expanded: bool = False,
-                               output_copied: bool = False) -> dict[str, float]:
+                               gathered_inputs: bool = False, kv_expanded: bool = False) -> dict[str, float]:
     """``layer_activation_bytes_per_token`` by the tensor that holds it, each on the rank's share of the
     tokens [bytes/token]: 'norm_inputs', 'qkv_input', 'mlp_input' (the two norms' outputs), 'qkv' (Q, K, V
     as attention saves them), 'attn_out', 'mla_latents', 'mlp' (a dense layer's MLP; an MoE layer's shared
@@ -135,10 +134,11 @@ def activation_parts_per_token(model: ModelSpec, *, ffn_hidden: int, tp: int, sp
     ``apply_tp`` (tp=4): wq/wk/wv and w1/w3 save the full sequence, the norms their shard.
 
     ``kv_expanded``: attention saves K and V repeated to every query head (JobSpec.attention_kv_expanded:
-    torchtitan's ``repeat_kv`` before SDPA), not at the KV heads. ``output_copied``: the attention output is
-    saved twice, by attention and, as a contiguous copy in another layout, by the output projection
-    (JobSpec.attention_output_copied). Both measured on the harness's model, which attends as torchtitan
-    does (tests/torch/test_saved_activations.py)."""
+    torchtitan's ``repeat_kv`` before SDPA), not at the KV heads. Measured on the harness's model, which
+    attends as torchtitan does (tests/torch/test_saved_activations.py): SDPA saves Q, K and V at every
+    query head, and its output, whose storage the output projection saves again as its input (SDPA
+    returns the output in the projection's layout, so torchtitan's ``transpose(1, 2).contiguous()``
+    copies nothing): one copy."""
     D = model.hidden
     t = float(tp)
     g = 1.0 if fp8_inputs else 2.0  # bytes per element of a GEMM input saved by its linear alone
@@ -152,9 +152,7 @@ def activation_parts_per_token(model: ModelSpec, *, ffn_hidden: int, tp: int, sp
     qkv += 2.0 * kv_heads * model.value_head_dim
     parts["qkv"] = qkv / t
     # the attention output: the projection's input; FlashAttention also keeps it in bf16 for its backward
-    # (the same tensor, or a second copy where the projection takes another layout)
-    out = (2.0 + (1.0 if fp8_inputs else 0.0) if flash_attention else g) + (g if output_copied else 0.0)
-    parts["attn_out"] = out * model.q_dim / t
+    parts["attn_out"] = (2.0 + (1.0 if fp8_inputs else 0.0) if flash_attention else g) * model.q_dim / t
     if model.is_mla:  # MLA also stores its compressed latents (q and kv) for the up-projections
         parts["mla_latents"] = 2.0 * (model.q_lora_rank + model.kv_lora_rank) / t
     act1 = 4.0 if model.gated_mlp else 2.0  # the first output (both halves if gated)

@@ -397,13 +397,13 @@ def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, 
             return mem.layer_activation_bytes_per_token(
                 model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp, flash_attention=flash, seq_len=job.seq_len,
                 fp8_inputs=job.fp8_saves_fp8_inputs, gathered_inputs=gathered,
-                kv_expanded=job.attention_kv_expanded, output_copied=job.attention_output_copied)
+                kv_expanded=job.attention_kv_expanded)
         return mem.layer_activation_bytes_per_token(
             model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp, flash_attention=flash, seq_len=job.seq_len,
             moe_tokens_factor=model.top_k * job.moe_capacity_factor * job.moe_routing_imbalance,
             moe_ffn_hidden=model.expert_ffn_hidden, n_shared=model.n_shared_experts, expert_tp=etp,
             fp8_inputs=job.fp8_saves_fp8_inputs, gathered_inputs=gathered,
-            kv_expanded=job.attention_kv_expanded, output_copied=job.attention_output_copied)
+            kv_expanded=job.attention_kv_expanded)
 
     a_moe = (act(False, True), act(True, True)) if moe else (0.0, 0.0)
     sac_m = (mem.sac_activation_bytes_per_token(model, ffn_hidden=model.expert_ffn_hidden * model.top_k, tp=tp,

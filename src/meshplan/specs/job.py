@@ -23,12 +23,6 @@ KV_EXPANDING_STACKS = ("torchtitan",)
 ``repeat_kv`` on them before ``F.scaled_dot_product_attention`` (torchtitan/models/llama3/model/model.py,
 and torchtitan/models/llama/model.py of 2024), so its context parallelism, which runs inside that call,
 passes and gathers K and V at the query heads' width."""
-ATTENTION_OUTPUT_COPY_STACKS = ("torchtitan",)
-"""Stacks whose attention output is saved twice: torchtitan's Llama runs F.scaled_dot_product_attention on
-(batch, heads, sequence, dim) tensors, which saves its output for its backward, and then makes a contiguous
-(batch, sequence, heads, dim) copy for the output projection, which saves that copy as its input
-(``output.transpose(1, 2).contiguous()``, torchtitan/models/llama3/model/model.py). Megatron-core's
-Transformer Engine attention returns the projection's layout, a view of what it saved."""
 TE_FP8_STACKS = ("megatron", "llm-foundry")
 """Stacks whose FP8 linears are Transformer Engine's, which save the FP8 copy of a GEMM's input for the
 weight gradient (memory.layer_activation_bytes_per_token); llm-foundry's FP8 runs use TE (``amp_fp8``).
@@ -160,12 +154,6 @@ class JobSpec:
         """Whether attention's K and V are repeated to every query head before it runs
         (KV_EXPANDING_STACKS)."""
         return self.software in KV_EXPANDING_STACKS
-
-    @property
-    def attention_output_copied(self) -> bool:
-        """Whether the attention output is saved twice, by attention and as the output projection's input
-        (ATTENTION_OUTPUT_COPY_STACKS)."""
-        return self.software in ATTENTION_OUTPUT_COPY_STACKS
 
     @property
     def loss_impl(self) -> str:
