@@ -38,8 +38,9 @@ class SearchResult:
     n_pruned: int = 0
     """Option variants not listed: those that do not fit in memory (their structure is listed, with its
     reasons, under its default options) and those whose step time is provably above the tie band of the
-    fastest plan (a compute and bubble bound, ``step_time_lower_bound_s``, or the floors their traffic
-    sets, ``cost.step.traffic_floors``): none could be recommended."""
+    fastest plan and the best of their family (a compute and bubble bound, ``step_time_lower_bound_s``, or
+    the floors their traffic sets, ``cost.step.traffic_floors``): none could be recommended or shown as
+    its family's best."""
 
     @property
     def recommended(self) -> Estimate | None:
@@ -131,24 +132,34 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
     for i, plan in enumerate(plans, 1):
         results.append(evaluate(model, cluster, job, plan, mfu=mfu, compute=compute, time_infeasible=False))
         tick(i)
-    # option variants, in order of their lower bound: evaluated only if they could join the tie band
-    # (branch and bound; exact for the recommendation, since the bound never exceeds the step time)
+    # option variants, in order of their lower bound: evaluated only if they could join the tie band or
+    # beat the best plan of their family (branch and bound; exact for the recommendation and for each
+    # family's best, since the bounds never exceed the step time)
     n_pruned = 0
-    fastest = min((e.step_time_s for e in results if e.feasible), default=float("inf"))
+    inf = float("inf")
+    fastest = min((e.step_time_s for e in results if e.feasible), default=inf)
+    family_best: dict[str, float] = {}
+    for e in results:
+        if e.feasible:
+            family_best[family(e.plan)] = min(family_best.get(family(e.plan), inf), e.step_time_s)
+    families = [family(v) for v in variants]
     if mfu is None:
         bounds = sorted((step_time_lower_bound_s(model, cluster, job, v, compute), k) for k, v in enumerate(variants))
     else:  # the assumed-MFU mode rescales compute per plan: no bound, evaluate them all
         bounds = [(0.0, k) for k in range(len(variants))]
     for i, (bound, k) in enumerate(bounds, len(plans) + 1):
         cutoff = fastest * (1.0 + TIE_BAND)
-        if bound > cutoff:
+        if bound > cutoff and bound >= max(family_best.values(), default=0.0):
             n_pruned += len(bounds) - (i - len(plans) - 1)
             break
-        if not results[base_of[k]].feasible and needs_more_memory(variants[k]):
-            n_pruned += 1  # its default options do not fit, and these need more memory
+        # the tie band, or the best so far of its family (a family none of whose plans fits keeps its
+        # structures' reasons: its variants are searched for the tie band only)
+        limit = max(cutoff, family_best.get(families[k], 0.0))
+        if bound >= limit or (not results[base_of[k]].feasible and needs_more_memory(variants[k])):
+            n_pruned += 1  # it cannot reach either, or its default options do not fit and these need more memory
             continue
         if mfu is None:
-            found = evaluate_within(model, cluster, job, variants[k], cutoff_s=cutoff, compute=compute)
+            found = evaluate_within(model, cluster, job, variants[k], cutoff_s=limit, compute=compute)
         else:
             found = evaluate(model, cluster, job, variants[k], mfu=mfu, compute=compute)
         if found is None:
@@ -157,6 +168,7 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
             results.append(found)
             if found.feasible:
                 fastest = min(fastest, found.step_time_s)
+                family_best[families[k]] = min(family_best.get(families[k], inf), found.step_time_s)
         tick(i)
     if progress:
         progress(total, total)
