@@ -1137,7 +1137,7 @@ def _compute_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan:
 def _critical_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, mbs: int, m: int,
                      recompute: str, recompute_layers: int | None) -> float:
     """The communication no compute hides (window 'none': tensor parallelism without async TP, Ulysses
-    all-to-alls, expert all-to-alls without overlap) of the lighter of the first and last stages at
+    all-to-alls, expert all-to-alls without overlap) of the lightest of the bounding stages at
     micro-batch size ``mbs`` [s]: every stage's step time includes its own in full. Each such collective
     runs a fixed number of times per micro-batch, so this is ``m`` times its value for one micro-batch."""
     if not ((plan.tp > 1 and not plan.async_tp) or (plan.cp > 1 and plan.context_impl == "a2a")
@@ -1149,7 +1149,7 @@ def _critical_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan:
                         plan.expert_tp,
                         plan.ep_dispatch, plan.ep_overlap, mbs, plan)
     least = float("inf")
-    for s in sorted({0, plan.pp - 1}):
+    for s in bounding_stages(stages):  # the compute bound takes the busiest of these, which may be a middle one
         n_dense, n_moe = stages[s]
         r_dense, r_moe = recomputed_layers(recompute, recompute_layers, n_dense, n_moe)
         least = min(least, per[0] * n_dense + per[1] * n_moe + per[2] * (s == 0) + per[3] * (s == plan.pp - 1)
