@@ -143,17 +143,30 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
         if e.feasible:
             family_best[family(e.plan)] = min(family_best.get(family(e.plan), inf), e.step_time_s)
     families = [family(v) for v in variants]
+    # a family none of whose structures fits may still fit through an option that frees memory
+    # (needs_more_memory): those variants are evaluated in full first, so that its best is known
+    first = [k for k, v in enumerate(variants) if families[k] not in family_best and not needs_more_memory(v)]
+    for k in first:
+        found = evaluate(model, cluster, job, variants[k], mfu=mfu, compute=compute, time_infeasible=False)
+        if found.feasible:
+            results.append(found)
+            fastest = min(fastest, found.step_time_s)
+            family_best[families[k]] = min(family_best.get(families[k], inf), found.step_time_s)
+        else:
+            n_pruned += 1  # its structure, listed with its reasons, stands for it
+    done = set(first)
     if mfu is None:
         bounds = sorted((step_time_lower_bound_s(model, cluster, job, v, compute), k) for k, v in enumerate(variants))
     else:  # the assumed-MFU mode rescales compute per plan: no bound, evaluate them all
         bounds = [(0.0, k) for k in range(len(variants))]
-    for i, (bound, k) in enumerate(bounds, len(plans) + 1):
+    bounds = [(b, k) for b, k in bounds if k not in done]
+    for i, (bound, k) in enumerate(bounds, len(plans) + len(first) + 1):
         cutoff = fastest * (1.0 + TIE_BAND)
         if bound > cutoff and bound >= max(family_best.values(), default=0.0):
-            n_pruned += len(bounds) - (i - len(plans) - 1)
+            n_pruned += len(bounds) - (i - len(plans) - len(first) - 1)
             break
         # the tie band, or the best so far of its family (a family none of whose plans fits keeps its
-        # structures' reasons: its variants are searched for the tie band only)
+        # structures' reasons: no other option of it can fit)
         limit = max(cutoff, family_best.get(families[k], 0.0))
         if bound >= limit or (not results[base_of[k]].feasible and needs_more_memory(variants[k])):
             n_pruned += 1  # it cannot reach either, or its default options do not fit and these need more memory
