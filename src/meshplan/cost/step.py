@@ -868,22 +868,14 @@ class _PlanShared(NamedTuple):
     static: dict[int, _StaticMemory]
 
 
-_PlanMesh = tuple[dict[str, Group], list[tuple[int, int]], dict[int, tuple[Unit, ...]]]
-"""A plan's groups, stage layout and the parameters each bounding stage holds: what its ledger needs."""
-
-
-def _plan_mesh(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, plan: Plan) -> _PlanMesh:
+def _plan_shared(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan
+                 ) -> _PlanShared:
+    groups = axis_groups(plan, cluster)
     layout = plan_stage_layers(model, plan)
-    units = {s: _local_params(model, counts, plan, s, *layout[s], tied_copy=plan.pp > 1)
-             for s in bounding_stages(layout)}
-    return axis_groups(plan, cluster), layout, units
-
-
-def _plan_shared(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan,
-                 mesh: _PlanMesh | None = None) -> _PlanShared:
-    groups, layout, units = mesh or _plan_mesh(model, counts, cluster, plan)
+    stages = bounding_stages(layout)
+    units = {s: _local_params(model, counts, plan, s, *layout[s], tied_copy=plan.pp > 1) for s in stages}
     static = {s: _static_memory(_StageCtx(model, counts, cluster, job, plan, groups, s, *layout[s], 1, units[s]))
-              for s in units}
+              for s in stages}
     return _PlanShared(groups, layout, units, static)
 
 
@@ -1343,7 +1335,7 @@ class _Choice:
         self.model, self.cluster, self.job, self.plan = model, cluster, job, plan
         self.compute, self.mfu, self.cutoff_s = compute, mfu, cutoff_s
         self.counts = param_counts(model)
-        self._mesh = _plan_mesh(model, self.counts, cluster, plan)
+        self.shared = _plan_shared(model, self.counts, cluster, job, plan)
         self.mbs_list = [plan.mbs] if plan.mbs else micro_batch_sizes(job, plan.dp)  # largest first
         self.recomputes, self.partial_layers = recompute_options(model, job, plan)
         # the most layers a stage may offload (Megatron: all but one), when the choice includes offloading
@@ -1382,17 +1374,13 @@ class _Choice:
         return self._timed[rc, b, n]
 
     @functools.cached_property
-    def shared(self) -> _PlanShared:
-        return _plan_shared(self.model, self.counts, self.cluster, self.job, self.plan, self._mesh)
-
-    @functools.cached_property
     def floors(self) -> TrafficFloors:
         """``traffic_floors`` of the plan at its largest micro-batch size and least recomputation: floors
-        over every combination (from the plan's mesh alone: a plan they prune needs no static memory)."""
+        over every combination."""
         b, rc = self.mbs_list[0], self.recomputes[0]
         plan = self.variant(rc, b)
         ctxs = _stage_ctxs(self.model, self.counts, self.cluster, self.job, plan,
-                           _micro_batches(self.job, plan.dp, b), _PlanShared(*self._mesh, static={}))
+                           _micro_batches(self.job, plan.dp, b), self.shared)
         return traffic_floors(ctxs, self.compute)
 
     def fewest_recomputed(self, b: int) -> int:
@@ -1420,8 +1408,10 @@ class _Choice:
         limit = self.cutoff_s if self.cutoff_s is not None else float("inf")
         if self.best is not None and self.mfu is None:  # with an assumed MFU compute is rescaled: no bound
             limit = min(limit, self.best.step_time_s)
-        if limit == float("inf") or self.bound(rc, b, n) >= limit:
-            return limit != float("inf")
+        if limit == float("inf"):
+            return False
+        if self.bound(rc, b, n) >= limit:
+            return True
         if self.cutoff_s is None:  # a plan evaluated in full: its floors cost about what they save
             return False
         floors = self.floors
