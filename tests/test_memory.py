@@ -1,5 +1,7 @@
 """Memory formulas against published examples."""
 
+from dataclasses import replace
+
 import pytest
 
 from meshplan import load_model
@@ -118,7 +120,9 @@ def test_pytorch_tensor_parallelism_saves_the_sequence_parallel_linears_gathered
     """A reviewer's finding, measured under a fake process group (tests/torch/test_saved_activations.py):
     PyTorch's column-parallel linears save the all-gathered input of QKV and the MLP (2D bytes per token
     each) where Megatron-core saves the rank's shard and gathers it again in backward (2D/t). Llama 3 8B,
-    tp=4, one sequence of 4,096 tokens in flight: the difference is 32 layers x 4,096 x 4D x (1 - 1/4)."""
+    tp=4, one sequence of 4,096 tokens in flight: the difference is 32 layers x 4,096 x 4D x (1 - 1/4), and
+    the SwiGLU activation's output eager PyTorch saves beside its input (2F/t bytes per token) where
+    Megatron-core's fused SwiGLU recomputes it."""
     from meshplan import JobSpec, evaluate, load_cluster, parse_plan
 
     model, cluster = load_model("llama-3-8b"), load_cluster("h100-sxm", nodes=1)
@@ -128,8 +132,44 @@ def test_pytorch_tensor_parallelism_saves_the_sequence_parallel_linears_gathered
         plan = parse_plan(f"tp=4,dp_shard=2,mbs=1,recompute=none,sp=true,sharding={sharding}", 8)
         acts[sharding] = evaluate(model, cluster, job, plan).memory.terms["activations"]
     D = model.hidden
-    assert acts["fsdp"] - acts["megatron"] == pytest.approx(32 * 4096 * 4 * D * (1 - 1 / 4))
+    per_token = 4 * D * (1 - 1 / 4) + 2 * model.ffn_hidden / 4
+    assert acts["fsdp"] - acts["megatron"] == pytest.approx(32 * 4096 * per_token)
     # on the Megatron stack (Megatron-FSDP, the Megatron papers' data parallelism) the layers are Megatron's
     megatron_fsdp = evaluate(model, cluster, JobSpec(global_batch_tokens=4096 * 2, seq_len=4096, software="megatron"),
                              parse_plan("tp=4,dp_shard=2,mbs=1,recompute=none,sp=true", 8))
     assert megatron_fsdp.memory.terms["activations"] == pytest.approx(acts["megatron"])
+
+
+def test_an_eager_swiglu_also_saves_its_activation():
+    """From a review, measured with saved_tensors_hooks (tests/torch/test_saved_activations.py): eager
+    PyTorch's w2(silu(w1 x) * w3 x) saves four tensors of the FFN width (silu's input and output, w3's
+    output, the product); torch.compile and Megatron-core's fused SwiGLU save three. Llama 3 8B on one
+    GPU, one sequence of 4,096 tokens, no recomputation: 32 layers x 4,096 x 2F bytes apart. A GeLU MLP
+    saves the same either way."""
+    from meshplan import JobSpec, evaluate, load_cluster, parse_plan
+
+    model, cluster = load_model("llama-3-8b"), load_cluster("h100-sxm", nodes=1)
+
+    def acts(m, **job):
+        j = JobSpec(global_batch_tokens=4096 * 8, seq_len=4096, **job)
+        return evaluate(m, cluster, j, parse_plan("dp_shard=8,mbs=1,recompute=none", 8)).memory.terms["activations"]
+
+    eager, compiled = acts(model), acts(model, compiled=True)
+    assert eager - compiled == pytest.approx(32 * 4096 * 2 * model.ffn_hidden)
+    assert acts(model, software="megatron") < eager
+    gelu = replace(model, gated_mlp=False)
+    assert acts(gelu) == pytest.approx(acts(gelu, compiled=True))
+
+
+def test_parameters_kept_gathered_are_not_counted_twice():
+    """From a review: with reshard_after_forward=False (and so under a pipeline) FSDP2 keeps every unit's
+    gathered parameters from its forward to its backward; the unit being computed and the one prefetched
+    are among them, not two more."""
+    from meshplan import JobSpec, evaluate, load_cluster, parse_plan
+
+    model, cluster = load_model("llama-3-8b"), load_cluster("h100-sxm", nodes=1)
+    job = JobSpec(global_batch_tokens=4096 * 8, seq_len=4096)
+    terms = {raf: evaluate(model, cluster, job, parse_plan(f"dp_shard=8,mbs=1,reshard_after_forward={raf}", 8)
+                           ).memory.terms for raf in ("true", "false")}
+    assert "fsdp_unsharded_params" in terms["true"] and "fsdp_kept_after_forward" not in terms["true"]
+    assert "fsdp_unsharded_params" not in terms["false"] and terms["false"]["fsdp_kept_after_forward"] > 0

@@ -515,6 +515,10 @@ def test_the_loss_implementation_sets_the_logits_working_set():
     assert fused.step_time_s < eager.step_time_s
     assert est().memory.terms["logits_and_loss"] == eager.memory.terms["logits_and_loss"]  # generic: eager
     assert est(software="megatron").memory.terms["logits_and_loss"] == vp.memory.terms["logits_and_loss"]
+    # a plan that runs Megatron-core's layers (its distributed optimizer) runs its loss too, whatever the stack
+    megatron = evaluate(m, c, JobSpec(global_batch_tokens=131_072, seq_len=8192),
+                        parse_plan("dp_shard=8,mbs=2,recompute=full,sharding=megatron", c.n_gpus))
+    assert megatron.memory.terms["logits_and_loss"] == vp.memory.terms["logits_and_loss"]
     with pytest.raises(SpecError, match=r"job\.loss"):
         est(loss="chunked")
 

@@ -101,3 +101,22 @@ def test_torchtitan_attention_saves_expanded_kv_and_its_output_once():
     bf16 = 2.0
     assert parts["qkv"] == 3 * bf16 * heads * head_dim  # bytes per token of the sequence
     assert parts["attn_out"] == bf16 * heads * head_dim
+
+
+def test_the_eager_swiglu_saves_four_tensors_of_its_width():
+    """The harness's MLP, w2(silu(w1 x) * w3 x) in eager PyTorch as torchtitan runs it, saves silu's input
+    and output, w3's output and the product (four distinct storages of the FFN width), where a fused
+    SwiGLU saves three: memory.activation_parts_per_token with ``glu_saves_activation`` counts four."""
+    from meshplan.cost.memory import activation_parts_per_token
+
+    storages: dict[str, list[int]] = {}
+    spec, saved = _saved_by_module(sequence_parallel=True, storages=storages)
+    width = spec.ffn_hidden // TP
+    ffn = {ptr for module in saved for shape, ptr in zip(saved[module], storages[module], strict=True)
+           if shape[-1] == width and SEQ in shape}  # (tokens, F/t) activations, not the (F/t, D) weights
+    assert len(ffn) == 4, saved
+    parts = {glu: activation_parts_per_token(spec, ffn_hidden=spec.ffn_hidden, tp=TP, sp=True, flash_attention=True,
+                                             seq_len=SEQ, gathered_inputs=True, glu_saves_activation=glu)["mlp"]
+             for glu in (True, False)}
+    bf16 = 2.0
+    assert parts[True] == 4 * bf16 * width and parts[False] == 3 * bf16 * width

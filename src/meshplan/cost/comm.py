@@ -176,8 +176,11 @@ def _data_parallel(led: _Ledger, plan: Plan, job: JobSpec, st: StageTraffic) -> 
             rs_calls = m if (plan.sharding == "zero2" and sync == "every") else 1
             led.add(REDUCE_SCATTER, u.group, f"{u.name} grads reduce-scatter", "backward", rs_calls * calls,
                     u.n_params * grad_bytes, "backward" if rs_calls > 1 else "last_backward", edge_calls=1)
+            # Megatron's distributed optimizer overlaps it with the next step's first forward
+            # (--overlap-param-gather); DeepSpeed's ZeRO-1/2 gathers the updated partitions inside step(),
+            # before it returns (stage_1_and_2.py, all_gather_dp_groups: "ready for next round forward")
             led.add(ALL_GATHER, u.group, f"{u.name} updated params all-gather", "step", calls,
-                    u.n_params * pb, "first_forward", edge_calls=1)
+                    u.n_params * pb, "first_forward" if plan.sharding == "megatron" else "none", edge_calls=1)
             if plan.dp_replicate > 1:
                 led.add(ALL_REDUCE, "dp_replicate", f"{u.name} grad shards all-reduce", "backward",
                         rs_calls * calls, u.n_params * grad_bytes / n, "last_backward", edge_calls=1)

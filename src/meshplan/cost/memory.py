@@ -81,7 +81,7 @@ def layer_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: i
                                      flash_attention: bool, seq_len: int, moe_tokens_factor: float = 0.0,
                                      moe_ffn_hidden: int = 0, n_shared: int = 0, expert_tp: int = 1,
                                      fp8_inputs: bool = False, gathered_inputs: bool = False,
-                                     kv_expanded: bool = False) -> float:
+                                     kv_expanded: bool = False, glu_saves_activation: bool = False) -> float:
     """Activation bytes one layer saves for backward, per token on the rank, no recompute [bytes/token].
 
     .. math:: 8D/t_{sp} + (4h_q + 4h_{kv} + 6F)/t  + 2·N·S/t\\ (no\\ FlashAttention)
@@ -89,7 +89,8 @@ def layer_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: i
     Generalises [4] Table 2 to GQA and SwiGLU (formulas.md §3.8): norm inputs 4D, QKV and MLP inputs 2D
     each (all replicated unless sequence-parallel; the QKV and MLP inputs replicated under it too with
     ``gathered_inputs``, PyTorch's tensor parallelism: activation_parts_per_token), Q, K, V and attention
-    output 2 bytes each, gated MLP 6F (4F for GeLU). No dropout (Llama-style); bf16 activations. Without
+    output 2 bytes each, gated MLP 6F (4F for GeLU; 8F with ``glu_saves_activation``, eager PyTorch's:
+    JobSpec.glu_saves_activation). No dropout (Llama-style); bf16 activations. Without
     FlashAttention the softmax output (2·N·S bytes per token) is stored too.
     For an MoE layer, ``moe_tokens_factor`` = k·capacity·imbalance expert-token copies per token, each
     storing 6F_e (gated) plus its dispatched input and combined output (2D each); shared experts store
@@ -110,13 +111,14 @@ def layer_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: i
         model, ffn_hidden=ffn_hidden, tp=tp, sp=sp, flash_attention=flash_attention, seq_len=seq_len,
         moe_tokens_factor=moe_tokens_factor, moe_ffn_hidden=moe_ffn_hidden, n_shared=n_shared,
         expert_tp=expert_tp, fp8_inputs=fp8_inputs, gathered_inputs=gathered_inputs,
-        kv_expanded=kv_expanded).values())
+        kv_expanded=kv_expanded, glu_saves_activation=glu_saves_activation).values())
 
 
 def activation_parts_per_token(model: ModelSpec, *, ffn_hidden: int, tp: int, sp: bool, flash_attention: bool,
                                seq_len: int, moe_tokens_factor: float = 0.0, moe_ffn_hidden: int = 0,
                                n_shared: int = 0, expert_tp: int = 1, fp8_inputs: bool = False,
-                               gathered_inputs: bool = False, kv_expanded: bool = False) -> dict[str, float]:
+                               gathered_inputs: bool = False, kv_expanded: bool = False,
+                               glu_saves_activation: bool = False) -> dict[str, float]:
     """``layer_activation_bytes_per_token`` by the tensor that holds it, each on the rank's share of the
     tokens [bytes/token]: 'norm_inputs', 'qkv_input', 'mlp_input' (the two norms' outputs), 'qkv' (Q, K, V
     as attention saves them), 'attn_out', 'mla_latents', 'mlp' (a dense layer's MLP; an MoE layer's shared
@@ -138,7 +140,13 @@ def activation_parts_per_token(model: ModelSpec, *, ffn_hidden: int, tp: int, sp
     attends as torchtitan does (tests/torch/test_saved_activations.py): SDPA saves Q, K and V at every
     query head, and its output, whose storage the output projection saves again as its input (SDPA
     returns the output in the projection's layout, so torchtitan's ``transpose(1, 2).contiguous()``
-    copies nothing): one copy."""
+    copies nothing): one copy.
+
+    ``glu_saves_activation``: a gated MLP run as eager PyTorch ops, w2(silu(w1 x) · w3 x), saves silu's
+    input, its output and w3's output for the product's backward and the product for w2's: four tensors of
+    the FFN width, where a fused SwiGLU (Megatron-core's, or torch.compile's) saves three. Measured with
+    ``saved_tensors_hooks`` on the harness's model (tests/torch/test_saved_activations.py), eager and
+    compiled (torch 2.13, CPU; which tensors autograd saves does not depend on the device)."""
     D = model.hidden
     t = float(tp)
     g = 1.0 if fp8_inputs else 2.0  # bytes per element of a GEMM input saved by its linear alone
@@ -155,7 +163,8 @@ def activation_parts_per_token(model: ModelSpec, *, ffn_hidden: int, tp: int, sp
     parts["attn_out"] = (2.0 + (1.0 if fp8_inputs else 0.0) if flash_attention else g) * model.q_dim / t
     if model.is_mla:  # MLA also stores its compressed latents (q and kv) for the up-projections
         parts["mla_latents"] = 2.0 * (model.q_lora_rank + model.kv_lora_rank) / t
-    act1 = 4.0 if model.gated_mlp else 2.0  # the first output (both halves if gated)
+    # the first output (both halves if gated; eager PyTorch's activation also saves its output for the product)
+    act1 = (6.0 if glu_saves_activation else 4.0) if model.gated_mlp else 2.0
     parts["mlp"] = (n_shared * (act1 + g) * moe_ffn_hidden if moe_layer else (act1 + g) * ffn_hidden) / t
     if moe_layer:
         f = moe_tokens_factor * moe_ffn_hidden

@@ -338,7 +338,8 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
             transient["fsdp_unsharded_grads"] = (module + mem.ZERO3_REDUCE_BUCKET_ELEMENTS) * 2.0
         else:  # FSDP2: whole units
             u_max = max(u.n_params for u in block_units)
-            transient["fsdp_unsharded_params"] = 2 * u_max * 2.0  # current unit + the one prefetched
+            if plan.effective_reshard_after_forward is not False:  # else every unit stays gathered (below)
+                transient["fsdp_unsharded_params"] = 2 * u_max * 2.0  # current unit + the one prefetched
             transient["fsdp_unsharded_grads"] = u_max * (2.0 + job.reduce_dtype_bytes)
             root = sum(u.n_params for u in c.units if u.root)
             if root:
@@ -365,7 +366,7 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
                  if plan.cp > 1 and plan.context_impl == "allgather" and c.n_dense + c.n_moe else 0.0)
     return _StaticMemory(terms, transient, runtime, *_activation_coefficients(
         model, job, plan.tp, plan.sequence_parallel, c.n_moe > 0, c.s == 0, c.last, plan.expert_tp,
-        plan.sequence_parallel and not megatron), cp_gather)
+        plan.sequence_parallel and not megatron, megatron), cp_gather)
 
 
 @cache_by_identity(n_specs=2)
@@ -385,25 +386,27 @@ def _selective_freed(model: ModelSpec, job: JobSpec, tp: int, sp: bool, moe: boo
 
 @cache_by_identity(n_specs=2)
 def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, moe: bool, first: bool, last: bool,
-                             etp: int, gathered: bool
+                             etp: int, gathered: bool, megatron: bool
                              ) -> tuple[tuple[float, float], tuple[float, float], float, tuple[float, float], float,
                                         float]:
     """The per-token fields of ``_StaticMemory`` (a_dense ... embedding), memoised: they depend on the
     model, the job and the TP split (of the experts: ``etp``; ``gathered``: the QKV and MLP inputs are saved
-    as the sequence-parallel all-gather delivered them, memory.activation_parts_per_token) only."""
+    as the sequence-parallel all-gather delivered them, memory.activation_parts_per_token) and whether
+    Megatron-core's layers run (its fused SwiGLU and cross-entropy) only."""
+    glu = job.glu_saves_activation(megatron)
 
     def act(flash: bool, moe: bool) -> float:
         if not moe:
             return mem.layer_activation_bytes_per_token(
                 model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp, flash_attention=flash, seq_len=job.seq_len,
                 fp8_inputs=job.fp8_saves_fp8_inputs, gathered_inputs=gathered,
-                kv_expanded=job.attention_kv_expanded)
+                kv_expanded=job.attention_kv_expanded, glu_saves_activation=glu)
         return mem.layer_activation_bytes_per_token(
             model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp, flash_attention=flash, seq_len=job.seq_len,
             moe_tokens_factor=model.top_k * job.moe_capacity_factor * job.moe_routing_imbalance,
             moe_ffn_hidden=model.expert_ffn_hidden, n_shared=model.n_shared_experts, expert_tp=etp,
             fp8_inputs=job.fp8_saves_fp8_inputs, gathered_inputs=gathered,
-            kv_expanded=job.attention_kv_expanded)
+            kv_expanded=job.attention_kv_expanded, glu_saves_activation=glu)
 
     a_moe = (act(False, True), act(True, True)) if moe else (0.0, 0.0)
     sac_m = (mem.sac_activation_bytes_per_token(model, ffn_hidden=model.expert_ffn_hidden * model.top_k, tp=tp,
@@ -412,7 +415,7 @@ def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, 
             mem.full_recompute_bytes_per_token(hidden=model.hidden, tp=tp, sp=sp),
             (mem.sac_activation_bytes_per_token(model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp), sac_m),
             # the main loss's and each MTP depth's saved logits, all alive until the backward
-            (1 + model.mtp_layers) * mem.logits_bytes_per_token(vocab=model.vocab, tp=tp, loss=job.loss_impl)
+            (1 + model.mtp_layers) * mem.logits_bytes_per_token(vocab=model.vocab, tp=tp, loss=job.loss_impl(megatron))
             if last else 0.0,
             model.hidden * 2.0 / (tp if sp else 1) if first else 0.0)
 
@@ -506,7 +509,8 @@ def _stage_compute(c: _StageCtx, compute: ComputeParams) -> tuple[float, ...]:
     plan = c.plan
     return _stage_compute_times(c.model, c.cluster.accelerator, compute, c.job, c.tokens, plan.tp, plan.cp,
                                 plan.ep, plan.expert_tp, plan.sequence_parallel, plan.context_impl != "a2a",
-                                c.n_dense, c.n_moe, c.last, c.recompute, c.recomputed)
+                                c.n_dense, c.n_moe, c.last, c.recompute, c.recomputed,
+                                c.job.loss_impl(plan.runs_megatron_layers(c.job.software)))
 
 
 def _with_fsdp_copies(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) -> tuple[float, ...]:
@@ -575,9 +579,10 @@ def _fsdp_copies_s(c: _StageCtx, compute: ComputeParams) -> tuple[float, float, 
 @cache_by_identity(n_specs=4)
 def _stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute: ComputeParams, job: JobSpec,
                          tokens: float, tp: int, cp: int, ep: int, etp: int, sp: bool, cp_chunked: bool, n_dense: int,
-                         n_moe: int, last: bool, recompute: str, recomputed: tuple[int, int]) -> tuple[float, ...]:
-    """``_stage_compute`` on the values it reads, memoised: plans that differ only in their communication
-    options, and the search's bounds, share it."""
+                         n_moe: int, last: bool, recompute: str, recomputed: tuple[int, int], loss: str
+                         ) -> tuple[float, ...]:
+    """``_stage_compute`` on the values it reads (``loss``: JobSpec.loss_impl), memoised: plans that differ
+    only in their communication options, and the search's bounds, share it."""
     accel = _accel_key(accelerator)
 
     def lt(moe: bool) -> LayerTimes:
@@ -611,7 +616,7 @@ def _stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute
                    for (n, x), moe in zip(kinds, (False, True)[:len(kinds)], strict=True))
     hf = hb = 0.0
     if last:
-        hf, hb = lm_head_times(model, accelerator, compute, tokens=tokens, tp=tp, loss=job.loss_impl)
+        hf, hb = lm_head_times(model, accelerator, compute, tokens=tokens, tp=tp, loss=loss)
         if model.mtp_layers:  # each MTP depth: its 2D -> D projection, and the head and loss again
             pf = mtp_projection_time_s(model, accelerator, compute, tokens=tokens, tp=tp, precision=job.precision)
             hf, hb = (model.mtp_layers * (hf + pf) + hf, model.mtp_layers * (hb + 2 * pf) + hb)
@@ -1122,14 +1127,16 @@ def _compute_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan:
     m = _micro_batches(job, plan.dp, mbs)
     return (_shape_bound_s(model, cluster.accelerator, compute, job, plan.tp, plan.cp, plan.ep, plan.expert_tp,
                            plan.pp, plan.schedule, plan.vpp, plan.layout, plan.sequence_parallel,
-                           plan.context_impl != "a2a", mbs, recompute, m, recompute_layers)
+                           plan.context_impl != "a2a", mbs, recompute, m, recompute_layers,
+                           job.loss_impl(plan.runs_megatron_layers(job.software)))
             + _critical_comm_s(model, cluster, job, plan, mbs, m, recompute, recompute_layers))
 
 
 def _critical_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, mbs: int, m: int,
                      recompute: str, recompute_layers: int | None) -> float:
-    """The communication no compute hides (window 'none': tensor parallelism without async TP, Ulysses
-    all-to-alls, expert all-to-alls without overlap) of the lightest of the bounding stages at
+    """The in-layer communication no compute hides (window 'none': tensor parallelism without async TP,
+    Ulysses all-to-alls, expert all-to-alls without overlap; not ZeRO-1/2's blocking all-gather after the
+    optimizer step, which only adds to the step) of the lightest of the bounding stages at
     micro-batch size ``mbs`` [s]: every stage's step time includes its own in full. Each such collective
     runs a fixed number of times per micro-batch, so this is ``m`` times its value for one micro-batch."""
     if not ((plan.tp > 1 and not plan.async_tp) or (plan.cp > 1 and plan.context_impl == "a2a")
@@ -1178,7 +1185,8 @@ def _micro_batches(job: JobSpec, dp: int, mbs: int) -> int:
 @cache_by_identity(n_specs=4)
 def _shape_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: ComputeParams, job: JobSpec, tp: int,
                    cp: int, ep: int, etp: int, pp: int, schedule: str, vpp: int, layout: str, sp: bool,
-                   cp_chunked: bool, mbs: int, recompute: str, m: int, recompute_layers: int | None) -> float:
+                   cp_chunked: bool, mbs: int, recompute: str, m: int, recompute_layers: int | None,
+                   loss: str) -> float:
     """``_compute_bound_s`` on the plan fields it reads (memoised: plans that differ in sharding or in
     their communication options share it)."""
     stages = stage_layers(model, pp, layout, round_robin_chunks(schedule, vpp))
@@ -1188,7 +1196,7 @@ def _shape_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: Comp
         n_dense, n_moe = stages[s]
         t_f, t_b, t_w, t_r, _, hf, hb = _stage_compute_times(
             model, accelerator, compute, job, tokens, tp, cp, ep, etp, sp, cp_chunked, n_dense, n_moe, s == pp - 1,
-            recompute, recomputed_layers(recompute, recompute_layers, n_dense, n_moe))
+            recompute, recomputed_layers(recompute, recompute_layers, n_dense, n_moe), loss)
         bubble = bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, m=m, t_f_s=t_f + hf, t_b_s=t_b + hb + t_r,
                                t_w_s=t_w)
         worst = max(worst, m * (t_f + hf + t_b + hb + t_w + t_r) + bubble)
@@ -1209,19 +1217,20 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec
     b = plan.mbs or micro_batch_sizes(job, plan.dp)[0]
     return (_shape_lower_bound_s(model, cluster.accelerator, compute, job, plan.dp, plan.tp, plan.cp, plan.ep,
                                  plan.expert_tp, plan.pp, plan.schedule, plan.vpp, plan.layout,
-                                 plan.sequence_parallel, plan.context_impl != "a2a", plan.mbs)
+                                 plan.sequence_parallel, plan.context_impl != "a2a", plan.mbs,
+                                 job.loss_impl(plan.runs_megatron_layers(job.software)))
             + _critical_comm_s(model, cluster, job, plan, b, _micro_batches(job, plan.dp, b), "none", None))
 
 
 @cache_by_identity(n_specs=4)
 def _shape_lower_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: ComputeParams, job: JobSpec,
                          dp: int, tp: int, cp: int, ep: int, etp: int, pp: int, schedule: str, vpp: int,
-                         layout: str, sp: bool, cp_chunked: bool, mbs: int | None) -> float:
+                         layout: str, sp: bool, cp_chunked: bool, mbs: int | None, loss: str) -> float:
     """``step_time_lower_bound_s`` on the plan fields it reads (memoised: option variants that change
     only communication or memory share it)."""
     sizes = [mbs] if mbs else micro_batch_sizes(job, dp)
     return min(_shape_bound_s(model, accelerator, compute, job, tp, cp, ep, etp, pp, schedule, vpp, layout, sp,
-                              cp_chunked, b, "none", _micro_batches(job, dp, b), None) for b in sizes)
+                              cp_chunked, b, "none", _micro_batches(job, dp, b), None, loss) for b in sizes)
 
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *, mfu: float | None = None,
@@ -1345,6 +1354,10 @@ class _Choice:
         self._plans: dict[_Key, Plan] = {}
         self._probes: dict[_Key, _Probe] = {}
         self._timed: dict[_Key, Estimate] = {}
+        self._floors: dict[int, TrafficFloors] = {}
+        self.largest = 0
+        """The index in ``mbs_list`` of the largest micro-batch size at which anything may fit (``choose``
+        finds it): the bounds over every size (b = 0) take only it and the smaller ones."""
         self._bounds = _shared_bounds(model, cluster, job, compute, plan.tp, plan.cp, plan.ep, plan.expert_tp,
                                       plan.pp, plan.dp,
                                       plan.schedule, plan.vpp, plan.sequence_parallel, plan.context_impl,
@@ -1373,15 +1386,16 @@ class _Choice:
                                                     shared=self.shared, timed=timed)
         return self._timed[rc, b, n]
 
-    @functools.cached_property
-    def floors(self) -> TrafficFloors:
-        """``traffic_floors`` of the plan at its largest micro-batch size and least recomputation: floors
-        over every combination."""
-        b, rc = self.mbs_list[0], self.recomputes[0]
-        plan = self.variant(rc, b)
-        ctxs = _stage_ctxs(self.model, self.counts, self.cluster, self.job, plan,
-                           _micro_batches(self.job, plan.dp, b), self.shared)
-        return traffic_floors(ctxs, self.compute)
+    def floors(self, b: int) -> TrafficFloors:
+        """``traffic_floors`` of the plan at micro-batch size ``b`` and the least recomputation: floors over
+        every recomputation at that size (``b`` 0: at the largest that may fit, so at every size that may)."""
+        b = b or self.mbs_list[self.largest]
+        if b not in self._floors:
+            plan = self.variant(self.recomputes[0], b)
+            ctxs = _stage_ctxs(self.model, self.counts, self.cluster, self.job, plan,
+                               _micro_batches(self.job, plan.dp, b), self.shared)
+            self._floors[b] = traffic_floors(ctxs, self.compute)
+        return self._floors[b]
 
     def fewest_recomputed(self, b: int) -> int:
         """A lower bound on the layers per stage that full recomputation must re-run to fit at micro-batch
@@ -1414,22 +1428,21 @@ class _Choice:
             return True
         if self.cutoff_s is None:  # a plan evaluated in full: its floors cost about what they save
             return False
-        floors = self.floors
+        floors = self.floors(b)
         return floors.link_s >= limit or self.bound(rc, b, n) + floors.contention_s >= limit
 
     def bound(self, rc: str, b: int, n: int | None = None) -> float:
-        """``_compute_bound_s`` of a combination; b = 0: the least over every micro-batch size. ``n`` None:
-        the plan's own recompute_layers (as ``variant`` does)."""
+        """``_compute_bound_s`` of a combination; b = 0: the least over every micro-batch size that may fit
+        (``largest``). ``n`` None: the plan's own recompute_layers (as ``variant`` does)."""
         if rc == OFFLOAD_MODE:  # offloading only adds to the compute of the same micro-batch without it
             return self.bound("none", b)
+        if b == 0:
+            return min(self.bound(rc, x, n) for x in self.mbs_list[self.largest:])
         n = n or self.plan.recompute_layers
         key = (rc, b, n)
         if key not in self._bounds:
-            if b == 0:
-                self._bounds[key] = min(self.bound(rc, x, n) for x in self.mbs_list)
-            else:
-                self._bounds[key] = _compute_bound_s(self.model, self.cluster, self.job, self.plan, self.compute,
-                                                     b, rc, n)
+            self._bounds[key] = _compute_bound_s(self.model, self.cluster, self.job, self.plan, self.compute,
+                                                 b, rc, n)
         return self._bounds[key]
 
     def consider(self, rc: str, b: int, n: int | None = None) -> None:
@@ -1461,6 +1474,12 @@ class _Choice:
                 return None
             rc, n = min(lenient, key=lambda x: self.probe(x[0], mbs[-1], x[1]).peak_bytes)
             return self.at(rc, mbs[-1], n, timed=time_infeasible)
+        # no combination fits in HBM at a micro-batch larger than the most lenient ones do (with offloading,
+        # every layer it may offload): the bounds and the bisections below start there
+        cap = self.cluster.accelerator.hbm_capacity_bytes
+        most = [(rc, self.offload_max if rc == OFFLOAD_MODE else n) for rc, n in lenient]
+        self.largest = _bisect(lambda i: any(self.probe(rc, mbs[i], n).peak_bytes <= cap for rc, n in most),
+                               0, len(mbs) - 1) or 0
         if self.cutoff_s is not None and self.pruned(self.recomputes[0], 0):
             return None  # no combination can beat the cutoff: the least recomputation at its best size
         first_fits: dict[str, int | None] = {}
@@ -1476,7 +1495,7 @@ class _Choice:
             # every micro-batch size, and for full recomputation the fewest layers it may recompute
             if self.pruned(rc, 0, 1 if rc == "full" and self.partial_layers else None):
                 continue
-            first_fit = _bisect(lambda i, rc=rc: self.fits(rc, mbs[i]), 0, hi_bound)
+            first_fit = _bisect(lambda i, rc=rc: self.fits(rc, mbs[i]), self.largest, hi_bound)
             first_fits[rc] = first_fit
             if first_fit is None:
                 probe = self.probe(rc, mbs[-1])
@@ -1519,7 +1538,7 @@ class _Choice:
         if self.offload_max < 1 or self.pruned(rc, 0):
             return smallest
         fitted = False
-        for b in mbs:
+        for b in mbs[self.largest:]:
             if self.pruned(rc, b):
                 continue
             n = self.fewest_offloaded(b)

@@ -148,7 +148,10 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
         br = dict(s.breakdown)
         br["optimizer step"] = s.detail.optimizer_s
         br["step overhead"] = step_overhead_s
-        return SimResult(s.makespan_s + s.detail.optimizer_s + step_overhead_s, _ordered(br, s.detail, m), sims)
+        after = _after_step(s.detail, br)
+        _cap_exposed(br, s.detail)
+        return SimResult(s.makespan_s + s.detail.optimizer_s + after + step_overhead_s, _ordered(br, s.detail, m),
+                         sims)
     first, last = sims[0], sims[-1]
     # the slowest middle stage timed (cost.step.bounding_stages); the first where none is
     middle = max(sims[1:-1], key=lambda x: x.chunk_f_s + x.chunk_b_s, default=first)
@@ -161,16 +164,13 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
     # one hop of the fill: the mean over the pipeline's boundaries (some may be NVLink, some not)
     p2p = [e for e in first.detail.comm if e.window == "pipeline"]
     p2p_s = max((e.edge_s / min(e.count, plan.pp - 1) for e in p2p), default=0.0)
-    # Interleaving is run as 1F1B and its bubble divided by v (Narayanan et al. 2021 §2.2): a greedy list
-    # scheduler does not reproduce Megatron's interleaved order faithfully enough to trust its own bubble.
-    interleaved = plan.schedule == "interleaved"
-    _, tasks = schedule_pipeline(schedule="1f1b" if interleaved else plan.schedule, pp=plan.pp, m=m,
-                                        chunks=1 if interleaved else plan.model_chunks, f_s=f_s, b_s=b_s, w_s=w_s,
-                                        p2p_s=p2p_s)
+    if plan.schedule == "interleaved":
+        tasks = _interleaved_tasks(plan.pp, plan.vpp, m, f_s, b_s, w_s, p2p_s)
+    else:
+        _, tasks = schedule_pipeline(schedule=plan.schedule, pp=plan.pp, m=m, chunks=plan.model_chunks, f_s=f_s,
+                                     b_s=b_s, w_s=w_s, p2p_s=p2p_s)
     ends = [max(t.end_s for t in tasks if t.stage == s) for s in range(plan.pp)]
     busies = [sum(t.dur_s for t in tasks if t.stage == s) for s in range(plan.pp)]
-    if interleaved:  # each stage's idle time shrinks by v; the busiest stage, not the last to end, is critical
-        ends = [b + (e - b) / plan.vpp for b, e in zip(busies, ends, strict=True)]
     crit = max(range(plan.pp), key=lambda s: per_stage[s].head_s + ends[s] + per_stage[s].tail_s)
     sim = per_stage[crit]
     busy = busies[crit]
@@ -184,8 +184,59 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
     br["pipeline bubble"] = ends[crit] - busy
     br["optimizer step"] = sim.detail.optimizer_s
     br["step overhead"] = step_overhead_s
-    step = sim.head_s + ends[crit] + sim.tail_s + sim.detail.optimizer_s + step_overhead_s
+    after = _after_step(sim.detail, br)
+    _cap_exposed(br, sim.detail)
+    step = sim.head_s + ends[crit] + sim.tail_s + sim.detail.optimizer_s + after + step_overhead_s
     return SimResult(step, _ordered(br, sim.detail, m), sims, tasks)
+
+
+LINK_SHARING = "exposed link sharing"
+"""Breakdown key of the waits a collective on the critical path spends beyond its own time because other
+traffic shares its link (the engine divides a link's bandwidth among the transfers on it)."""
+
+
+def _cap_exposed(br: dict[str, float], detail: StageDetail) -> None:
+    """Hold each collective's exposed time in ``br`` to the time of its calls (as the ledger's exposed column
+    is, ``_exposed_from``); what ``_blame`` charged it beyond that, waiting while other traffic shared its
+    link, goes under LINK_SHARING."""
+    own: dict[str, float] = {}
+    for e in detail.comm:
+        own[e.breakdown_key] = own.get(e.breakdown_key, 0.0) + e.time_s
+    for key, mine in own.items():
+        excess = br.get(key, 0.0) - mine
+        if excess > 1e-12:
+            br[key] = mine
+            br[LINK_SHARING] = br.get(LINK_SHARING, 0.0) + excess
+
+
+def _after_step(detail: StageDetail, br: dict[str, float]) -> float:
+    """The collectives that block after the optimizer step (DeepSpeed ZeRO-1/2's all-gather of the updated
+    parameters: phase 'step', window 'none'), added to ``br``; their time [s]."""
+    total = 0.0
+    for e in detail.comm:
+        if e.phase == "step" and e.window == "none":
+            br[e.breakdown_key] = br.get(e.breakdown_key, 0.0) + e.time_s
+            total += e.time_s
+    return total
+
+
+def _interleaved_tasks(pp: int, vpp: int, m: int, f_s: list[float], b_s: list[float], w_s: list[float],
+                       p2p_s: float) -> list[Task]:
+    """Megatron's interleaved schedule, timed as 1F1B over m·v micro-batches of 1/v of each stage's chunk
+    times: the same busy time, a fill and drain of (p - 1) chunk-sized slots, (p - 1)·(t_F + t_B)/v
+    (Narayanan et al. 2021 §2.2), and, where stages are unequal, every stage held to the slowest one's
+    pace, of which interleaving hides nothing (a greedy list scheduler does not reproduce Megatron's
+    interleaved order faithfully enough to trust its own bubble; dividing a 1F1B run's idle time by v had
+    also divided that pacing, and left the drain behind a heavy last stage out). The tasks are relabelled
+    in Megatron's order: p micro-batches of the first chunk, then of the next, each group of p·v."""
+    _, tasks = schedule_pipeline(schedule="1f1b", pp=pp, m=m * vpp, chunks=1, f_s=[f / vpp for f in f_s],
+                                 b_s=[b / vpp for b in b_s], w_s=[w / vpp for w in w_s], p2p_s=p2p_s)
+    group = pp * vpp if m % pp == 0 else vpp
+    width = group // vpp
+    for t in tasks:
+        g, r = divmod(t.mb, group)
+        t.chunk, t.mb = r // width, g * width + r % width
+    return tasks
 
 
 def _ordered(br: dict[str, float], detail: StageDetail, m: int) -> dict[str, float]:

@@ -23,6 +23,13 @@ KV_EXPANDING_STACKS = ("torchtitan",)
 ``repeat_kv`` on them before ``F.scaled_dot_product_attention`` (torchtitan/models/llama3/model/model.py,
 and torchtitan/models/llama/model.py of 2024), so its context parallelism, which runs inside that call,
 passes and gathers K and V at the query heads' width."""
+FUSED_GLU_STACKS = ("megatron", "maxtext")
+"""Stacks whose gated MLP keeps its two input halves and recomputes the activation in backward:
+Megatron-core's fused bias-SwiGLU (``bias_swiglu_fusion``, on by default: megatron/core/fusions/
+fused_bias_swiglu.py saves the input alone) and MaxText (XLA fuses the elementwise chain). Eager PyTorch
+(torchtitan, llm-foundry's Hugging Face models, the generic stack) saves silu's input, its output and the
+other half for the product, and the product for the down projection: 8 bytes per FFN element, not 6
+(memory.activation_parts_per_token). torch.compile (JobSpec.compiled) saves 6, as measured."""
 TE_FP8_STACKS = ("megatron", "llm-foundry")
 """Stacks whose FP8 linears are Transformer Engine's, which save the FP8 copy of a GEMM's input for the
 weight gradient (memory.layer_activation_bytes_per_token); llm-foundry's FP8 runs use TE (``amp_fp8``).
@@ -155,10 +162,17 @@ class JobSpec:
         (KV_EXPANDING_STACKS)."""
         return self.software in KV_EXPANDING_STACKS
 
-    @property
-    def loss_impl(self) -> str:
-        """The cross-entropy implementation, 'auto' resolved by the software stack."""
-        return STACK_LOSS.get(self.software, "eager") if self.loss == "auto" else self.loss
+    def loss_impl(self, megatron_layers: bool) -> str:
+        """The cross-entropy implementation, 'auto' resolved by the software stack, or by Megatron-core's
+        where the plan runs its layers (``megatron_layers``: Plan.runs_megatron_layers) whatever the stack."""
+        if self.loss != "auto":
+            return self.loss
+        return STACK_LOSS["megatron"] if megatron_layers else STACK_LOSS.get(self.software, "eager")
+
+    def glu_saves_activation(self, megatron_layers: bool) -> bool:
+        """Whether a gated MLP also saves its activation's output (FUSED_GLU_STACKS): eager PyTorch, unless
+        compiled or the plan runs Megatron-core's layers (``megatron_layers``)."""
+        return not (megatron_layers or self.compiled or self.software in FUSED_GLU_STACKS)
 
     @property
     def global_batch_seqs(self) -> int:
