@@ -11,7 +11,10 @@ BASE = ["--model", "seed-70b", "--cluster", "h100-sxm", "--nodes", "8", "--gpus-
 
 
 def run(capsys, *argv):
-    code = main(list(argv))
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse rejects a value before the command runs
+        code = exc.code
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -162,7 +165,25 @@ def test_job_spec_file(capsys, tmp_path):
     (["validate", "{header}", "--cv", "0", "--max-cv-mape", "6"], "a fraction in (0, 1]"),
     (["validate", "{header}", "--cv", "0", "--plot", "{dir}/out.txt"], "must end in .png"),
     (["validate", "{header}", "--cv", "0", "--plot", "{dir}/no/out.png"], "does not exist"),
-    (["report", "--out", "{job}", "--no-conditions"], "report --out: "),
+    (["report", "--out", "{job}", "--no-conditions"], "argument --out: "),
+    (["report", "--out", "{job}/sub", "--no-conditions"], "is a file, not a folder"),
+    (["evaluate", "--plan", "dp_shard=64", "--trace", "{dir}/no/x.json"], "does not exist"),
+    (["evaluate", "--plan", "dp_shard=64", "--trace", "{dir}"], "must end in .json"),
+    (["sweep", "--vary", "gpus=8..16", "--plot", "{dir}/x.svg"], "must end in .png"),
+    (["sweep", "--vary", "inter-node-bandwidth=1..inf", "--json"], "both finite"),
+    (["sweep", "--vary", "seq-len=3000..5000", "--points", "3"], "gives a scenario that can be built"),
+    (["evaluate", "--plan", "dp_shard=64", "--nodes", "inf"], "argument --nodes"),
+    (["evaluate", "--plan", "dp_shard=64", "--nodes", "1e400"], "argument --nodes"),
+    (["evaluate", "--plan", "dp_shard=-1", "--nodes", "10000000"], "cluster.nodes: at most"),
+    (["evaluate", "--plan", "dp_shard=64", "--inter-node-bandwidth", "1e-320"], "between 0.001 and"),
+    (["evaluate", "--plan", "dp_shard=64", "--mfu", "1e-320"], "argument --mfu"),
+    (["evaluate", "--plan", "dp_shard=64", "--job", "{inf_job}"], "job.reduce_dtype_bytes: must be a positive "
+                                                                  "finite number"),
+    (["evaluate", "--plan", "dp_shard=64", "--job", "{nan_job}"], "job.moe_routing_imbalance"),
+    (["evaluate", "--plan", "dp_shard=64", "--profile", "{profile}"], "profile.gemm_best_flop_per_s"),
+    (["evaluate", "--plan", "dp_shard=-1", "--cluster", "{node3}"], "cluster.node: must be a table"),
+    (["evaluate", "--plan", "tp=8,pp=8", "--assumptions", "worked-example"], "no term for pp=8"),
+    (["evaluate", "--plan", "dp_shard=64,reshard_after_forward=maybe"], "true, false or a group size"),
     (["evaluate", "--job", "{dir}", "--plan", "dp_shard=64"], "(it is a directory)"),
     (["evaluate", "--plan", "tp=8,pp=8,mbs=1,recompute=full,recompute_layers=100"], "allowed 1..10"),
 ])
@@ -172,17 +193,23 @@ def test_malformed_inputs_name_the_field_and_exit_2_without_a_traceback(capsys, 
     (tmp_path / "binary.toml").write_bytes(b"\xff\xfe\x00")
     (tmp_path / "header.csv").write_text("model,n_layers,hidden,n_heads,vocab,seq_len,gpu_type,n_gpus,tp,pp,"
                                          "source_group,precision,global_batch_size,tokens_per_sec_per_gpu\n")
+    (tmp_path / "inf.toml").write_text("reduce_dtype_bytes = inf\n")
+    (tmp_path / "nan.toml").write_text("moe_routing_imbalance = nan\n")
+    (tmp_path / "profile.json").write_text('{"schema": "meshplan.profile/1", "gemm_best_flop_per_s": "fast"}')
+    (tmp_path / "node3.toml").write_text('accelerator = "h100-sxm"\nnode = 3\n')
     paths = {"job": str(tmp_path / "job.toml"), "binary": str(tmp_path / "binary.toml"), "dir": str(tmp_path),
-             "header": str(tmp_path / "header.csv")}
+             "header": str(tmp_path / "header.csv"), "inf_job": str(tmp_path / "inf.toml"),
+             "nan_job": str(tmp_path / "nan.toml"), "profile": str(tmp_path / "profile.json"),
+             "node3": str(tmp_path / "node3.toml")}
     code, _, err = run(capsys, *(a.format(**paths) for a in args))
     assert code == 2 and says in err and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize("text, says", [
     ('accelerator = "h100-sxm"\nnodes = 2\n[node]\nnic_gb_per_s = "fast"\n',
-     "cluster.node.nic_gb_per_s: must be a positive number, got 'fast'"),
+     "cluster.node.nic_gb_per_s: must be a positive finite number, got 'fast'"),
     ('accelerator = "h100-sxm"\n[node]\nnic_gb_per_s = -50\n', "cluster.node.nic_gb_per_s: must be a positive "
-                                                               "number, got -50"),  # the file's key and value
+                                                               "finite number, got -50"),  # the file's key and value
     ('accelerator = "h100-sxm"\n[node]\nnvls_min_gpus = "five"\n', "cluster.node.nvls_min_gpus: must be a positive "
                                                                    "integer"),
     ('accelerator = "h100-sxm"\n[node]\nnic_efficiency = 1.5\n', "cluster.node.nic_efficiency: must be a number in"),
@@ -201,7 +228,7 @@ def test_runtime_overheads_name_the_field(capsys, tmp_path):
     job = tmp_path / "job.toml"
     job.write_text('[runtime]\ncuda_context_bytes = "half a gig"\n')
     code, _, err = run(capsys, "evaluate", "--job", str(job), "--plan", "dp_shard=64")
-    assert code == 2 and "job.runtime.cuda_context_bytes: must be a non-negative number" in err
+    assert code == 2 and "job.runtime.cuda_context_bytes: must be a non-negative finite number" in err
 
 
 def test_the_shard_group_under_context_parallelism_is_named_with_it(capsys):
@@ -222,3 +249,11 @@ def test_a_job_file_takes_token_counts_as_the_command_line_does(capsys, tmp_path
     code, _, err = run(capsys, "evaluate", "--job", str(job), "--plan", "dp_shard=64")
     assert code == 2 and "job.global_batch_tokens: must be a whole number of tokens" in err
 
+
+
+def test_expert_tp_may_be_given_as_the_plans_tp(capsys):
+    """The README writes expert-TP as ``etp=tp``: the plan's own tp, as a number would give it."""
+    args = ["evaluate", "--model", "mixtral-8x7b", "--nodes", "4", "--json", "--plan"]
+    code, out, _ = run(capsys, *args, "ep=8,tp=2,dp_shard=-1,etp=tp,sharding=megatron")
+    code2, out2, _ = run(capsys, *args, "ep=8,tp=2,dp_shard=16,etp=2,sharding=megatron")
+    assert code == code2 == 0 and json.loads(out)["plan"] == json.loads(out2)["plan"]

@@ -4,7 +4,9 @@ says what is allowed (argparse then prints one line and exits 2)."""
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
+from pathlib import Path
 
 from meshplan.units import parse_size
 
@@ -27,12 +29,45 @@ def positive_size(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    return _checked(text, float, "a number", lambda v: v > 0, "positive")
+    return _checked(text, float, "a number", lambda v: 0 < v < math.inf, "positive and finite")
 
 
-def fraction(text: str) -> float:
-    return _checked(text, float, "a number", lambda v: 0 < v <= 1, "in (0, 1]")
+def link_gb_per_s(text: str) -> float:
+    """A link's bandwidth in decimal GB/s: from 1 MB/s (slower times nothing meaningfully) to 100 TB/s."""
+    return _checked(text, float, "a number of GB/s", lambda v: 1e-3 <= v <= 1e5, "between 0.001 and 100000")
+
+
+def mfu_fraction(text: str) -> float:
+    """An assumed MFU: from 0.1 % to 100 %."""
+    return _checked(text, float, "a number", lambda v: 1e-3 <= v <= 1, "in [0.001, 1]")
 
 
 def count(text: str) -> int:
     return int(_checked(text, int, "a whole number", lambda v: v >= 1, "at least 1"))
+
+
+def output_file(*suffixes: str) -> Callable[[str], str]:
+    """A file the command will write, checked before any work: its folder exists, it is not a folder, and
+    its name ends in one of ``suffixes`` (the formats the command writes)."""
+
+    def check(text: str) -> str:
+        path = Path(text)
+        if suffixes and path.suffix.lower() not in suffixes:
+            raise argparse.ArgumentTypeError(f"the file must end in {', '.join(suffixes)}, got {text!r}")
+        if path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file name")
+        if not path.parent.is_dir():
+            raise argparse.ArgumentTypeError(f"folder {str(path.parent)!r} does not exist")
+        return text
+
+    return check
+
+
+def output_dir(text: str) -> str:
+    """A folder the command will create if missing, checked before any work: it, or the nearest part of its
+    path that exists, is a folder."""
+    path = Path(text)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: {str(existing)!r} is a file, not a folder")
+    return text

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from meshplan.argtypes import fraction, positive_float, positive_size
+from meshplan.argtypes import link_gb_per_s, mfu_fraction, output_dir, output_file, positive_size
 from meshplan.errors import SpecError
 
 DEFAULT_MODEL = "seed-70b"
@@ -34,9 +34,10 @@ def _add_scenario(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=DEFAULT_MODEL, help=f"catalog name or model .toml (default {DEFAULT_MODEL})")
     g.add_argument("--cluster", default=DEFAULT_CLUSTER,
                    help=f"accelerator name (its usual node) or cluster .toml (default {DEFAULT_CLUSTER})")
-    g.add_argument("--nodes", type=positive_size, default=None, help=f"nodes (default {DEFAULT_NODES})")
+    g.add_argument("--nodes", type=positive_size, default=None,
+                   help=f"nodes (default: the cluster file's, else {DEFAULT_NODES})")
     g.add_argument("--gpus-per-node", type=positive_size, default=None, help="GPUs per node (default: the node's)")
-    g.add_argument("--inter-node-bandwidth", type=positive_float, default=None, metavar="GB_PER_S",
+    g.add_argument("--inter-node-bandwidth", type=link_gb_per_s, default=None, metavar="GB_PER_S",
                    help="NIC bandwidth per GPU per direction, decimal GB/s")
     g.add_argument("--batch-tokens", type=positive_size, default=None,
                    help=f"global batch in tokens per step (default {DEFAULT_BATCH_TOKENS:,}; 4M works)")
@@ -44,7 +45,7 @@ def _add_scenario(p: argparse.ArgumentParser) -> None:
     g.add_argument("--job", default=None, metavar="FILE",
                    help="job spec .toml (optimizer, precision, reduce_dtype_bytes, compiled, cuda_graphs, "
                         "cuda_graph_scope, fp8_attention, fused_grouped_mlp, flop_convention, ...)")
-    g.add_argument("--mfu", type=fraction, default=None,
+    g.add_argument("--mfu", type=mfu_fraction, default=None,
                    help="assume this MFU for compute instead of the kernel model")
     g.add_argument("--json", action="store_true", help="write JSON (schema in the README)")
 
@@ -60,11 +61,8 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from meshplan.catalog import load_cluster, load_model
 
     model = load_model(args.model)
-    nodes = args.nodes
-    if nodes is None and not str(args.cluster).endswith(".toml"):
-        nodes = DEFAULT_NODES
-    cluster = load_cluster(args.cluster, nodes=nodes, gpus_per_node=args.gpus_per_node,
-                           inter_node_gb_per_s=args.inter_node_bandwidth)
+    cluster = load_cluster(args.cluster, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                           inter_node_gb_per_s=args.inter_node_bandwidth, default_nodes=DEFAULT_NODES)
     args.profile_notes = []
     if getattr(args, "profile", None):
         from meshplan.profile import apply_profile, load_profile
@@ -100,6 +98,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     model, cluster, job = _scenario(args)
     plan = parse_plan(args.plan, world_size=cluster.n_gpus)
     if args.assumptions == "worked-example":
+        from meshplan.cost.simplified import unmodelled_settings
+
+        ignored = unmodelled_settings(plan) + (["--trace"] if args.trace else [])
+        if ignored:
+            raise SpecError("evaluate --assumptions", f"worked-example arithmetic times data parallelism and TP "
+                                                      f"only; it has no term for {', '.join(ignored)} (use the "
+                                                      "faithful mode)")
         validate_plan(model, cluster, job, plan)
         est = evaluate_simplified(model, cluster, job, plan, mfu=args.mfu if args.mfu is not None else 0.4)
     else:
@@ -163,8 +168,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     model, cluster, job = _scenario(args)
     name, lo, hi = parse_range(args.vary)
-    points = sweep(model, cluster, job, name, geometric(lo, hi, args.points), space=_space(args), mfu=args.mfu,
-                   workers=args.jobs)
+    values = geometric(lo, hi, args.points)
+    points = sweep(model, cluster, job, name, values, space=_space(args), mfu=args.mfu, workers=args.jobs)
+    if not points:
+        raise SpecError("sweep.vary", f"none of the {len(values)} values of {name} from {lo:g} to {hi:g} gives a "
+                                      "scenario that can be built (whole sequences per step that the batch splits "
+                                      "into, whole nodes, layers the model can take): widen the range or add "
+                                      "--points")
     if args.plot:
         from meshplan.report.charts import sweep_chart
 
@@ -202,8 +212,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     from meshplan.search.sweep import geometric, sweep
 
     out_dir = Path(args.out)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise SpecError("report --out", f"{args.out!r} is a file; give a folder (it is created if missing)")
     model, cluster, job = _scenario(args)
     space = _space(args)
     analysis = analyse(model, cluster, job, space=space, mfu=args.mfu, with_conditions=not args.no_conditions,
@@ -317,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--plan", required=True, help="e.g. dp_shard=64 or tp=8,dp_shard=8,mbs=1,recompute=full")
     ev.add_argument("--assumptions", choices=("faithful", "worked-example"), default="faithful",
                     help="worked-example: the hand analysis's simplifications (golden figures)")
-    ev.add_argument("--trace", default=None, metavar="FILE.json",
+    ev.add_argument("--trace", type=output_file(".json"), default=None, metavar="FILE.json",
                     help="write the simulated step as Chrome trace JSON (chrome://tracing, Perfetto)")
     _add_profile(ev)
     ev.set_defaults(func=cmd_evaluate)
@@ -327,12 +335,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="batch-tokens, inter-node-bandwidth, gpus, seq-len or layers, e.g. batch-tokens=512K..16M")
     sw.add_argument("--points", type=positive_size, default=9, help="values, geometrically spaced (default 9)")
     sw.add_argument("--space", choices=("full", "dp-tp"), default="full")
-    sw.add_argument("--plot", metavar="FILE.png", help="write the sweep chart")
+    sw.add_argument("--plot", type=output_file(".png"), metavar="FILE.png", help="write the sweep chart (PNG)")
     _add_jobs(sw)
     sw.set_defaults(func=cmd_sweep)
     rp = sub.add_parser("report", help="write an HTML and Markdown report with charts")
     _add_scenario(rp)
-    rp.add_argument("--out", default="meshplan-report", help="output directory (default meshplan-report)")
+    rp.add_argument("--out", type=output_dir, default="meshplan-report",
+                    help="output directory, created if missing (default meshplan-report)")
     rp.add_argument("--space", choices=("full", "dp-tp"), default="full")
     rp.add_argument("--no-conditions", action="store_true")
     _add_jobs(rp)

@@ -38,6 +38,7 @@ catalog peak). Each replaced value is listed in the estimate's notes.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,8 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
     notes: list[str] = []
     intra, inter, accel = cluster.intra, cluster.inter, cluster.accelerator
     fits = profile.get("collective_fits") or {}
+    if not isinstance(fits, dict):
+        raise SpecError("profile.collective_fits", f"must be an object of 'op@link' fits; got {fits!r}")
     ring: list[tuple[float, float]] = []
     nic: list[tuple[float, float]] = []
     for key, fit in sorted(fits.items()):
@@ -75,9 +78,13 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
             op, link = key.split("@")
             busbw = float(fit["busbw_bytes_per_s"])
             alpha = max(0.0, float(fit["alpha_s"]))
-        except (ValueError, KeyError, TypeError):
+            ranks_per_node = max(1, int(fit.get("ranks_per_node", 1)))
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise SpecError(f"profile.collective_fits.{key}", "needs 'op@link' keys with alpha_s and "
-                                                              "busbw_bytes_per_s") from None
+                                                              "busbw_bytes_per_s numbers (and a whole "
+                                                              "ranks_per_node)") from None
+        if not (math.isfinite(busbw) and math.isfinite(alpha)):
+            raise SpecError(f"profile.collective_fits.{key}", "alpha_s and busbw_bytes_per_s must be finite")
         if busbw <= 0:
             continue
         if link == "intra_node":
@@ -90,7 +97,7 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
             else:
                 continue
         elif link == "inter_node" and op in ("all_gather", "reduce_scatter", "send_recv"):
-            per_gpu = busbw if op == "send_recv" else busbw / max(1, int(fit.get("ranks_per_node", 1)))
+            per_gpu = busbw if op == "send_recv" else busbw / ranks_per_node
             nic.append((per_gpu, alpha))
         else:
             continue
@@ -106,6 +113,13 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
         inter = replace(inter, nic_bytes_per_s=per_gpu, efficiency=1.0, half_size_bytes=0.0,
                         p2p_half_size_bytes=0.0, latency_s=alpha or inter.latency_s)
     best = profile.get("gemm_best_flop_per_s")
+    if best is not None:
+        try:
+            best = float(best)
+        except (TypeError, ValueError):
+            raise SpecError("profile.gemm_best_flop_per_s", f"must be a number of FLOP/s; got {best!r}") from None
+        if not 0 < best < math.inf:
+            raise SpecError("profile.gemm_best_flop_per_s", f"must be positive and finite; got {best!r}")
     if best:
         eff = min(1.0, float(best) / accel.bf16_flop_per_s)
         accel = replace(accel, gemm_efficiency=eff)

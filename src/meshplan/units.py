@@ -10,6 +10,8 @@ Convention (formulas.md §0):
 
 from __future__ import annotations
 
+import math
+
 KiB = 2**10
 MiB = 2**20
 GiB = 2**30
@@ -68,6 +70,8 @@ def parse_size(text: str) -> int:
             mult, t = m, t[:-1]
             break
     value = float(t) * mult
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is not a finite number")
     if value != int(value):
         raise ValueError(f"{text!r} is not a whole number")
     return int(value)

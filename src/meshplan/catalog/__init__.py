@@ -146,11 +146,19 @@ def load_model(ref: str) -> ModelSpec:
     return _spec(ModelSpec, "model", **data)
 
 
+def _table(field: str, data: dict[str, Any], key: str) -> dict[str, Any]:
+    """``data[key]``, a TOML table (empty where absent), as a new dict; SpecError naming ``field`` otherwise."""
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise SpecError(field, f"must be a table ([{key}] or {key} = {{...}}), got {value!r}")
+    return dict(value)
+
+
 def _accelerator(data: dict[str, Any], origin: str) -> AcceleratorSpec:
     _reject_unknown("accelerator", data, _ACCEL_KEYS)
-    sources = dict(data.get("sources", {}))
+    sources = _table("accelerator.sources", data, "sources")
     numeric = [k for k in data if k not in ("name", "description", "node", "sources")]
-    numeric += [k for k in data.get("node", {}) if k != "intra_kind"]
+    numeric += [k for k in _table("accelerator.node", data, "node") if k != "intra_kind"]
     missing = [k for k in numeric if k not in sources]
     if missing:
         raise SpecError("accelerator.sources", f"{origin}: every number needs a source; missing: {missing}")
@@ -195,15 +203,15 @@ def load_accelerator(ref: str) -> AcceleratorSpec:
 
 
 def load_cluster(ref: str, *, nodes: int | None = None, gpus_per_node: int | None = None,
-                 inter_node_gb_per_s: float | None = None) -> ClusterSpec:
+                 inter_node_gb_per_s: float | None = None, default_nodes: int = 1) -> ClusterSpec:
     """A cluster of ``nodes`` nodes of a catalog accelerator's usual node, or from a cluster spec file
-    (``accelerator = NAME``, ``nodes = N`` and a ``[node]`` table overriding any node key).
-    Command-line overrides win over both."""
+    (``accelerator = NAME``, ``nodes = N`` and a ``[node]`` table overriding any node key); where neither
+    says, ``default_nodes``. Command-line overrides win over both."""
     data, origin = _read_toml("cluster", ref, "accelerators")
     if "accelerator" in data:  # a cluster spec file that names its accelerator
         _reject_unknown("cluster", data, _CLUSTER_FILE_KEYS)
         accel_data, accel_origin = _read_toml("cluster.accelerator", str(data["accelerator"]), "accelerators")
-        node = {**accel_data.get("node", {}), **data.get("node", {})}
+        node = {**_table("accelerator.node", accel_data, "node"), **_table("cluster.node", data, "node")}
         accel = _accelerator({k: v for k, v in accel_data.items() if k != "node"}, accel_origin)
         name = str(data.get("name", Path(origin).stem))
         nodes = nodes if nodes is not None else data.get("nodes")
@@ -212,7 +220,7 @@ def load_cluster(ref: str, *, nodes: int | None = None, gpus_per_node: int | Non
             raise SpecError("cluster.accelerator", f"is missing in {origin}: a cluster spec file names its "
                                                    f"accelerator (one of {', '.join(_names('accelerators'))}, "
                                                    "or an accelerator spec file)")
-        node = dict(data.get("node", {}))
+        node = _table("cluster.node", data, "node")
         accel = _accelerator({k: v for k, v in data.items() if k != "node"}, origin)
         name = accel.name
     if inter_node_gb_per_s is not None:
@@ -221,11 +229,11 @@ def load_cluster(ref: str, *, nodes: int | None = None, gpus_per_node: int | Non
     return _spec(
         ClusterSpec, "cluster",
         name=name, accelerator=accel,
-        n_nodes=1 if nodes is None else nodes,
+        n_nodes=default_nodes if nodes is None else nodes,
         gpus_per_node=gpus_per_node if gpus_per_node is not None else _require("cluster.node", node,
                                                                              "gpus_per_node"),
         intra=intra, inter=inter,
         host_bytes_per_s=_number("cluster.node", node, "host_gb_per_s", GB, None),
         host_memory_bytes=_number("cluster.node", node, "host_memory_gib", GiB, None),
-        sources=dict(data.get("sources", {})),
+        sources=_table("cluster.sources", data, "sources"),
     )

@@ -29,6 +29,17 @@ NOTES = [
 ]
 
 
+def unmodelled_settings(plan: Plan) -> list[str]:
+    """The plan's settings the simplified arithmetic has no term for (it times data parallelism and TP at
+    an assumed MFU): a pipeline, context or expert parallelism, a micro-batch size, recomputation or
+    offloading, each as 'field=value'."""
+    out = [f"{k}={v}" for k, v in (("pp", plan.pp), ("cp", plan.cp), ("ep", plan.ep)) if v > 1]
+    out += [f"{k}={v}" for k, v in (("mbs", plan.mbs), ("recompute", plan.recompute)) if v is not None]
+    if plan.offload_layers:
+        out.append(f"offload_layers={plan.offload_layers}")
+    return out
+
+
 def _entry(op: str, axis: str, purpose: str, count: int, message: float, n: int, link: str, rate: float,
            sent: float, exposed: float | None = None) -> CommEntry:
     t = sent / rate

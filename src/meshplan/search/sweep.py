@@ -33,8 +33,8 @@ def parse_range(text: str) -> tuple[str, float, float]:
         lo, hi = (float(parse_size(v)) if v.strip()[-1:].upper() in "KMG" else float(v) for v in (lo_s, hi_s))
     except ValueError:
         raise SpecError("sweep.vary", f"bad range {rng!r}; numbers may end in K, M or G") from None
-    if not 0 < lo < hi:
-        raise SpecError("sweep.vary", f"need 0 < LOW < HIGH, got {rng!r}")
+    if not 0 < lo < hi < math.inf:
+        raise SpecError("sweep.vary", f"need 0 < LOW < HIGH, both finite, got {rng!r}")
     return name.strip(), lo, hi
 
 

@@ -41,6 +41,8 @@ class DeadlockError(RuntimeError):
 
 def run(ops: list[Op], *, slowdown: float) -> float:
     """Simulate ``ops`` (stream order = list order); set start_s/end_s; return the makespan [s]."""
+    if not all(math.isfinite(op.work_s) and op.work_s >= 0 for op in ops):
+        raise ValueError("every op's time must be finite and non-negative")
     queues: dict[str, list[Op]] = {}
     for op in ops:
         queues.setdefault(op.stream, []).append(op)

@@ -270,7 +270,10 @@ def _stalls_named(br: dict[str, float], detail: StageDetail, m: int) -> dict[str
 
 
 def refine(est: Estimate, *, slowdown: float, step_overhead_s: float) -> Estimate:
-    """``est`` with its step time, MFU and breakdown from the timeline simulator (the closed form kept)."""
+    """``est`` with its step time, MFU and breakdown from the timeline simulator (the closed form kept); ``est``
+    itself where its step time is not finite (a rate too small to time anything: nothing to simulate)."""
+    if not math.isfinite(est.step_time_s):
+        return est
     r = simulate(est, slowdown=slowdown, step_overhead_s=step_overhead_s)
     scale = r.step_time_s / est.step_time_s
     return replace(est, step_time_s=r.step_time_s, time_breakdown=r.breakdown, mfu=est.mfu / scale,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from meshplan.errors import SpecError
@@ -18,13 +19,13 @@ def non_negative_int(field: str, value: object) -> None:
 
 
 def positive_number(field: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise SpecError(field, f"must be a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise SpecError(field, f"must be a positive finite number, got {value!r}")
 
 
 def non_negative_number(field: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise SpecError(field, f"must be a non-negative number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise SpecError(field, f"must be a non-negative finite number, got {value!r}")
 
 
 def fraction(field: str, value: object, *, allow_zero: bool = False) -> None:

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from meshplan.errors import SpecError
 from meshplan.specs._validate import fraction, one_of, positive_int, positive_number
 
+MAX_GPUS = 2**21
+"""The largest cluster meshplan plans for (2,097,152 GPUs, some ten times the largest announced training
+clusters): the search enumerates the divisors of the GPU count, and a runaway count would only hang it."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AcceleratorSpec:
@@ -129,6 +133,9 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         positive_int("cluster.nodes", self.n_nodes)
         positive_int("cluster.gpus_per_node", self.gpus_per_node)
+        if self.n_nodes * self.gpus_per_node > MAX_GPUS:
+            raise SpecError("cluster.nodes", f"at most {MAX_GPUS:,} GPUs in all; got {self.n_nodes:,} nodes x "
+                                             f"{self.gpus_per_node} GPUs")
         if self.host_bytes_per_s is not None:
             positive_number("cluster.node.host_gb_per_s", self.host_bytes_per_s)
         if self.host_memory_bytes is not None:

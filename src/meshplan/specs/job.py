@@ -145,6 +145,7 @@ class JobSpec:
         if self.fused_grouped_mlp and self.precision != "fp8":
             raise SpecError("job.fused_grouped_mlp", "needs precision='fp8' (an MXFP8 or NVFP4 recipe)")
         positive_number("job.moe_capacity_factor", self.moe_capacity_factor)
+        positive_number("job.moe_routing_imbalance", self.moe_routing_imbalance)
         if self.moe_routing_imbalance < 1.0:
             raise SpecError("job.moe_routing_imbalance", f"must be >= 1.0, got {self.moe_routing_imbalance}")
         if self.global_batch_tokens % self.seq_len:

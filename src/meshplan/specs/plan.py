@@ -437,7 +437,12 @@ def _parse_value(key: str, raw: str) -> object:
     if key == "reshard_after_forward":
         if low in ("true", "false"):
             return low == "true"
-        return _int(key, raw)
+        try:
+            return int(raw)
+        except ValueError:
+            raise SpecError(f"plan.{key}", f"must be true, false or a group size; got {raw!r}") from None
+    if key == "etp" and low == "tp":
+        return "tp"  # the plan's tp, resolved once every key is read
     if "bool" in str(ftype):
         if low in ("true", "1", "yes", "on"):
             return True
@@ -505,6 +510,8 @@ def parse_plan(text: str, world_size: int | None = None) -> Plan:
         if world_size % rest:
             raise SpecError(f"plan.{fill[0]}", f"cannot fill: {world_size} GPUs is not a multiple of {rest}")
         values[fill[0]] = world_size // rest
+    if values.get("etp") == "tp":
+        values["etp"] = values.get("tp", 1)
     return Plan(**values)  # type: ignore[arg-type]
 
 

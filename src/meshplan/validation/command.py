@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from meshplan.argtypes import output_file
 from meshplan.calibration import UNSEEN_STACK, catalog_fit, compute_params_for
 from meshplan.errors import SpecError
 from meshplan.validation import calibrate as cal
@@ -23,7 +24,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("validate", help="predict published training runs and compare with the measurements")
     p.add_argument("path", help="CSV with the columns of shared/data/published_runs.csv")
     p.add_argument("--json", action="store_true", help="one record per row and summaries")
-    p.add_argument("--plot", metavar="FILE", help="write predicted against measured tokens/s (.png, .pdf or .svg)")
+    p.add_argument("--plot", type=output_file(*PLOT_FORMATS), metavar="FILE",
+                   help="write predicted against measured tokens/s (.png, .pdf or .svg)")
     p.add_argument("--cv", type=int, default=5, metavar="K",
                    help="k-fold cross-validation: fit on k-1 folds, predict the k-th (0: skip; default 5); the "
                         "catalog's stored fold fits serve where they were made for this data, k and rounds")
@@ -262,11 +264,6 @@ def _check_args(args: argparse.Namespace) -> None:
         if value is not None and not 0 < value <= 1:
             raise SpecError(f"validate {flag}", f"a fraction in (0, 1] (0.062 is 6.2 %), got {value}")
     if args.plot:
-        out = Path(args.plot)
-        if out.suffix.lower() not in PLOT_FORMATS:
-            raise SpecError("validate --plot", f"{args.plot!r}: the file must end in {', '.join(PLOT_FORMATS)}")
-        if not out.parent.is_dir():
-            raise SpecError("validate --plot", f"{args.plot!r}: folder {str(out.parent)!r} does not exist")
         try:
             import matplotlib  # noqa: F401
         except ModuleNotFoundError:
