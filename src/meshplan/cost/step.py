@@ -1424,12 +1424,25 @@ class _Choice:
             limit = min(limit, self.best.step_time_s)
         if limit == float("inf"):
             return False
-        if self.bound(rc, b, n) >= limit:
+        bound = self.bound(rc, b, n)
+        if bound >= limit:
             return True
         if self.cutoff_s is None:  # a plan evaluated in full: its floors cost about what they save
             return False
+        coarse = self.floors(0)  # at the largest size that may fit: floors at every size that may
+        if coarse.link_s >= limit or bound + coarse.contention_s >= limit:
+            return True
+        top = self.mbs_list[self.largest]
+        if not b or b >= top:
+            return False
+        # at a smaller size every call is repeated at most m_b / m_top times as often with no larger a message,
+        # so its traffic takes at most that ratio of the time: its own floors only where those could prune
+        ratio = _micro_batches(self.job, self.plan.dp, b) / _micro_batches(self.job, self.plan.dp, top)
+        over = self.compute.step_overhead_s
+        if (coarse.link_s - over) * ratio + over < limit and bound + coarse.contention_s * ratio < limit:
+            return False
         floors = self.floors(b)
-        return floors.link_s >= limit or self.bound(rc, b, n) + floors.contention_s >= limit
+        return floors.link_s >= limit or bound + floors.contention_s >= limit
 
     def bound(self, rc: str, b: int, n: int | None = None) -> float:
         """``_compute_bound_s`` of a combination; b = 0: the least over every micro-batch size that may fit
@@ -1474,14 +1487,18 @@ class _Choice:
                 return None
             rc, n = min(lenient, key=lambda x: self.probe(x[0], mbs[-1], x[1]).peak_bytes)
             return self.at(rc, mbs[-1], n, timed=time_infeasible)
-        # no combination fits in HBM at a micro-batch larger than the most lenient ones do (with offloading,
-        # every layer it may offload): the bounds and the bisections below start there
-        cap = self.cluster.accelerator.hbm_capacity_bytes
-        most = [(rc, self.offload_max if rc == OFFLOAD_MODE else n) for rc, n in lenient]
-        self.largest = _bisect(lambda i: any(self.probe(rc, mbs[i], n).peak_bytes <= cap for rc, n in most),
-                               0, len(mbs) - 1) or 0
-        if self.cutoff_s is not None and self.pruned(self.recomputes[0], 0):
-            return None  # no combination can beat the cutoff: the least recomputation at its best size
+        if self.cutoff_s is not None:  # no combination can beat the cutoff: the least recomputation at its best
+            if self.pruned(self.recomputes[0], 0):  # size, with the floors of the largest size
+                return None
+            # no combination fits in HBM at a micro-batch larger than the most lenient ones do (with
+            # offloading, every layer it may offload): the bounds, their floors and the bisections below
+            # start there
+            cap = self.cluster.accelerator.hbm_capacity_bytes
+            most = [(rc, self.offload_max if rc == OFFLOAD_MODE else n) for rc, n in lenient]
+            self.largest = _bisect(lambda i: any(self.probe(rc, mbs[i], n).peak_bytes <= cap for rc, n in most),
+                                   0, len(mbs) - 1) or 0
+            if self.largest and self.pruned(self.recomputes[0], 0):
+                return None
         first_fits: dict[str, int | None] = {}
         smallest: tuple[float, str, int, int | None] | None = None  # (peak, mode, mbs, layers) if none fits
         hi_bound = len(mbs) - 1  # a mode fits no smaller a micro-batch than the one before it (less recompute)
