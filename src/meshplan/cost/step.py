@@ -510,7 +510,7 @@ def _stage_compute(c: _StageCtx, compute: ComputeParams) -> tuple[float, ...]:
     return _stage_compute_times(c.model, c.cluster.accelerator, compute, c.job, c.tokens, plan.tp, plan.cp,
                                 plan.ep, plan.expert_tp, plan.sequence_parallel, plan.context_impl != "a2a",
                                 c.n_dense, c.n_moe, c.last, c.recompute, c.recomputed,
-                                c.job.loss_impl(plan.runs_megatron_layers(c.job.software)))
+                                c.job.loss_impl(plan.runs_megatron_layers(c.job.software)) if c.last else "")
 
 
 def _with_fsdp_copies(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) -> tuple[float, ...]:
@@ -581,8 +581,9 @@ def _stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute
                          tokens: float, tp: int, cp: int, ep: int, etp: int, sp: bool, cp_chunked: bool, n_dense: int,
                          n_moe: int, last: bool, recompute: str, recomputed: tuple[int, int], loss: str
                          ) -> tuple[float, ...]:
-    """``_stage_compute`` on the values it reads (``loss``: JobSpec.loss_impl), memoised: plans that differ
-    only in their communication options, and the search's bounds, share it."""
+    """``_stage_compute`` on the values it reads (``loss``: JobSpec.loss_impl on the last stage, '' on the
+    others, which run no loss), memoised: plans that differ only in their communication options, and the
+    search's bounds, share it."""
     accel = _accel_key(accelerator)
 
     def lt(moe: bool) -> LayerTimes:
@@ -1182,7 +1183,7 @@ def _micro_batches(job: JobSpec, dp: int, mbs: int) -> int:
     return max(1, max(1, job.global_batch_seqs // dp) // mbs)
 
 
-@cache_by_identity(n_specs=4)
+@cache_by_identity(n_specs=4, maxsize=1 << 18)  # a large search's shapes, by loss too, exceed the default
 def _shape_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: ComputeParams, job: JobSpec, tp: int,
                    cp: int, ep: int, etp: int, pp: int, schedule: str, vpp: int, layout: str, sp: bool,
                    cp_chunked: bool, mbs: int, recompute: str, m: int, recompute_layers: int | None,
@@ -1196,7 +1197,7 @@ def _shape_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: Comp
         n_dense, n_moe = stages[s]
         t_f, t_b, t_w, t_r, _, hf, hb = _stage_compute_times(
             model, accelerator, compute, job, tokens, tp, cp, ep, etp, sp, cp_chunked, n_dense, n_moe, s == pp - 1,
-            recompute, recomputed_layers(recompute, recompute_layers, n_dense, n_moe), loss)
+            recompute, recomputed_layers(recompute, recompute_layers, n_dense, n_moe), loss if s == pp - 1 else "")
         bubble = bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, m=m, t_f_s=t_f + hf, t_b_s=t_b + hb + t_r,
                                t_w_s=t_w)
         worst = max(worst, m * (t_f + hf + t_b + hb + t_w + t_r) + bubble)

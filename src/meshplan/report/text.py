@@ -5,6 +5,7 @@ from __future__ import annotations
 from meshplan.cost.estimate import Estimate
 from meshplan.explain import PlanAnalysis, binding_resource
 from meshplan.search.conditions import held_sentence
+from meshplan.search.rank import TIE_BAND
 from meshplan.units import format_gb, format_gib, format_seconds
 
 
@@ -121,8 +122,9 @@ def plan_text(a: PlanAnalysis, *, top: int = 10) -> str:
             elif not a.conditions_swept and a.result.recommended is not None:
                 lines.append("   When to change the plan: not computed (--no-conditions).")
         lines.append("")
-    lines.append(f"Top {min(top, len(r.ranked))} of {len(r.ranked):,} plans (infeasible plans are listed with reasons "
-                 "in --json):")
+    lines.append(f"Top {min(top, len(r.ranked))} of {len(r.ranked):,} plans (within {TIE_BAND:.0%} of the fastest, "
+                 "fewer axes and options rank first, so step times need not ascend; infeasible plans are listed "
+                 "with reasons in --json):")
     lines += ranked_table(r.ranked, top)
     infeasible = [e for e in r.ranked if not e.feasible]
     if infeasible:
