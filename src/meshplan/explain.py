@@ -371,7 +371,13 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
         for fam, e in result.best_by_family().items():
             if e is best or family(best.plan) == fam:
                 continue
-            q4.lines.append(f"Best {FAMILY_NAMES[fam]} plan {e.plan.label()}: {why_not(e, best)}.")
+            line = f"Best {FAMILY_NAMES[fam]} plan {e.plan.label()}: {why_not(e, best)}"
+            quickest = min((x for x in result.feasible if family(x.plan) == fam), key=lambda x: x.step_time_s,
+                           default=e)
+            if e.feasible and quickest.step_time_s < e.step_time_s:  # ranked below it within the tie band
+                line += (f" (its fastest, {quickest.plan.to_string()}, takes {format_seconds(quickest.step_time_s)}; "
+                         "within the tie band the plan with fewer options ranks first)")
+            q4.lines.append(line + ".")
         faster = [e for e in result.feasible if e.step_time_s < best.step_time_s]
         if faster:
             quickest = min(faster, key=lambda e: e.step_time_s)
