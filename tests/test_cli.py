@@ -181,6 +181,8 @@ def test_job_spec_file(capsys, tmp_path):
                                                                   "finite number"),
     (["evaluate", "--plan", "dp_shard=64", "--job", "{nan_job}"], "job.moe_routing_imbalance"),
     (["evaluate", "--plan", "dp_shard=64", "--profile", "{profile}"], "profile.gemm_best_flop_per_s"),
+    (["evaluate", "--plan", "dp_shard=64", "--profile", "{profile_inf}"], "profile.collective_fits.all_gather@"),
+    (["evaluate", "--plan", "dp_shard=64", "--profile", "{profile_slow}"], "at least 1 MB/s"),
     (["evaluate", "--plan", "dp_shard=-1", "--cluster", "{node3}"], "cluster.node: must be a table"),
     (["evaluate", "--plan", "tp=8,pp=8", "--assumptions", "worked-example"], "no term for pp=8"),
     (["evaluate", "--plan", "dp_shard=64,reshard_after_forward=maybe"], "true, false or a group size"),
@@ -197,10 +199,14 @@ def test_malformed_inputs_name_the_field_and_exit_2_without_a_traceback(capsys, 
     (tmp_path / "nan.toml").write_text("moe_routing_imbalance = nan\n")
     (tmp_path / "profile.json").write_text('{"schema": "meshplan.profile/1", "gemm_best_flop_per_s": "fast"}')
     (tmp_path / "node3.toml").write_text('accelerator = "h100-sxm"\nnode = 3\n')
+    fit = '{"schema": "meshplan.profile/1", "collective_fits": {"all_gather@intra_node": {"alpha_s": 1e-5, '
+    (tmp_path / "profile_inf.json").write_text(fit + '"busbw_bytes_per_s": 2e10, "ranks_per_node": 1e999}}}')
+    (tmp_path / "profile_slow.json").write_text(fit + '"busbw_bytes_per_s": 1e-300}}}')
     paths = {"job": str(tmp_path / "job.toml"), "binary": str(tmp_path / "binary.toml"), "dir": str(tmp_path),
              "header": str(tmp_path / "header.csv"), "inf_job": str(tmp_path / "inf.toml"),
              "nan_job": str(tmp_path / "nan.toml"), "profile": str(tmp_path / "profile.json"),
-             "node3": str(tmp_path / "node3.toml")}
+             "node3": str(tmp_path / "node3.toml"), "profile_inf": str(tmp_path / "profile_inf.json"),
+             "profile_slow": str(tmp_path / "profile_slow.json")}
     code, _, err = run(capsys, *(a.format(**paths) for a in args))
     assert code == 2 and says in err and "Traceback" not in err, err
 

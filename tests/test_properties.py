@@ -375,3 +375,11 @@ def test_unhidden_in_layer_traffic_is_m_times_one_micro_batchs(model, cluster, j
         whole.append(sum(e.time_s for e in comm_ledger(model, cluster, job, plan, axis_groups(plan, cluster), traffic)
                          if e.window == "none" and e.phase != "step"))  # ZeRO-1/2's gather after the step
     assert _critical_comm_s(model, cluster, job, plan, b, m, rc, None) == pytest.approx(min(whole), rel=1e-9)
+
+
+@given(st.integers(1, 5000))
+def test_micro_batch_divisors_are_every_divisor_largest_first(n):
+    """The divisors are found up to sqrt(n) (a review: a 1e15-token batch had hung the linear scan)."""
+    from meshplan.cost.step import _divisors_descending
+
+    assert _divisors_descending(n) == [d for d in range(n, 0, -1) if n % d == 0]

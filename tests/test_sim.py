@@ -238,6 +238,10 @@ def test_an_interleaved_pipeline_drains_behind_its_heaviest_stage():
         tasks = _interleaved_tasks(pp, v, m, f_s, b_s, [0.0] * pp, 0.0)
         step = max(t.end_s for t in tasks)
         assert step == pytest.approx(heavy * m * (f + b) + (pp - 1) * (f + b) / v)
-        # relabelled in Megatron's order: stage 0 runs micro-batches 0..p-1 of chunk 0, then of chunk 1
-        first = sorted((t for t in tasks if t.stage == 0 and t.kind == "F"), key=lambda t: t.start_s)[:pp * v]
-        assert [(t.chunk, t.mb) for t in first] == [(c, k) for c in range(v) for k in range(pp)]
+        # the trace shows the equivalent schedule's m·v slots, each slot's backward after its forward (a review
+        # found a relabelling into Megatron's chunk order showing a backward before its own forward)
+        assert sorted({t.mb for t in tasks}) == list(range(m * v))
+        for t in tasks:
+            if t.kind == "B":
+                fwd = next(u for u in tasks if u.stage == t.stage and u.kind == "F" and u.mb == t.mb)
+                assert fwd.end_s <= t.start_s + 1e-12

@@ -50,6 +50,11 @@ from meshplan.units import GB
 SCHEMA = "meshplan.profile/1"
 
 
+MIN_BUSBW_BYTES_PER_S = 1e6
+"""The slowest measured bus bandwidth a profile may carry (1 MB/s, as --inter-node-bandwidth's floor):
+below it collective times overflow rather than mean anything."""
+
+
 def load_profile(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
@@ -77,14 +82,16 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
         try:
             op, link = key.split("@")
             busbw = float(fit["busbw_bytes_per_s"])
-            alpha = max(0.0, float(fit["alpha_s"]))
+            alpha = float(fit["alpha_s"])
             ranks_per_node = max(1, int(fit.get("ranks_per_node", 1)))
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
             raise SpecError(f"profile.collective_fits.{key}", "needs 'op@link' keys with alpha_s and "
                                                               "busbw_bytes_per_s numbers (and a whole "
                                                               "ranks_per_node)") from None
-        if not (math.isfinite(busbw) and math.isfinite(alpha)):
-            raise SpecError(f"profile.collective_fits.{key}", "alpha_s and busbw_bytes_per_s must be finite")
+        if not (math.isfinite(busbw) and math.isfinite(alpha)) or 0 < busbw < MIN_BUSBW_BYTES_PER_S:
+            raise SpecError(f"profile.collective_fits.{key}", "alpha_s and busbw_bytes_per_s must be finite, and "
+                                                              "a bus bandwidth at least 1 MB/s (or 0: unmeasured)")
+        alpha = max(0.0, alpha)
         if busbw <= 0:
             continue
         if link == "intra_node":
@@ -118,8 +125,8 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
             best = float(best)
         except (TypeError, ValueError):
             raise SpecError("profile.gemm_best_flop_per_s", f"must be a number of FLOP/s; got {best!r}") from None
-        if not 0 < best < math.inf:
-            raise SpecError("profile.gemm_best_flop_per_s", f"must be positive and finite; got {best!r}")
+        if not 1e9 <= best < math.inf:
+            raise SpecError("profile.gemm_best_flop_per_s", f"must be finite and at least 1e9 FLOP/s; got {best!r}")
     if best:
         eff = min(1.0, float(best) / accel.bf16_flop_per_s)
         accel = replace(accel, gemm_efficiency=eff)

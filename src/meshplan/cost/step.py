@@ -1116,7 +1116,8 @@ def micro_batch_sizes(job: JobSpec, dp: int) -> list[int]:
 
 @functools.lru_cache(maxsize=4096)
 def _divisors_descending(n: int) -> list[int]:
-    return [b for b in range(n, 0, -1) if n % b == 0] or [1]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]  # O(sqrt n): batches may be huge
+    return sorted({*small, *(n // d for d in small)}, reverse=True) or [1]
 
 
 def _compute_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, compute: ComputeParams,

@@ -227,15 +227,11 @@ def _interleaved_tasks(pp: int, vpp: int, m: int, f_s: list[float], b_s: list[fl
     (Narayanan et al. 2021 §2.2), and, where stages are unequal, every stage held to the slowest one's
     pace, of which interleaving hides nothing (a greedy list scheduler does not reproduce Megatron's
     interleaved order faithfully enough to trust its own bubble; dividing a 1F1B run's idle time by v had
-    also divided that pacing, and left the drain behind a heavy last stage out). The tasks are relabelled
-    in Megatron's order: p micro-batches of the first chunk, then of the next, each group of p·v."""
+    also divided that pacing, and left the drain behind a heavy last stage out). The tasks are that 1F1B's:
+    m·v slots of 1/v of a stage's chunk, numbered 0 .. m·v - 1 (a trace shows these, not Megatron's
+    order of chunks, which runs more forwards before its first backward)."""
     _, tasks = schedule_pipeline(schedule="1f1b", pp=pp, m=m * vpp, chunks=1, f_s=[f / vpp for f in f_s],
                                  b_s=[b / vpp for b in b_s], w_s=[w / vpp for w in w_s], p2p_s=p2p_s)
-    group = pp * vpp if m % pp == 0 else vpp
-    width = group // vpp
-    for t in tasks:
-        g, r = divmod(t.mb, group)
-        t.chunk, t.mb = r // width, g * width + r % width
     return tasks
 
 
