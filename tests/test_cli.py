@@ -191,22 +191,22 @@ def test_job_spec_file(capsys, tmp_path):
 ])
 def test_malformed_inputs_name_the_field_and_exit_2_without_a_traceback(capsys, tmp_path, args, says):
     """What a user's review found raising instead (ZeroDivisionError, TypeError, UnicodeDecodeError)."""
-    (tmp_path / "job.toml").write_text("runtime = 5\n")
-    (tmp_path / "binary.toml").write_bytes(b"\xff\xfe\x00")
-    (tmp_path / "header.csv").write_text("model,n_layers,hidden,n_heads,vocab,seq_len,gpu_type,n_gpus,tp,pp,"
-                                         "source_group,precision,global_batch_size,tokens_per_sec_per_gpu\n")
-    (tmp_path / "inf.toml").write_text("reduce_dtype_bytes = inf\n")
-    (tmp_path / "nan.toml").write_text("moe_routing_imbalance = nan\n")
-    (tmp_path / "profile.json").write_text('{"schema": "meshplan.profile/1", "gemm_best_flop_per_s": "fast"}')
-    (tmp_path / "node3.toml").write_text('accelerator = "h100-sxm"\nnode = 3\n')
     fit = '{"schema": "meshplan.profile/1", "collective_fits": {"all_gather@intra_node": {"alpha_s": 1e-5, '
-    (tmp_path / "profile_inf.json").write_text(fit + '"busbw_bytes_per_s": 2e10, "ranks_per_node": 1e999}}}')
-    (tmp_path / "profile_slow.json").write_text(fit + '"busbw_bytes_per_s": 1e-300}}}')
-    paths = {"job": str(tmp_path / "job.toml"), "binary": str(tmp_path / "binary.toml"), "dir": str(tmp_path),
-             "header": str(tmp_path / "header.csv"), "inf_job": str(tmp_path / "inf.toml"),
-             "nan_job": str(tmp_path / "nan.toml"), "profile": str(tmp_path / "profile.json"),
-             "node3": str(tmp_path / "node3.toml"), "profile_inf": str(tmp_path / "profile_inf.json"),
-             "profile_slow": str(tmp_path / "profile_slow.json")}
+    files = {  # {name} in args -> the file name.toml/.csv/.json written with this content
+        "job.toml": "runtime = 5\n",
+        "binary.toml": b"\xff\xfe\x00",
+        "header.csv": "model,n_layers,hidden,n_heads,vocab,seq_len,gpu_type,n_gpus,tp,pp,source_group,precision,"
+                      "global_batch_size,tokens_per_sec_per_gpu\n",
+        "inf_job.toml": "reduce_dtype_bytes = inf\n",
+        "nan_job.toml": "moe_routing_imbalance = nan\n",
+        "profile.json": '{"schema": "meshplan.profile/1", "gemm_best_flop_per_s": "fast"}',
+        "node3.toml": 'accelerator = "h100-sxm"\nnode = 3\n',
+        "profile_inf.json": fit + '"busbw_bytes_per_s": 2e10, "ranks_per_node": 1e999}}}',
+        "profile_slow.json": fit + '"busbw_bytes_per_s": 1e-300}}}',
+    }
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    paths = {name.split(".")[0]: str(tmp_path / name) for name in files} | {"dir": str(tmp_path)}
     code, _, err = run(capsys, *(a.format(**paths) for a in args))
     assert code == 2 and says in err and "Traceback" not in err, err
 

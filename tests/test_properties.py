@@ -373,7 +373,7 @@ def test_unhidden_in_layer_traffic_is_m_times_one_micro_batchs(model, cluster, j
                                has_lm_head=s == plan.pp - 1, tokens=b * job.seq_len / plan.cp, m=m,
                                recomputed=recomputed_layers(rc, None, n_dense, n_moe), stage=s)
         whole.append(sum(e.time_s for e in comm_ledger(model, cluster, job, plan, axis_groups(plan, cluster), traffic)
-                         if e.window == "none" and e.phase != "step"))  # ZeRO-1/2's gather after the step
+                         if e.window == "none" and not e.blocks_after_step))  # ZeRO-1/2's gather after the step
     assert _critical_comm_s(model, cluster, job, plan, b, m, rc, None) == pytest.approx(min(whole), rel=1e-9)
 
 

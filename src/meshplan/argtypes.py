@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from meshplan.units import parse_size
+from meshplan.units import GB, MIN_LINK_BYTES_PER_S, parse_size
 
 
 def _checked(text: str, parse: Callable[[str], float], expected: str, ok: Callable[[float], bool],
@@ -33,8 +33,9 @@ def positive_float(text: str) -> float:
 
 
 def link_gb_per_s(text: str) -> float:
-    """A link's bandwidth in decimal GB/s: from 1 MB/s (slower times nothing meaningfully) to 100 TB/s."""
-    return _checked(text, float, "a number of GB/s", lambda v: 1e-3 <= v <= 1e5, "between 0.001 and 100000")
+    """A link's bandwidth in decimal GB/s: from MIN_LINK_BYTES_PER_S (1 MB/s) to 100 TB/s."""
+    lo = MIN_LINK_BYTES_PER_S / GB
+    return _checked(text, float, "a number of GB/s", lambda v: lo <= v <= 1e5, f"between {lo:g} and 100000")
 
 
 def mfu_fraction(text: str) -> float:

@@ -45,14 +45,9 @@ from typing import Any
 
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec
-from meshplan.units import GB
+from meshplan.units import GB, MIN_LINK_BYTES_PER_S
 
 SCHEMA = "meshplan.profile/1"
-
-
-MIN_BUSBW_BYTES_PER_S = 1e6
-"""The slowest measured bus bandwidth a profile may carry (1 MB/s, as --inter-node-bandwidth's floor):
-below it collective times overflow rather than mean anything."""
 
 
 def load_profile(path: str | Path) -> dict[str, Any]:
@@ -88,7 +83,7 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
             raise SpecError(f"profile.collective_fits.{key}", "needs 'op@link' keys with alpha_s and "
                                                               "busbw_bytes_per_s numbers (and a whole "
                                                               "ranks_per_node)") from None
-        if not (math.isfinite(busbw) and math.isfinite(alpha)) or 0 < busbw < MIN_BUSBW_BYTES_PER_S:
+        if not (math.isfinite(busbw) and math.isfinite(alpha)) or 0 < busbw < MIN_LINK_BYTES_PER_S:
             raise SpecError(f"profile.collective_fits.{key}", "alpha_s and busbw_bytes_per_s must be finite, and "
                                                               "a bus bandwidth at least 1 MB/s (or 0: unmeasured)")
         alpha = max(0.0, alpha)
@@ -127,10 +122,9 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
             raise SpecError("profile.gemm_best_flop_per_s", f"must be a number of FLOP/s; got {best!r}") from None
         if not 1e9 <= best < math.inf:
             raise SpecError("profile.gemm_best_flop_per_s", f"must be finite and at least 1e9 FLOP/s; got {best!r}")
-    if best:
-        eff = min(1.0, float(best) / accel.bf16_flop_per_s)
+        eff = min(1.0, best / accel.bf16_flop_per_s)
         accel = replace(accel, gemm_efficiency=eff)
-        notes.append(f"profile: best BF16 GEMM {float(best) / 1e12:.3g} TFLOP/s measured on "
+        notes.append(f"profile: best BF16 GEMM {best / 1e12:.3g} TFLOP/s measured on "
                      f"{profile.get('device', '?')} = {eff:.1%} of the {accel.name} peak")
         if str(profile.get("device", "")).lower() in ("cpu", ""):
             notes.append("profile: GEMM figures were measured on a CPU; they describe that machine, not "

@@ -25,6 +25,10 @@ TERA = 10**12
 PETA = 10**15
 MICRO = 1e-6
 
+MIN_LINK_BYTES_PER_S = 1e6
+"""The slowest link rate meshplan takes (1 MB/s: --inter-node-bandwidth, a profile's measured bus bandwidth);
+below it collective times overflow rather than mean anything."""
+
 Bytes = float
 Seconds = float
 Flop = float

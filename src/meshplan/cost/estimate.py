@@ -41,6 +41,12 @@ class CommEntry:
     def overlappable(self) -> bool:
         return self.window != "none"
 
+    @property
+    def blocks_after_step(self) -> bool:
+        """Issued once per step, with nothing to hide it (DeepSpeed ZeRO-1/2's all-gather of the updated
+        parameters inside the optimizer step): off the micro-batches' timeline, added to the step."""
+        return self.phase == "step" and self.window == "none"
+
     def group_name(self, cp: int) -> str:
         """The axis as a user reads it under context parallelism ``cp``: the data-parallel shard group then
         spans the CP ranks too (torchtitan's ``dp_shard_cp`` mesh, Megatron's data-and-context group)."""

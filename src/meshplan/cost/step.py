@@ -510,7 +510,7 @@ def _stage_compute(c: _StageCtx, compute: ComputeParams) -> tuple[float, ...]:
     return _stage_compute_times(c.model, c.cluster.accelerator, compute, c.job, c.tokens, plan.tp, plan.cp,
                                 plan.ep, plan.expert_tp, plan.sequence_parallel, plan.context_impl != "a2a",
                                 c.n_dense, c.n_moe, c.last, c.recompute, c.recomputed,
-                                c.job.loss_impl(plan.runs_megatron_layers(c.job.software)) if c.last else "")
+                                _loss(c.job, plan) if c.last else "")
 
 
 def _with_fsdp_copies(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) -> tuple[float, ...]:
@@ -1120,6 +1120,11 @@ def _divisors_descending(n: int) -> list[int]:
     return sorted({*small, *(n // d for d in small)}, reverse=True) or [1]
 
 
+def _loss(job: JobSpec, plan: Plan) -> str:
+    """The cross-entropy ``plan`` runs (JobSpec.loss_impl): Megatron-core's where it runs Megatron's layers."""
+    return job.loss_impl(plan.runs_megatron_layers(job.software))
+
+
 def _compute_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, compute: ComputeParams,
                      mbs: int, recompute: str, recompute_layers: int | None = None) -> float:
     """The compute, recomputation and bubble of the busiest stage of ``plan`` (of ``bounding_stages``) at
@@ -1130,7 +1135,7 @@ def _compute_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan:
     return (_shape_bound_s(model, cluster.accelerator, compute, job, plan.tp, plan.cp, plan.ep, plan.expert_tp,
                            plan.pp, plan.schedule, plan.vpp, plan.layout, plan.sequence_parallel,
                            plan.context_impl != "a2a", mbs, recompute, m, recompute_layers,
-                           job.loss_impl(plan.runs_megatron_layers(job.software)))
+                           _loss(job, plan))
             + _critical_comm_s(model, cluster, job, plan, mbs, m, recompute, recompute_layers))
 
 
@@ -1220,7 +1225,7 @@ def step_time_lower_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec
     return (_shape_lower_bound_s(model, cluster.accelerator, compute, job, plan.dp, plan.tp, plan.cp, plan.ep,
                                  plan.expert_tp, plan.pp, plan.schedule, plan.vpp, plan.layout,
                                  plan.sequence_parallel, plan.context_impl != "a2a", plan.mbs,
-                                 job.loss_impl(plan.runs_megatron_layers(job.software)))
+                                 _loss(job, plan))
             + _critical_comm_s(model, cluster, job, plan, b, _micro_batches(job, plan.dp, b), "none", None))
 
 

@@ -47,8 +47,8 @@ def _split(detail: StageDetail, m: int) -> dict[str, list[_Per]]:
         root = "root" in e.purpose
         edge = "embedding" in e.purpose or "LM head" in e.purpose
         recomputed = "recomputed" in e.purpose
-        if e.phase == "step" and e.window == "none":
-            continue  # blocking, after the optimizer step, off the micro-batches' timeline (simulate adds it)
+        if e.blocks_after_step:
+            continue  # simulate adds it after the optimizer step
         if e.window == "pipeline":
             out["pipeline"].append(_Per(e, e.time_s / max(1, e.count)))
         elif e.window in ("first_forward",):  # once per step: per layer, or the root's all at once

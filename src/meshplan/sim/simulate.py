@@ -210,11 +210,11 @@ def _cap_exposed(br: dict[str, float], detail: StageDetail) -> None:
 
 
 def _after_step(detail: StageDetail, br: dict[str, float]) -> float:
-    """The collectives that block after the optimizer step (DeepSpeed ZeRO-1/2's all-gather of the updated
-    parameters: phase 'step', window 'none'), added to ``br``; their time [s]."""
+    """The collectives that block after the optimizer step (CommEntry.blocks_after_step), added to ``br``;
+    their time [s]."""
     total = 0.0
     for e in detail.comm:
-        if e.phase == "step" and e.window == "none":
+        if e.blocks_after_step:
             br[e.breakdown_key] = br.get(e.breakdown_key, 0.0) + e.time_s
             total += e.time_s
     return total

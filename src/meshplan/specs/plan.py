@@ -437,10 +437,7 @@ def _parse_value(key: str, raw: str) -> object:
     if key == "reshard_after_forward":
         if low in ("true", "false"):
             return low == "true"
-        try:
-            return int(raw)
-        except ValueError:
-            raise SpecError(f"plan.{key}", f"must be true, false or a group size; got {raw!r}") from None
+        return _int(key, raw, "true, false or a group size")
     if key == "etp" and low == "tp":
         return "tp"  # the plan's tp, resolved once every key is read
     if "bool" in str(ftype):
@@ -469,11 +466,11 @@ def recompute_modules_of(recompute_key: str) -> frozenset[str]:
     return frozenset()
 
 
-def _int(key: str, raw: str) -> int:
+def _int(key: str, raw: str, allowed: str = "an integer") -> int:
     try:
         return int(raw)
     except ValueError:
-        raise SpecError(f"plan.{key}", f"must be an integer; got {raw!r}") from None
+        raise SpecError(f"plan.{key}", f"must be {allowed}; got {raw!r}") from None
 
 
 def parse_plan(text: str, world_size: int | None = None) -> Plan:
