@@ -141,6 +141,12 @@ def test_job_spec_file(capsys, tmp_path):
     d = json.loads(out)
     assert code == 0 and d["global_batch_tokens"] == 4194304  # defaults still apply
     assert "software stack: megatron" in d["notes"]
+    assert not any("does not offer" in n for n in d["notes"])  # Megatron runs the default FSDP plan
+    for plan, said in (("tp=8,pp=8,schedule=zb-v", "does not offer schedule=zb-v (it runs 1f1b or interleaved)"),
+                       ("dp_shard=64,sharding=zero3", "does not offer sharding=zero3 (it runs megatron or fsdp; "
+                                                      "estimated as DeepSpeed ZeRO-3)")):
+        code, out, _ = run(capsys, "evaluate", "--job", str(job), "--plan", plan, "--json")
+        assert code == 0 and any(said in n for n in json.loads(out)["notes"])  # estimated, and said so
     bad = tmp_path / "bad.toml"
     bad.write_text('optimiser = "adamw"\n')
     code, _, err = run(capsys, "evaluate", "--job", str(bad), "--plan", "dp_shard=64")

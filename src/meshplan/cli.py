@@ -94,6 +94,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from meshplan.report.json import estimate_dict
     from meshplan.report.text import estimate_text
     from meshplan.specs import parse_plan
+    from meshplan.specs.plan import stack_mismatch
 
     model, cluster, job = _scenario(args)
     plan = parse_plan(args.plan, world_size=cluster.n_gpus)
@@ -133,6 +134,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                                      if job.fused_grouped_mlp else "")])
     if job.precision == "fp8":
         est = replace(est, notes=[*est.notes, "MFU and HFU are against the accelerator's dense FP8 peak"])
+    mismatch = stack_mismatch(job.software, plan)
+    if mismatch:
+        est = replace(est, notes=[*est.notes, mismatch])
     if args.profile_notes:
         est = replace(est, notes=[*est.notes, *args.profile_notes])
     print(json.dumps(estimate_dict(est), indent=2) if args.json else estimate_text(est))

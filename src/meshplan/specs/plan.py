@@ -431,6 +431,27 @@ class Plan:
         return ",".join(out) or "dp_replicate=1"
 
 
+SHARDING_IMPL = {"fsdp": "PyTorch FSDP2", "zero1": "DeepSpeed ZeRO-1", "zero2": "DeepSpeed ZeRO-2",
+                 "zero3": "DeepSpeed ZeRO-3", "megatron": "Megatron-core's distributed optimizer"}
+"""The implementation a plan's sharding is estimated as (Plan.sharding)."""
+
+
+def stack_mismatch(software: str, plan: Plan) -> str | None:
+    """What an explicit ``plan`` runs that the named stack ``software`` does not offer (STACK_SHARDINGS,
+    STACK_SCHEDULES), as a note for its estimate; None where it runs only what the stack offers, or for
+    'generic'. The plan is still estimated as written (Megatron-DeepSpeed, for one, runs ZeRO stages with
+    Megatron's layers): the note says which implementation its figures assume."""
+    out = []
+    shardings = STACK_SHARDINGS.get(software)
+    if shardings is not None and plan.sharding not in shardings:
+        out.append(f"sharding={plan.sharding} (it runs {' or '.join(shardings)}; estimated as "
+                   f"{SHARDING_IMPL[plan.sharding]})")
+    schedules = STACK_SCHEDULES.get(software)
+    if schedules is not None and plan.pp > 1 and plan.schedule not in schedules:
+        out.append(f"schedule={plan.schedule} (it runs " + (" or ".join(schedules) or "no pipeline") + ")")
+    return f"job.software '{software}' does not offer " + " nor ".join(out) if out else None
+
+
 def _parse_value(key: str, raw: str) -> object:
     ftype = {f.name: f.type for f in fields(Plan)}[key]
     low = raw.strip().lower()
