@@ -188,7 +188,8 @@ def text_report(results: list[RowResult], fit: dict, cv: dict | None, group_cv: 
             reasons.setdefault(r.skipped or "", []).append(r.row)
         for reason, ids in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
             more = " ..." if len(ids) > 8 else ""
-            lines.append(f"  {len(ids):>3} rows: {reason} (rows {', '.join(map(str, ids[:8]))}{more})")
+            noun = "row" if len(ids) == 1 else "rows"
+            lines.append(f"  {len(ids):>3} {noun}: {reason} ({noun} {', '.join(map(str, ids[:8]))}{more})")
     return "\n".join(lines)
 
 
