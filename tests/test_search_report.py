@@ -526,3 +526,21 @@ def test_a_familys_line_names_its_fastest_plan_where_the_tie_band_ranked_a_simpl
         assert ("its fastest" in line) == (fastest.step_time_s < e.step_time_s), line
         named += fastest.step_time_s < e.step_time_s
     assert named  # the scenario has such a family
+
+
+def test_the_search_offers_no_partial_reshard_with_dtensor_parameters():
+    """FSDP2 cannot reshard TP or EP (DTensor) parameters to a node-sized group after forward
+    (FSDPParam.to_sharded_post_forward raises NotImplementedError): no such variant, and only with tp = ep = 1
+    the node-sized one (from a review of what PyTorch runs)."""
+    from meshplan import JobSpec, load_cluster, load_model
+    from meshplan.search.space import option_variants
+    from meshplan.specs import parse_plan
+    from meshplan.specs.plan import partial_reshard_blocked
+
+    m, c = load_model("seed-70b"), load_cluster("h100-sxm", nodes=16)
+    j = JobSpec(global_batch_tokens=4_194_304, seq_len=4096)
+    offered = {tp: [v.reshard_after_forward  # the node-sized partial reshard: 8
+                    for v in option_variants(m, c, j, parse_plan(f"tp={tp},dp_shard={128 // tp}"))]
+               for tp in (1, 4)}
+    assert 8 in offered[1] and not any(isinstance(r, int) and not isinstance(r, bool) for r in offered[4])
+    assert partial_reshard_blocked(parse_plan("tp=4,dp_shard=32,reshard_after_forward=8"))

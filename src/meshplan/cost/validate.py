@@ -8,7 +8,7 @@ from meshplan.cost.pipeline import plan_stage_layers
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.specs.layout import parse_layout
-from meshplan.specs.plan import RECOMPUTE_MODULES
+from meshplan.specs.plan import RECOMPUTE_MODULES, partial_reshard_blocked
 
 
 def _divisors(n: int) -> str:
@@ -96,6 +96,10 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
         raise SpecError("plan.reshard_after_forward", f"must divide dp_shard x cp = {plan.shard_degree}")
     if plan.sharding != "fsdp" and raf not in (None, True):
         raise SpecError("plan.reshard_after_forward", "is an FSDP2 option; use sharding=fsdp")
+    if partial_reshard_blocked(plan):
+        raise SpecError("plan.reshard_after_forward", f"FSDP2 cannot reshard tensor- or expert-parallel (DTensor) "
+                                                      f"parameters to a smaller group after forward (tp={plan.tp}, "
+                                                      f"ep={plan.ep}); allowed: true or false")
 
 
 def recompute_module_needs(model: ModelSpec, fused_grouped_mlp: bool) -> dict[str, tuple[bool, str]]:

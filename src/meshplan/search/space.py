@@ -26,6 +26,7 @@ from meshplan.specs.plan import (
     FRAMEWORK_SCHEDULES,
     STACK_SCHEDULES,
     STACK_SHARDINGS,
+    partial_reshard_blocked,
 )
 
 FAMILIES = ("ddp", "fsdp", "hsdp", "tp", "pp", "cp", "ep")
@@ -113,7 +114,8 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
     dp_opts: list[tuple[bool | int | None, str | None]] = [(None, None)]
     if sharded and plan.pp == 1:
         rafs: list[bool | int | None] = [None, False]
-        if plan.shard_degree > gpn and plan.shard_degree % gpn == 0:
+        if (plan.shard_degree > gpn and plan.shard_degree % gpn == 0
+                and not partial_reshard_blocked(replace(plan, reshard_after_forward=gpn))):
             rafs.append(gpn)
         syncs: list[str | None] = [None, "last"] if per_replica > 1 else [None]
         dp_opts = [(r, g) for r in rafs for g in syncs]

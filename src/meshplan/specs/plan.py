@@ -436,6 +436,15 @@ SHARDING_IMPL = {"fsdp": "PyTorch FSDP2", "zero1": "DeepSpeed ZeRO-1", "zero2": 
 """The implementation a plan's sharding is estimated as (Plan.sharding)."""
 
 
+def partial_reshard_blocked(plan: Plan) -> bool:
+    """Whether ``plan`` reshards to a partial group after forward (an int reshard_after_forward) where FSDP2
+    cannot: its parameters are DTensors under tensor or expert parallelism, and
+    FSDPParam.to_sharded_post_forward raises NotImplementedError ("Resharding to smaller mesh is not
+    supported for DTensor parameters yet", torch/distributed/fsdp/_fully_shard/_fsdp_param.py)."""
+    raf = plan.reshard_after_forward
+    return raf is not None and not isinstance(raf, bool) and (plan.tp > 1 or plan.ep > 1)
+
+
 def stack_mismatch(software: str, plan: Plan) -> str | None:
     """What an explicit ``plan`` runs that the named stack ``software`` does not offer (STACK_SHARDINGS,
     STACK_SCHEDULES), as a note for its estimate; None where it runs only what the stack offers, or for
