@@ -11,6 +11,7 @@ schedule's memory budget allows.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 
@@ -68,38 +69,60 @@ def schedule_pipeline(*, schedule: str, pp: int, m: int, chunks: int, f_s: list[
         # one queue per chunk; the others keep Megatron's strict interleaved order
         q = f"{t.kind}{t.chunk}" if schedule == "zb-v" else t.kind
         queues[t.stage].setdefault(q, []).append(t)
-    heads = {s: {q: 0 for q in queues[s]} for s in range(pp)}
+    names = {s: list(queues[s]) for s in range(pp)}
+    heads = {s: [0] * len(names[s]) for s in range(pp)}
     prio = {"B": 0, "F": 1, "W": 2}
     # ZB-V caps only its first-chunk forwards: a second-chunk forward completes the V and leads to a backward
     counted = {0} if schedule == "zb-v" else set(range(chunks))
+    where = {id(t): (t.stage, names[t.stage].index(f"{t.kind}{t.chunk}" if schedule == "zb-v" else t.kind))
+             for t in tasks}
+    dependents: dict[int, list[Task]] = {}
+    for t in tasks:
+        for d in t.deps:
+            dependents.setdefault(id(d), []).append(t)
+    # The task to run next is the queue head with the least (ready time, kind, micro-batch, chunk), the first
+    # stage and queue on a tie. A head's key changes only when its stage runs a task (free time, forwards in
+    # flight, its head) or when one of its dependencies ends, so each head is keyed in a heap when that
+    # happens, and an entry whose head has since changed is skipped (its version is stale).
+    version = {(s, i): 0 for s in range(pp) for i in range(len(names[s]))}
+    heap: list[tuple[float, int, int, int, int, int, int]] = []
+
+    def push(s: int, i: int) -> None:
+        version[s, i] += 1
+        ts = queues[s][names[s][i]]
+        if heads[s][i] >= len(ts):
+            return
+        t = ts[heads[s][i]]
+        if t.kind == "F" and t.chunk in counted and inflight[s] >= cap[s]:
+            return
+        if any(math.isnan(d.end_s) for d in t.deps):
+            return
+        ready = free[s]
+        for d in t.deps:
+            ready = max(ready, d.end_s + (p2p_s if d.stage != t.stage else 0.0))
+        heapq.heappush(heap, (ready, prio[t.kind], t.mb, t.chunk, s, i, version[s, i]))
+
+    for s in range(pp):
+        for i in range(len(names[s])):
+            push(s, i)
     while remaining:
-        best: tuple[float, tuple, int, tuple[str, int]] | None = None
-        for s in range(pp):
-            for q, i in heads[s].items():
-                ts = queues[s][q]
-                if i >= len(ts):
-                    continue
-                t = ts[i]
-                if t.kind == "F" and t.chunk in counted and inflight[s] >= cap[s]:
-                    continue
-                if any(math.isnan(d.end_s) for d in t.deps):
-                    continue
-                ready = free[s]
-                for d in t.deps:
-                    ready = max(ready, d.end_s + (p2p_s if d.stage != t.stage else 0.0))
-                key = (ready, prio[t.kind], t.mb, t.chunk)
-                if best is None or key < best[1]:
-                    best = (ready, key, s, q)
-        if best is None:
+        if not heap:
             raise RuntimeError("pipeline schedule deadlocked")
-        start, _, s, q = best
-        t = queues[s][q][heads[s][q]]
-        heads[s][q] += 1
+        start, _, _, _, s, i, v = heapq.heappop(heap)
+        if v != version[s, i]:
+            continue
+        t = queues[s][names[s][i]][heads[s][i]]
+        heads[s][i] += 1
         t.start_s, t.end_s = start, start + t.dur_s
         free[s] = t.end_s
         if t.chunk in counted:
             inflight[s] += 1 if t.kind == "F" else -1 if t.kind == "B" else 0
         remaining -= 1
+        for j in range(len(names[s])):
+            push(s, j)
+        for d in dependents.get(id(t), ()):
+            if d.stage != s:
+                push(*where[id(d)])
     return max(free), tasks
 
 
