@@ -53,12 +53,17 @@ def _check_held_ranges(d):
     """Each condition's held range contains the scenario's value and ends, on a side where the answer
     changes, at the last value at which it held; the worked example varies all five conditions."""
     held = {h["condition"]: h for h in d["held_ranges"]}
-    assert set(held) == {"batch_tokens", "inter_node_bandwidth", "gpus", "seq_len", "model_layers"}
+    varied = set(held) | {c["condition"] for c in d["conditions"]}
+    assert varied == {"batch_tokens", "inter_node_bandwidth", "gpus", "seq_len", "model_layers"}
     for h in held.values():
         assert h["low_value"] <= h["base_value"] <= h["high_value"] and h["low_value"] < h["high_value"]
         assert {h["low_end"], h["high_end"]} <= {"change", "range", "not built", "none fits"}
     for c in d["conditions"]:
-        h = held[c["condition"]]
+        h = held.get(c["condition"])
+        if h is None:  # no range: the answer changes at the next value checked on either side
+            sides = {x["direction"] for x in d["conditions"] if x["condition"] == c["condition"]}
+            assert sides == {"below", "above"} and c["last_same_value"] == c["base_value"]
+            continue
         side = "low" if c["direction"] == "below" else "high"
         assert h[f"{side}_end"] == "change" and h[f"{side}_value"] == c["last_same_value"]
     # a longer sequence needs another micro-batch size or recomputation: the candidates re-choose them there,
@@ -137,7 +142,13 @@ def test_a_condition_with_the_same_degrees_names_the_options_that_change():
     wide = parse_plan("dp_replicate=2,tp=4,pp=16,schedule=zb-v,async_tp=true", 128)
     assert changed_label(wide, parse_plan("dp_replicate=2,tp=4,pp=16,async_tp=true", 128)) == (
         "PP=16 x TP=4 x DDP=2 (schedule=zb-v)")
-    assert changed_label(parse_plan("tp=8,pp=8", 64), rec) == "PP=8 x TP=8"
+    assert changed_label(parse_plan("tp=8,pp=8", 64), rec) == "PP=8 x TP=8 (1f1b)"  # other degrees: its schedule
+    # and options, which two plans of one label may differ in alone (a review read a ZB-V plan as the 1F1B one)
+    megatron = parse_plan("tp=4,pp=16,sharding=megatron,async_tp=true", 64)
+    zbv = parse_plan("dp_replicate=2,tp=4,pp=8,schedule=zb-v,async_tp=true", 64)
+    assert changed_label(zbv, megatron) == "PP=8 x TP=4 x DDP=2 (zb-v, async-TP)"
+    assert changed_label(megatron, zbv) == "PP=16 x TP=4 (Megatron; 1f1b, async-TP)"
+    assert changed_label(parse_plan("dp_shard=64", 64), megatron) == "FSDP=64"  # nothing beyond its sharding
     # a plan that leaves an option at its default says which: 'CP=8 is best' against 'CP=8 (ZERO1 over CP)'
     assert changed_label(parse_plan("cp=8", 8), parse_plan("cp=8,sharding=zero1", 8)) == "CP=8 (sharding=fsdp)"
     assert changed_label(rec, zb) == "PP=16 x TP=4 (schedule=1f1b)"
@@ -544,3 +555,30 @@ def test_the_search_offers_no_partial_reshard_with_dtensor_parameters():
                for tp in (1, 4)}
     assert 8 in offered[1] and not any(isinstance(r, int) and not isinstance(r, bool) for r in offered[4])
     assert partial_reshard_blocked(parse_plan("tp=4,dp_shard=32,reshard_after_forward=8"))
+
+
+def test_a_batch_condition_is_where_another_layout_beats_the_recommendation_by_the_tie_band(plan_json):
+    """At the batch a condition names, some plan of another layout is more than the tie band faster than the
+    recommendation (both timed as plan times them) or the recommendation does not fit; at the last batch it
+    says the recommendation holds, none is. A review had found a change missed where only the fastest plan,
+    not the simplest one of the tie band, beat the recommendation by more than the band."""
+    from meshplan import JobSpec, load_cluster, load_model, search
+    from meshplan.explain import _try
+    from meshplan.search.conditions import MIN_GAIN, layout_key
+    from meshplan.search.search import REFINE_TOP
+    from meshplan.specs import parse_plan
+
+    (cond,) = [c for c in plan_json["conditions"] if c["condition"] == "batch_tokens"]
+    rec = parse_plan(plan_json["recommended"]["plan"]["string"]).unfixed()
+    m, c = load_model("seed-70b"), load_cluster("h100-sxm", nodes=8)
+
+    def margin(batch: float) -> float:
+        """The recommendation's step time over the fastest plan of another layout at ``batch``."""
+        j = JobSpec(global_batch_tokens=int(batch), seq_len=4096)
+        ranked = search(m, c, j, refine_top=REFINE_TOP, workers=1).feasible
+        mine = _try(m, c, j, rec, None)
+        fastest = min(e.step_time_s for e in ranked if layout_key(e.plan) != layout_key(rec))
+        return mine.step_time_s / fastest if mine is not None and mine.feasible else float("inf")
+
+    assert cond["direction"] == "below" and margin(cond["value"]) >= MIN_GAIN
+    assert margin(cond["last_same_value"]) < MIN_GAIN

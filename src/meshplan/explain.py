@@ -388,8 +388,13 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
                             "tie band, where the simpler plan (fewer axes, fewer options) and more memory headroom "
                             "win: below the model's error, another parallel axis is not worth its complexity.")
         if with_conditions:
-            def best_of(m: ModelSpec, c: ClusterSpec, j: JobSpec) -> Estimate | None:
-                return search(m, c, j, space, mfu=mfu).recommended
+            def ranked_at(m: ModelSpec, c: ClusterSpec, j: JobSpec) -> list[Estimate]:
+                # as this search: its leading plans re-timed by the simulator, so that a condition names
+                # what plan would recommend there
+                return search(m, c, j, space, mfu=mfu, refine_top=REFINE_TOP, workers=1).feasible
+
+            def timed(m: ModelSpec, c: ClusterSpec, j: JobSpec, p: Plan) -> Estimate | None:
+                return _try(m, c, j, p, mfu)
 
             seen: set[str] = set()
             candidates = []
@@ -398,8 +403,8 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
                 if key not in seen:
                     seen.add(key)
                     candidates.append(e.plan)
-            conditions, held = find_conditions(model, cluster, job, best, best_of, candidates=candidates,
-                                               mfu=mfu, workers=workers)
+            conditions, held = find_conditions(model, cluster, job, best, ranked_at, candidates=candidates,
+                                               mfu=mfu, workers=workers, timed=timed)
     measurements = measure_first(best, conditions) if best else []
     questions.append(q4)
     return PlanAnalysis(model=model, cluster=cluster, job=job, result=result, conditions=conditions,

@@ -16,7 +16,12 @@ from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.specs.layout import is_embedding_loss_layout, resplit
 from meshplan.units import GB, format_tokens
 
-SearchFn = Callable[[ModelSpec, ClusterSpec, JobSpec], Estimate | None]
+SearchFn = Callable[[ModelSpec, ClusterSpec, JobSpec], list[Estimate]]
+"""The feasible plans of a full search of a scenario, ranked as ``plan`` ranks them (with the leading plans
+re-timed by the simulator): what confirms a condition of change."""
+TimeFn = Callable[[ModelSpec, ClusterSpec, JobSpec, Plan], Estimate | None]
+"""A plan evaluated in a scenario and timed as that search times its leading plans (None where it cannot be
+built)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,12 +158,12 @@ def _knobs(model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> list[_Knob]:
         _Knob("batch_tokens", "tokens per step", job.global_batch_tokens, batch, True, True,
               lambda sc: sc[2].global_batch_tokens, format_tokens, "tokens per step"),
         _Knob("inter_node_bandwidth", "GB/s per GPU", cluster.inter.nic_bytes_per_s / GB, bandwidth, False, True,
-              lambda sc: sc[1].inter.nic_bytes_per_s / GB, lambda v: f"{v:.3g}",
+              lambda sc: sc[1].inter.nic_bytes_per_s / GB, lambda v: f"{v:,.4g}",
               "GB/s of inter-node bandwidth per GPU"),
         _Knob("gpus", "GPUs", cluster.n_gpus, gpus, True, False, lambda sc: sc[1].n_gpus, whole, "GPUs",
-              lambda v: f"{int(v)} GPUs"),
+              lambda v: f"{whole(v)} GPUs"),
         _Knob("seq_len", "tokens", job.seq_len, seq, True, False, lambda sc: sc[2].seq_len, whole,
-              "tokens per sequence", lambda v: f"sequence length {int(v)}"),
+              "tokens per sequence", lambda v: f"sequence length {whole(v)}"),
         _Knob("model_layers", "layers", model.n_layers, layers, True, False, lambda sc: sc[0].n_layers, whole,
               "layers", lambda v: f"{int(v)} layers (model size x{v / model.n_layers:.2g})"),
     ]
@@ -191,11 +196,16 @@ _EFFECTIVE = {"cp_impl": "context_impl", "sp": "sequence_parallel", "etp": "expe
 
 def changed_label(plan: Plan, recommended: Plan) -> str:
     """``plan``'s label, with the options in which it differs from ``recommended`` where the two have the
-    same degrees ('PP=16 x TP=4 (schedule=zb-h1)'): otherwise the change would read as no change."""
+    same degrees ('PP=16 x TP=4 (schedule=zb-h1)'): otherwise the change would read as no change; where
+    the degrees differ, with its schedule and options as the ranked table shows them ('PP=8 x TP=4 x DDP=2
+    (zb-v, async-TP)'), since two plans of one label may differ in those alone."""
     label = plan.label()
     degrees = label.split(" (")[0]  # without a sharding note such as '(ZERO1 over CP)'
     if degrees != recommended.label().split(" (")[0]:
-        return label
+        opts = ", ".join(o for o in plan.option_labels() if o != plan.sharding)
+        if not opts:
+            return label
+        return f"{label[:-1]}; {opts})" if label.endswith(")") else f"{label} ({opts})"
 
     def options(p: Plan) -> dict[str, str]:
         return dict(item.split("=", 1) for item in structural_key(p).split(",") if "=" in item)
@@ -243,14 +253,19 @@ def _resplit(plan: Plan, model: ModelSpec) -> Plan:
 def find_conditions(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, recommended: Estimate,
                     search_best: SearchFn, *, candidates: list[Plan] | None = None, steps: int = 3,
                     bisections: int = 4, only: tuple[str, ...] | None = None, mfu: float | None = None,
-                    workers: int | None = None) -> tuple[list[Condition], list[HeldRange]]:
+                    workers: int | None = None, timed: TimeFn | None = None
+                    ) -> tuple[list[Condition], list[HeldRange]]:
     """Thresholds, one per condition and direction where the recommendation changes within ``steps``
     doublings (halvings) of the condition, and for each condition the range checked over which it holds.
 
-    The walk and the bisection evaluate ``candidates`` (the leading plans of the base search and the best
-    of each family, re-sized to the GPU count) at each value; the value where the answer changes is then
-    confirmed by a full search (``search_best``), whose answer is the one reported. The walks are
-    independent and run on up to ``workers`` cores (default: all; parallel.parallel_map)."""
+    The recommendation changes where some plan of another layout is more than the tie band faster than it,
+    or where it no longer fits (or cannot be built) and another plan does. The walk and the bisection
+    evaluate ``candidates`` (the leading plans of the base search and the best of each family, re-sized to
+    the GPU count) with the closed form at each value, and a value where none of them fits is treated as
+    a possible change; the value where the answer changes is then confirmed by a full search
+    (``search_best``) against the recommendation timed as that search times its leading plans
+    (``timed``; default the closed form), and the full search's recommendation is the one reported. The
+    walks are independent and run on up to ``workers`` cores (default: all; parallel.parallel_map)."""
     # on one node nothing crosses the network: its bandwidth is no condition there
     knobs = [knob for knob in _knobs(model, cluster, job) if (not only or knob.name in only)
              and not (knob.name == "inter_node_bandwidth" and cluster.n_nodes == 1)]
@@ -258,7 +273,7 @@ def find_conditions(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, recomm
 
     def walk(i: int) -> _WalkEnd:
         knob, direction, factor = walks[i]
-        return _walk(knob, direction, factor, recommended, search_best, candidates, steps, bisections, mfu)
+        return _walk(knob, direction, factor, recommended, search_best, candidates, steps, bisections, mfu, timed)
 
     ends = parallel_map(walk, range(len(walks)), workers)
     conditions = [e.condition for e in ends if e.condition]
@@ -288,16 +303,16 @@ def _held_range(knob: _Knob, below: _WalkEnd, above: _WalkEnd) -> HeldRange:
                      unit=knob.unit, low_end=below.why, high_end=above.why, text=text)
 
 
-def _candidates_best(knob: _Knob, v: float, candidates: list[Plan], mfu: float | None
-                     ) -> tuple[Estimate | None, bool]:
-    """The best of ``candidates`` that fits at ``v`` (None where none does), and whether any of them can be
-    built there at all."""
+def _candidates_at(knob: _Knob, v: float, candidates: list[Plan], mfu: float | None
+                   ) -> tuple[list[Estimate], bool]:
+    """The ``candidates`` that fit at ``v``, ranked (the closed form), and whether any of them can be built
+    there at all."""
     from meshplan.cost.step import evaluate
     from meshplan.errors import SpecError
 
     scenario = knob.apply(v)
     if scenario is None:
-        return None, False
+        return [], False
     model, cluster, job = scenario
     ests = []
     # each candidate with its micro-batch size and recomputation chosen afresh: a longer sequence or a deeper
@@ -311,78 +326,101 @@ def _candidates_best(knob: _Knob, v: float, candidates: list[Plan], mfu: float |
             ests.append(evaluate(model, cluster, job, sized, mfu=mfu))
         except SpecError:
             continue
-    ranked = rank(ests)
-    return (ranked[0] if ranked and ranked[0].feasible else None), bool(ests)
+    return [e for e in rank(ests) if e.feasible], bool(ests)
+
+
+def _between(knob: _Knob, lo: float, hi: float) -> float | None:
+    """A value between ``lo`` and ``hi`` whose scenario (as ``apply`` rounds it) lies strictly between theirs:
+    the geometric mean, else the arithmetic one (the batch moves in whole sequences per GPU, so between 2 and
+    4 per GPU the geometric mean rounds back to 2); None where there is none."""
+    a_lo, a_hi = sorted((knob.applied(lo), knob.applied(hi)))
+    for mid in (math.sqrt(lo * hi), (lo + hi) / 2):
+        if knob.integer:
+            mid = float(round(mid))
+        if mid not in (lo, hi) and a_lo < knob.applied(mid) < a_hi:
+            return mid
+    return None
 
 
 def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_best: SearchFn,
-          candidates: list[Plan] | None, steps: int, bisections: int, mfu: float | None) -> _WalkEnd:
+          candidates: list[Plan] | None, steps: int, bisections: int, mfu: float | None,
+          timed: TimeFn | None = None) -> _WalkEnd:
     base_key = layout_key(base.plan)
 
     def held(v: float) -> float:  # as evaluated; the base is the scenario's own value, not rounded
         return knob.base if v == knob.base else knob.applied(v)
 
-    def full(v: float) -> Estimate | None:
+    def full(v: float) -> list[Estimate]:
         scenario = knob.apply(v)
-        return None if scenario is None else search_best(*scenario)
+        return [] if scenario is None else search_best(*scenario)
 
-    def probe(v: float) -> tuple[Estimate | None, bool]:
-        """The best plan at ``v`` (None where none fits), and whether any plan can be built there."""
+    def probe(v: float) -> tuple[list[Estimate], bool]:
+        """The plans that fit at ``v``, ranked, and whether any plan can be built there."""
         if candidates is not None:
-            return _candidates_best(knob, v, candidates, mfu)
+            return _candidates_at(knob, v, candidates, mfu)
         return full(v), knob.apply(v) is not None
 
-    def changed(v: float, other: Estimate | None) -> bool:
-        if other is None or layout_key(other.plan) == base_key:
+    def mine_at(v: float, confirming: bool) -> Estimate | None:
+        return _evaluate_at(knob, v, base, mfu, timed if confirming else None)
+
+    def changed(v: float, fitting: list[Estimate], confirming: bool = False) -> bool:
+        """Whether a plan of another layout than the recommendation's is more than the tie band faster at
+        ``v``, or the recommendation does not fit there while another plan does."""
+        others = [e for e in fitting if layout_key(e.plan) != base_key]
+        if not others:
             return False
-        mine = _evaluate_at(knob, v, base, mfu)
-        return mine is None or not mine.feasible or mine.step_time_s >= MIN_GAIN * other.step_time_s
+        mine = mine_at(v, confirming)
+        fastest = min(e.step_time_s for e in others)
+        return mine is None or not mine.feasible or mine.step_time_s >= MIN_GAIN * fastest
 
     same = knob.base
     for i in range(1, steps + 1):
         v = knob.base * factor**i
         if knob.integer:
             v = float(round(v))
-        other, built = probe(v)
-        if other is None:
-            return _WalkEnd(held(same), "none fits" if built else "not built", at=knob.applied(v) if built else None)
-        if not changed(v, other):
+        fitting, built = probe(v)
+        if not built:
+            return _WalkEnd(held(same), "not built")
+        if fitting and not changed(v, fitting):
             same = v
             continue
+        # a change, or none of the plans re-evaluated fits (the full search below may find one that does)
         lo, hi = same, v
         if knob.continuous:
             for _ in range(bisections):
-                mid = math.sqrt(lo * hi)
-                if knob.integer:
-                    mid = float(round(mid))
-                    if mid in (lo, hi):
-                        break
-                a_lo, a_hi = sorted((knob.applied(lo), knob.applied(hi)))
-                if not a_lo < knob.applied(mid) < a_hi:  # it would evaluate a value already tried, or beyond
+                mid = _between(knob, lo, hi)
+                if mid is None:
                     break
-                cand, _ = probe(mid)
-                if cand is None:
+                fitting, built = probe(mid)
+                if not built:
                     break
-                if changed(mid, cand):
-                    hi, other = mid, cand
+                if not fitting or changed(mid, fitting):
+                    hi = mid
                 else:
                     lo = mid
-        confirmed = full(hi) if candidates is not None else other
-        if confirmed is None:
+        ranked = full(hi) if candidates is not None else probe(hi)[0]
+        if not ranked:
             return _WalkEnd(held(lo), "none fits", at=knob.applied(hi))
-        if not changed(hi, confirmed):  # the full search keeps it at hi; past hi only the candidates were seen
-            same = hi
+        if not changed(hi, ranked, confirming=True):  # the full search keeps it at hi; past hi only the
+            same = hi  # candidates were seen
             continue
-        other = confirmed
-        base_then = _evaluate_at(knob, hi, base, mfu)
-        speedup = (base_then.step_time_s / other.step_time_s) if (base_then and base_then.feasible) else float("inf")
+        other = next((e for e in ranked if layout_key(e.plan) != base_key), ranked[0])  # what plan recommends
+        fastest = min((e for e in ranked if layout_key(e.plan) != base_key), key=lambda e: e.step_time_s)
+        base_then = mine_at(hi, True)
+        mine_s = base_then.step_time_s if (base_then and base_then.feasible) else float("inf")
+        speedup = mine_s / other.step_time_s
         gain = _gain_text(speedup, base_then)
         hi, lo = knob.applied(hi), held(lo)  # as evaluated (whole sequences, whole nodes)
         if (hi - knob.base) * (1 if direction == "above" else -1) <= 0:
             continue  # rounding took the changed value back across the base: no condition there
         text = f"at {knob.fmt(hi)}" + (f" or {'less' if direction == 'below' else 'more'}" if knob.continuous else "")
-        label = changed_label(other.plan, base_then.plan if base_then else base.plan)
-        text += f", {label} is best ({gain})"
+        recommended = base_then.plan if base_then else base.plan
+        text += f", {changed_label(other.plan, recommended)} is best ({gain}"
+        if fastest is not other and math.isfinite(speedup):  # the recommendation there is a simpler plan in
+            # the tie band of a faster one
+            text += (f"; {changed_label(fastest.plan, recommended)} is {mine_s / fastest.step_time_s:.2f}x faster, "
+                     "and within the tie band the simpler plan wins")
+        text += ")"
         if math.isinf(speedup) and base_then is not None and base_then.infeasible_reasons:
             text += f": {base_then.infeasible_reasons[0]}"
         return _WalkEnd(lo, "change", Condition(
@@ -404,9 +442,10 @@ def _gain_text(speedup: float, base_then: Estimate | None) -> str:
     return "the recommendation no longer fits" if memory_only else "the recommendation cannot run there"
 
 
-def _evaluate_at(knob: _Knob, value: float, base: Estimate, mfu: float | None) -> Estimate | None:
+def _evaluate_at(knob: _Knob, value: float, base: Estimate, mfu: float | None, timed: TimeFn | None = None
+                 ) -> Estimate | None:
     """The recommended plan itself, re-evaluated at ``value`` and re-sized to its GPU count (None where it
-    cannot be built there)."""
+    cannot be built there); by ``timed`` where given, else by the closed form."""
     from meshplan.cost.step import evaluate
     from meshplan.errors import SpecError
 
@@ -418,6 +457,8 @@ def _evaluate_at(knob: _Knob, value: float, base: Estimate, mfu: float | None) -
     if plan is None:
         return None
     plan = _resplit(plan, model)
+    if timed is not None:
+        return timed(model, cluster, job, plan)
     try:
         return evaluate(model, cluster, job, plan, mfu=mfu)
     except SpecError:
