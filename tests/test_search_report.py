@@ -207,6 +207,7 @@ def test_sweep_json_and_plot(capsys, tmp_path):
                      "--json", "--plot", str(png))
     d = json.loads(out)
     assert code == 0 and len(d["points"]) == 3 and d["points"][0]["best"]["feasible"]
+    assert d["unit"] == "tokens per step"  # the values' unit, named (JSON is otherwise in base units)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # each point's best plan is re-timed by the simulator, as plan's are: the same step time as plan gives
     best = d["points"][-1]["best"]

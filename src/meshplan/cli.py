@@ -184,7 +184,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         Path(args.plot).write_bytes(sweep_chart(points, xlabel=name, log_x=log_ticks([p.value for p in points])))
     if args.json:
-        print(json.dumps({"schema": "meshplan.sweep/1", "condition": name, "points": [
+        from meshplan.search.conditions import knob
+
+        unit = knob(model, cluster, job, name).unit
+        print(json.dumps({"schema": "meshplan.sweep/1", "condition": name, "unit": unit, "points": [
             {"value": p.value, "best": estimate_dict(p.best) if p.best else None,
              "best_by_family": {f: {"plan": e.plan.to_string(), "label": e.plan.label(), "step_time_s": e.step_time_s,
                                     "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu} for f, e in p.by_family.items()}}
