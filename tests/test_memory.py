@@ -173,3 +173,18 @@ def test_parameters_kept_gathered_are_not_counted_twice():
                            ).memory.terms for raf in ("true", "false")}
     assert "fsdp_unsharded_params" in terms["true"] and "fsdp_kept_after_forward" not in terms["true"]
     assert "fsdp_unsharded_params" not in terms["false"] and terms["false"]["fsdp_kept_after_forward"] > 0
+
+
+def test_fsdp2_gathers_an_moe_layer_and_its_experts_together():
+    """torchtitan wraps an MoE layer's experts and the rest of its block as two FSDP units and prefetches
+    [next block, next block's experts]: the gathered buffers hold both units of a layer, the current and
+    the prefetched (from a review that recomputed them by hand: 872.6 MB, not the larger unit's 704.6 MB)."""
+    from meshplan import JobSpec, evaluate, load_cluster, parse_plan
+    from meshplan.cost.params import param_counts
+
+    m, c = load_model("mixtral-8x7b"), load_cluster("h100-sxm", nodes=4)
+    est = evaluate(m, c, JobSpec(global_batch_tokens=4_194_304, seq_len=4096), parse_plan("ep=8,dp_shard=32", 32))
+    counts = param_counts(m)
+    layer = counts.moe_layer_non_expert + counts.routed_experts_per_moe_layer / 8  # one expert of 8 per rank
+    assert est.memory.terms["fsdp_unsharded_params"] == pytest.approx(2 * layer * 2.0)  # bf16, two layers
+    assert est.memory.terms["fsdp_unsharded_grads"] == pytest.approx(layer * (2.0 + 4.0))  # bf16 + fp32 reduce

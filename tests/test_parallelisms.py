@@ -86,15 +86,44 @@ def test_pytorch_context_parallel_passes_dkv_round_the_ring_in_fp32():
 
 
 def test_tp_collectives_of_moe_layers_follow_the_expert_split():
-    """A layer issues a TP collective pair for attention and one for its MLP; under EP the routed experts
-    are whole on each rank (ETP = 1) and need none, so an MoE layer without shared experts issues one."""
+    """A layer issues a TP collective pair for attention and one for its MLP. In Megatron-core under EP the
+    routed experts are whole on each rank (ETP = 1) and need none, so an MoE layer without shared experts
+    issues one; torchtitan gathers the MoE block's input and reduce-scatters its output all the same
+    (apply_moe_ep_tp), two pairs (from a review against its source)."""
     def gathers(plan: str) -> int:
         est = _est(plan, model="mixtral-8x7b", nodes=4, batch=1_048_576)
         return sum(e.count for e in est.comm if e.purpose == "SP all-gather before QKV and MLP (forward)")
 
     m = 1_048_576 // 4096 // 4  # micro-batches of one sequence per data-parallel rank
     assert gathers("tp=8,dp_shard=4,mbs=1,recompute=none") == 2 * 32 * m
-    assert gathers("tp=8,ep=8,dp_shard=4,mbs=1,recompute=none") == 32 * m
+    assert gathers("tp=8,ep=8,dp_shard=4,mbs=1,recompute=none,sharding=megatron") == 32 * m
+    assert gathers("tp=8,ep=8,dp_shard=4,mbs=1,recompute=none") == 2 * 32 * m
+
+
+def test_megatron_mla_gathers_its_latents_and_keeps_its_down_projections_whole():
+    """Megatron-core's MLA under SP gathers the query and KV latents and the rotary key (1536 + 512 + 64
+    wide for DeepSeek-V3), not the 7168-wide hidden state, and re-gathers only the query latent for its
+    weight gradient; its down-projections are replicated over TP (parallel_mode='duplicated'), not split."""
+    from meshplan.cost.params import attention_replicated_params, param_counts
+
+    model = load_model("deepseek-v3")
+    counts = param_counts(model)
+    assert counts.attention_replicated_per_layer == attention_replicated_params(model) == (
+        7168 * 1536 + 1536 + 7168 * (512 + 64) + 512)
+    assert counts.attention_per_tp_rank(2) == pytest.approx(
+        (counts.attention_per_layer - counts.attention_replicated_per_layer) / 2
+        + counts.attention_replicated_per_layer)
+    est = _est("tp=2,pp=16,ep=32,dp_shard=32,mbs=1,recompute=none,sharding=megatron", model="deepseek-v3",
+               nodes=128, batch=4_194_304)
+    by = {e.purpose: e for e in est.comm if e.axis == "tp"}
+    hidden = by["SP all-gather before QKV and MLP (forward)"]
+    latents = by["SP all-gather of MLA latents (forward)"]
+    assert latents.message_bytes == pytest.approx(hidden.message_bytes * (1536 + 512 + 64) / 7168)
+    assert by["SP reduce-scatter of MLA latent grads (backward)"].message_bytes == latents.message_bytes
+    regather = by["SP query-latent re-gather for weight grads (Megatron-core backward)"]
+    assert regather.message_bytes == pytest.approx(hidden.message_bytes * 1536 / 7168)
+    # one latent gather per layer and micro-batch; the hidden-state ones are the MLPs' (dense and shared)
+    assert latents.count == hidden.count == regather.count
 
 
 def test_expert_tp_under_expert_parallelism_splits_states_and_gathers_dispatched_tokens():

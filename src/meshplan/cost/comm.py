@@ -22,7 +22,9 @@ Semantics per implementation (formulas.md §3, checked against the sources cited
   repeats the forward collectives (in PyTorch all but the block's last, which early-stopping
   checkpointing skips); the vocab-parallel embedding's reduce-scatter is undone by an all-gather of its
   gradient in backward. These counts match what PyTorch issues under a fake process group
-  (docs/crosscheck.md).
+  (docs/crosscheck.md). An MoE layer: torchtitan gathers the block's input and reduce-scatters its output;
+  Megatron-core only around its shared experts (the dispatcher moves the routed tokens). Megatron's MLA
+  gathers its latents, not the hidden state.
 - Context parallelism: ring passes (cp-1) KV chunks forward and KV plus dKV backward
   [liu2023ring]; 'allgather' gathers KV and reduce-scatters dKV; 'a2a' (Ulysses) exchanges Q, K, V
   and the output by all-to-all [jacobs2023ulysses]. PyTorch's context_parallel (the FSDP plans) sends
@@ -204,37 +206,56 @@ def _tensor_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, s
     if plan.tp <= 1:
         return
     msg = st.tokens * model.hidden * ACT_BYTES
-    # one collective pair per layer for attention and one for the MLP; an MoE layer's routed experts need
-    # none under expert parallelism (the dispatcher moves the sequence-parallel tokens, and with ETP > 1
-    # gathers them over the expert-TP ranks: _expert_parallel), only its shared experts, which are split
-    # over TP like a dense MLP
+    megatron = plan.runs_megatron_layers(job.software)
+    # one collective pair per layer for attention and one for the MLP. In Megatron-core an MoE layer's routed
+    # experts need none under expert parallelism (the dispatcher moves the sequence-parallel tokens, and with
+    # ETP > 1 gathers them over the expert-TP ranks: _expert_parallel), only its shared experts, which are
+    # split over TP like a dense MLP; torchtitan gathers the whole MoE block's input and reduce-scatters its
+    # output whatever the experts (apply_moe_ep_tp: PrepareModuleInputOutput on 'moe', Shard(1) to
+    # Replicate in, Partial to Shard(1) out)
     experts_split = plan.ep == 1 and plan.expert_tp > 1
-    moe_pairs = 2 if (experts_split or model.n_shared_experts) else 1
+    moe_pairs = 2 if (experts_split or model.n_shared_experts or not megatron) else 1
     r_dense, r_moe = st.recomputed
     per_layer = st.m * (2 * (st.n_layers - st.n_moe_layers) + moe_pairs * st.n_moe_layers)
     recomputed = st.m * (2 * r_dense + moe_pairs * r_moe)
     # PyTorch's non-reentrant checkpoint stops recomputing once the last saved tensor is rebuilt
-    # (torch/utils/checkpoint.py, set_checkpoint_early_stop), so a block's final reduction after its MLP (a
-    # dense one, or TP-split experts) is not re-run; Megatron's recomputation re-runs the whole forward.
-    ends_on_reduction = r_dense + (r_moe if experts_split else 0)
-    megatron = plan.runs_megatron_layers(job.software)
+    # (torch/utils/checkpoint.py, set_checkpoint_early_stop), so a block's final reduction after its MLP or
+    # MoE block is not re-run; Megatron's recomputation re-runs the whole forward.
+    ends_on_reduction = r_dense + r_moe
     recomputed_rs = recomputed if megatron else recomputed - st.m * ends_on_reduction
     window_f = "forward" if plan.async_tp else "none"
     window_b = "backward" if plan.async_tp else "none"
     if plan.sequence_parallel:
-        led.add(ALL_GATHER, "tp", "SP all-gather before QKV and MLP (forward)", "forward", per_layer,
+        # Megatron-core's MLA runs its (replicated) down-projections on the rank's tokens and gathers the
+        # latents, not the hidden state: the query's (or, without one, the hidden state for the query's own
+        # projection) with linear_q_up_proj's input gather, the KV latent and the rotary key explicitly
+        # (gather_from_sequence_parallel_region, multi_latent_attention.py); only the query's is re-gathered
+        # for its weight gradient
+        mla = megatron and model.is_mla
+        attn = st.m * st.n_layers if mla else 0
+        attn_re = st.m * (r_dense + r_moe) if mla else 0
+        q_width = model.q_lora_rank or model.hidden
+        latent = st.tokens * (q_width + model.kv_lora_rank + model.qk_rope_head_dim) * ACT_BYTES
+        led.add(ALL_GATHER, "tp", "SP all-gather before QKV and MLP (forward)", "forward", per_layer - attn,
                 msg, window_f)
+        led.add(ALL_GATHER, "tp", "SP all-gather of MLA latents (forward)", "forward", attn, latent, window_f)
         led.add(REDUCE_SCATTER, "tp", "SP reduce-scatter after attention and MLP (forward)", "forward",
                 per_layer, msg, window_f)
         led.add(REDUCE_SCATTER, "tp", "SP reduce-scatter of input grads (backward)", "backward",
-                per_layer, msg, window_b)
+                per_layer - attn, msg, window_b)
+        led.add(REDUCE_SCATTER, "tp", "SP reduce-scatter of MLA latent grads (backward)", "backward", attn,
+                latent, window_b)
         led.add(ALL_GATHER, "tp", "SP all-gather of output grads (backward)", "backward",
                 per_layer, msg, window_b)
         if megatron:
             led.add(ALL_GATHER, "tp", "SP input re-gather for weight grads (Megatron-core backward)",
-                    "backward", per_layer, msg, window_b)
-        led.add(ALL_GATHER, "tp", "SP all-gather (recomputed forward)", "backward", recomputed,
+                    "backward", per_layer - attn, msg, window_b)
+            led.add(ALL_GATHER, "tp", "SP query-latent re-gather for weight grads (Megatron-core backward)",
+                    "backward", attn, st.tokens * q_width * ACT_BYTES, window_b)
+        led.add(ALL_GATHER, "tp", "SP all-gather (recomputed forward)", "backward", recomputed - attn_re,
                 msg, window_b)
+        led.add(ALL_GATHER, "tp", "SP all-gather of MLA latents (recomputed forward)", "backward", attn_re,
+                latent, window_b)
         led.add(REDUCE_SCATTER, "tp", "SP reduce-scatter (recomputed forward)", "backward",
                 recomputed_rs, msg, window_b)
         if st.has_embedding:

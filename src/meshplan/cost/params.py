@@ -43,6 +43,19 @@ def attention_params(model: ModelSpec) -> int:
     return weights + biases
 
 
+def attention_replicated_params(model: ModelSpec) -> int:
+    """The part of ``attention_params`` that tensor parallelism does not split [count]: MLA's down-projections
+    of the query and of the joint KV (with the rotary key part) and their RMSNorms, which Megatron-core
+    builds as ``TELinear(parallel_mode='duplicated')`` (multi_latent_attention.py) and torchtitan leaves
+    unparallelised; 0 for GQA (its biases are split with their projections, the output's few D
+    replicated ones aside)."""
+    if not model.is_mla:
+        return 0
+    D, q_lora = model.hidden, model.q_lora_rank
+    q = D * q_lora + q_lora if q_lora else 0
+    return q + D * (model.kv_lora_rank + model.qk_rope_head_dim) + model.kv_lora_rank
+
+
 def mlp_params(*, hidden: int, ffn_hidden: int, gated: bool, bias: bool) -> int:
     """One MLP [count]: 3·D·F gated (gate, up, down) or 2·D·F, plus biases."""
     n_in = 2 if gated else 1
@@ -107,6 +120,13 @@ class ParamCounts:
         return self.lm_head if self.lm_head else self.embedding - self.pos_embedding
 
     pos_embedding: int = 0
+    attention_replicated_per_layer: int = 0
+    """The part of ``attention_per_layer`` every TP rank holds whole (attention_replicated_params)."""
+
+    def attention_per_tp_rank(self, tp: int) -> float:
+        """One layer's attention parameters on a rank of ``tp`` tensor-parallel ranks [count]."""
+        split = self.attention_per_layer - self.attention_replicated_per_layer
+        return split / tp + self.attention_replicated_per_layer
 
 
 def param_counts(model: ModelSpec) -> ParamCounts:
@@ -138,4 +158,5 @@ def param_counts(model: ModelSpec) -> ParamCounts:
         n_moe_layers=model.n_moe_layers,
         active_routed_fraction=(model.top_k / model.n_experts) if model.is_moe else 0.0,
         pos_embedding=pos,
+        attention_replicated_per_layer=attention_replicated_params(model),
     )

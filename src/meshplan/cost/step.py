@@ -149,15 +149,19 @@ def _local_params(model: ModelSpec, counts: ParamCounts, plan: Plan, s: int, n_d
     return _units(counts, plan.tp, plan.ep, plan.expert_tp, plan.pp, s, n_dense, n_moe, tied_copy, *mtp)
 
 
+DENSE_BLOCK = "block"
+"""The name of a dense layer's unit (``_units``); an MoE layer's are its non-expert part and its experts."""
+
+
 @functools.lru_cache(maxsize=8192)
 def _units(counts: ParamCounts, t: int, ep: int, etp: int, pp: int, s: int, n_dense: int, n_moe: int,
            tied_copy: bool, mtp: int = 0, hidden: int = 0) -> tuple[Unit, ...]:
     """``_local_params``; ``mtp`` MTP depths (their layers counted in ``n_dense`` / ``n_moe``) add to the last
     stage's root their 2D -> D projections and, under a pipeline, a copy of the embedding, which the MTP
     module looks the shifted tokens up in (Megatron-core keeps it on the last stage as it does a tied one)."""
-    dense = (counts.attention_per_layer + counts.dense_mlp_per_layer) / t + counts.norms_per_layer
-    moe = ((counts.attention_per_layer + counts.shared_experts_per_moe_layer) / t + counts.norms_per_layer
-           + counts.router_per_moe_layer)
+    attention = counts.attention_per_tp_rank(t)
+    dense = attention + counts.dense_mlp_per_layer / t + counts.norms_per_layer
+    moe = attention + counts.shared_experts_per_moe_layer / t + counts.norms_per_layer + counts.router_per_moe_layer
     experts = counts.routed_experts_per_moe_layer / ep / etp
     root = 0.0
     if s == 0:
@@ -167,7 +171,7 @@ def _units(counts: ParamCounts, t: int, ep: int, etp: int, pp: int, s: int, n_de
         root += head / t + counts.final_norm
         if mtp:
             root += mtp * 2 * hidden * hidden / t + (counts.embedding / t if pp > 1 else 0.0)
-    units = [Unit("block", dense, n_dense, "dp_shard"), Unit("MoE block (non-expert)", moe, n_moe, "dp_shard"),
+    units = [Unit(DENSE_BLOCK, dense, n_dense, "dp_shard"), Unit("MoE block (non-expert)", moe, n_moe, "dp_shard"),
              Unit("experts", experts, n_moe, "edp"), Unit("root (embedding / LM head)", root, 1, "dp_shard",
                                                            root=True)]
     return tuple(u for u in units if u.count and u.n_params)
@@ -336,8 +340,10 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
                          model.vocab * model.hidden) / plan.tp  # an MLP matrix, or the embedding or head
             transient["fsdp_unsharded_params"] = mem.zero3_live_params(module) * 2.0
             transient["fsdp_unsharded_grads"] = (module + mem.ZERO3_REDUCE_BUCKET_ELEMENTS) * 2.0
-        else:  # FSDP2: whole units
-            u_max = max(u.n_params for u in block_units)
+        else:  # FSDP2: whole units; an MoE layer's two (its experts and the rest) are gathered together,
+            # torchtitan prefetching [next block, next block's experts] (apply_fsdp)
+            u_max = max([u.n_params for u in block_units if u.name == DENSE_BLOCK]
+                        + [sum(u.n_params for u in block_units if u.name != DENSE_BLOCK)])
             if plan.effective_reshard_after_forward is not False:  # else every unit stays gathered (below)
                 transient["fsdp_unsharded_params"] = 2 * u_max * 2.0  # current unit + the one prefetched
             transient["fsdp_unsharded_grads"] = u_max * (2.0 + job.reduce_dtype_bytes)
