@@ -72,3 +72,17 @@ def output_dir(text: str) -> str:
     if existing is not None and not existing.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r}: {str(existing)!r} is a file, not a folder")
     return text
+
+
+def reject_unused(args: argparse.Namespace, parser: argparse.ArgumentParser, used: tuple[str, ...],
+                  command: str) -> None:
+    """Exit 2 (argparse's error) naming each scenario flag that ``command`` would ignore: one given a value
+    other than its default whose destination is not in ``used``. The scenario group is shared by every
+    command, but a measurement or a cross-check reads only part of it, and a silently ignored
+    ``--cluster nope`` or ``--mfu`` reads as if it had been applied."""
+    group = next((g for g in parser._action_groups if g.title and g.title.startswith("scenario")), None)
+    ignored = [a.option_strings[0] for a in (group._group_actions if group else [])
+               if a.dest not in used and getattr(args, a.dest, a.default) != a.default]
+    if ignored:
+        parser.error(f"{command} does not use {', '.join(ignored)} (it reads only "
+                     f"{', '.join('--' + u.replace('_', '-') for u in used)})")

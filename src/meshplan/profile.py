@@ -104,6 +104,12 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
         else:
             continue
         notes.append(f"profile: {op} on {link} measured at {busbw / GB:.3g} GB/s busbw, alpha {alpha * 1e6:.0f} us")
+    applied = len(notes)
+    device, backend = str(profile.get("device", "") or "an unknown device"), profile.get("backend")
+    if applied and (device.lower() == "cpu" or backend == "gloo"):
+        notes.append(f"profile: the collective fits were measured with {backend or '?'} on {device}: they replace "
+                     f"{cluster.name}'s NVLink and network rates with that machine's, so the plan describes it; "
+                     "measure on the cluster you plan for")
     if ring:
         busbw, alpha = min(ring)
         intra = replace(intra, ring_busbw_bytes_per_s=busbw, half_size_bytes=0.0, p2p_half_size_bytes=0.0,
@@ -122,6 +128,8 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
             raise SpecError("profile.gemm_best_flop_per_s", f"must be a number of FLOP/s; got {best!r}") from None
         if not 1e9 <= best < math.inf:
             raise SpecError("profile.gemm_best_flop_per_s", f"must be finite and at least 1e9 FLOP/s; got {best!r}")
+        # as the catalog's MAMF figure, the best measured rate is the efficiency curve's asymptote, so that
+        # the calibrated gemm_scale (fitted with MAMF taken that way) applies unchanged
         eff = min(1.0, best / accel.bf16_flop_per_s)
         accel = replace(accel, gemm_efficiency=eff)
         notes.append(f"profile: best BF16 GEMM {best / 1e12:.3g} TFLOP/s measured on "
@@ -129,4 +137,7 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
         if str(profile.get("device", "")).lower() in ("cpu", ""):
             notes.append("profile: GEMM figures were measured on a CPU; they describe that machine, not "
                          f"{accel.name}")
+    if not notes:
+        notes.append("profile: nothing in it applies to the planner (no collective fit over two or more message "
+                     "sizes, no BF16 GEMM figure): the catalog's figures stand")
     return replace(cluster, intra=intra, inter=inter, accelerator=accel), notes

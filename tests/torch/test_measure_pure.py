@@ -223,11 +223,12 @@ def test_compare_json_has_kernels_and_step_sections(capsys):
 
     assert main(["measure", "compare", "--json", "--profile", str(H200_RESULTS / "kernels.json")]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"kernels"} and out["kernels"]["accelerator"] == "h200" and out["kernels"]["note"] is None
+    assert set(out) == {"kernels", "notes"} and out["kernels"]["accelerator"] == "h200"
+    assert out["kernels"]["note"] is None and isinstance(out["notes"], list)  # the profile's own notes
     assert len(out["kernels"]["rows"]) == 86 + 2 * 7  # every GEMM, and each attention shape fwd and fwd+bwd
     assert main(["measure", "compare", "--json", "--profile", str(H200_RESULTS / "step_8b_full.json")]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"step"} and out["step"]["cluster"] == "h200"
+    assert set(out) == {"step", "notes"} and out["step"]["cluster"] == "h200"
     assert {f["figure"] for f in out["step"]["figures"]} >= {"step time", "optimizer step (kernels)",
                                                              "peak reserved (max rank)"}
 
@@ -243,3 +244,74 @@ def test_compare_kernels_of_an_unknown_device_say_so(tmp_path, capsys):
     assert "is not a catalog accelerator" in capsys.readouterr().out
     assert main(["measure", "compare", "--profile", str(path), "--cluster", "h200"]) == 0
     assert "not a catalog accelerator" not in capsys.readouterr().out
+
+
+def test_compare_times_the_step_as_evaluate_does_and_names_a_malformed_field(tmp_path, capsys):
+    """`measure compare` predicts with the simulator's re-timing, as `evaluate` and `plan` do (a review found
+    the exposed all-gather 44 % apart between the two), and a hand-edited step section is one line naming
+    its field, exit 2, never a traceback."""
+    import copy
+
+    from meshplan.cli import main
+    from meshplan.harness.measure.compare import predict
+
+    profile = json.loads((H200_RESULTS / "step_8b_full.json").read_text())
+    est, _, _ = predict(profile, "h200")
+    assert est.closed_form_step_time_s is not None and "timeline simulator" in est.compute_source
+    cases = [(lambda p: p["step"].pop("model_spec"), "step.model_spec must be an object"),
+             (lambda p: p["step"]["model_spec"].update(bogus=1), "profile.step.model_spec"),
+             (lambda p: p["step"].update(step_time_s="fast"), "step.step_time_s must be a positive"),
+             (lambda p: p.update(nproc_per_node=0), "nproc_per_node must be a positive integer"),
+             (lambda p: p.update(step=[1]), "step must be an object"),
+             (lambda p: p["step"].update(exposed_comm_s_by_collective={"all_gather": float("inf")}),
+              "step.exposed_comm_s_by_collective")]
+    path = tmp_path / "bad.json"
+    for mutate, says in cases:
+        bad = copy.deepcopy(profile)
+        mutate(bad)
+        path.write_text(json.dumps(bad))
+        assert main(["measure", "compare", "--profile", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err, (says, err)
+
+
+def test_a_profile_says_what_it_replaces_and_when_it_replaces_nothing():
+    """Collective fits measured with gloo on a CPU replace the cluster's links with loopback rates, which the
+    notes now say (a review saw a 57 s step become 8,826 s without a word about it); a profile with nothing
+    the planner applies says so too."""
+    from meshplan.catalog import load_cluster
+    from meshplan.profile import apply_profile
+
+    cluster = load_cluster("h100-sxm", nodes=8)
+    gloo = _profile()
+    gloo["collective_fits"] = {"all_gather@intra_node": {"alpha_s": 1e-4, "busbw_bytes_per_s": 3e8, "group_size": 2,
+                                                         "n_points": 5}}
+    _, notes = apply_profile(cluster, gloo)
+    assert any("measured with gloo on cpu" in n and "h100-sxm" in n for n in notes)
+    _, notes = apply_profile(cluster, _profile())
+    assert notes == ["profile: nothing in it applies to the planner (no collective fit over two or more message "
+                     "sizes, no BF16 GEMM figure): the catalog's figures stand"]
+
+
+def test_measure_rejects_ignored_flags_and_bad_outputs_before_it_starts(tmp_path, capsys):
+    """A scenario flag a measurement does not read, an unknown cluster and an --out that is a folder or not a
+    profile are errors before any process starts (a review found them ignored, or caught after the run)."""
+    from meshplan.cli import main
+
+    def err(*argv: str) -> str:
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:  # argparse's one-line error
+            code = exc.code
+        assert code == 2, argv
+        return capsys.readouterr().err
+
+    step = ["measure", "step", "--plan", "dp_shard=1", "--nproc", "1", "--scale-down"]
+    assert "does not use --mfu" in err(*step, "--mfu", "0.5")
+    assert "does not use --cluster" in err("crosscheck", "--model", "llama-3-8b", "--scale-down", "--plan",
+                                           "dp_shard=2", "--cluster", "nope")
+    assert "cluster" in err(*step, "--cluster", "nope")
+    assert "is a folder" in err(*step, "--out", str(tmp_path))
+    other = tmp_path / "notes.json"
+    other.write_text("{}")
+    assert "refusing to overwrite" in err(*step, "--out", str(other))

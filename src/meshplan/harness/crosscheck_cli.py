@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from meshplan.argtypes import reject_unused
 from meshplan.errors import SpecError
 
 TORCH_MISSING = "meshplan crosscheck needs the torch extra: pip install torch==2.13.0 && pip install 'meshplan[torch]'"
@@ -33,13 +34,14 @@ def register(subparsers: Any, add_scenario: Callable[[argparse.ArgumentParser], 
                    help="run a CPU-sized copy of the model with the same shape ratios")
     p.add_argument("--micro-batches", type=int, default=DEFAULT_MICRO_BATCHES,
                    help=f"micro-batches of gradient accumulation (default {DEFAULT_MICRO_BATCHES})")
-    p.set_defaults(func=cmd_crosscheck)
+    p.set_defaults(func=cmd_crosscheck, _parser=p)
 
 
 def cmd_crosscheck(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("torch") is None:
         print(TORCH_MISSING, file=sys.stderr)
         return 2
+    reject_unused(args, args._parser, ("model", "seq_len", "json"), "crosscheck")
     from meshplan.catalog import load_model
     from meshplan.cost.params import param_counts
     from meshplan.harness.crosscheck import crosscheck

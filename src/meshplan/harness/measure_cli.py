@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from meshplan.argtypes import count, positive_float, positive_size
+from meshplan.argtypes import count, positive_float, positive_size, reject_unused
 
 TORCH_MISSING = "meshplan measure needs the torch extra: pip install torch==2.13.0 && pip install 'meshplan[torch]'"
 DEFAULT_TIMEOUT_S = 600.0
@@ -109,10 +109,15 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def _compare(args: argparse.Namespace) -> int:
     import json
 
+    from meshplan.errors import SpecError
     from meshplan.harness.measure.compare import comparison, kernel_comparison, kernel_text, predicted_dict
+    from meshplan.harness.measure.profile_io import check_profile
     from meshplan.profile import load_profile
 
     profile = load_profile(args.profile)
+    errors = check_profile(profile)
+    if errors:
+        raise SpecError("profile", f"{args.profile}: " + "; ".join(errors[:4]) + (" ..." if len(errors) > 4 else ""))
     kernels = kernel_comparison(profile, args.cluster)
     if not profile.get("step") and kernels is None:
         print("meshplan: error: the profile holds no step, GEMM or attention measurement; run `meshplan measure "
@@ -127,13 +132,14 @@ def _compare(args: argparse.Namespace) -> int:
         texts.append(kernel_text(krows, accel, note))
     if profile.get("step"):
         try:
-            rows, text = comparison(profile, args.cluster)
+            rows, text, notes = comparison(profile, args.cluster)
         except ValueError as exc:
             print(f"meshplan: error: {exc}", file=sys.stderr)
             return 2
-        out["step"] = predicted_dict(rows, args.cluster or profile["step"].get("cluster", ""))
+        out["step"] = predicted_dict(rows, args.cluster or profile["step"].get("cluster", ""), notes)
         texts.append(text)
-    print(json.dumps(out, indent=2) if args.json else "\n\n".join(texts))
+    out["notes"] = list(profile.get("notes") or [])
+    print(json.dumps(out, indent=2, allow_nan=False) if args.json else "\n\n".join(texts))
     return 0
 
 
@@ -151,19 +157,58 @@ def check_inputs(args: argparse.Namespace, world_size: int | None) -> None:
     if getattr(args, "model", None) is not None:
         from meshplan.catalog import load_model
 
-        load_model(args.model)
+        model = load_model(args.model)
+        if args.measure_command == "step" and not args.scale_down and _runs_on_cpu(args):
+            from meshplan.cost.params import param_counts
+            from meshplan.harness.crosscheck_cli import MAX_UNSCALED_PARAMS
+
+            n = param_counts(model).total
+            if n > MAX_UNSCALED_PARAMS:
+                raise SpecError("model", f"{model.name} has {n:,} parameters, too many for a step on a CPU; add "
+                                         "--scale-down")
+    if getattr(args, "cluster", None) is not None:
+        from meshplan.catalog import load_cluster
+
+        load_cluster(args.cluster)
     out = getattr(args, "out", None)
     if out:  # before measuring, not when writing the results (the profile and the step's trace beside it)
+        path = Path(out)
+        if path.is_dir():
+            raise SpecError("out", f"{out!r} is a folder; give a file name")
         try:
-            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise SpecError("out", f"cannot create the folder of {out!r}: {exc.strerror}") from None
+        if not os.access(path.parent, os.W_OK):
+            raise SpecError("out", f"cannot write in the folder of {out!r}")
+        from meshplan.harness.measure.profile_io import read_existing
+
+        try:
+            read_existing(path)
+        except ValueError as exc:
+            raise SpecError("out", str(exc)) from None
+
+
+SCENARIO_USED = {"step": ("model", "cluster", "batch_tokens", "seq_len", "json"),
+                 "gemm": ("model", "cluster", "seq_len", "json")}
+"""The scenario flags each measurement reads (argtypes.reject_unused rejects the others)."""
+
+
+def _runs_on_cpu(args: argparse.Namespace) -> bool:
+    """Whether the measurement will run on CPUs: the gloo backend asked for, or no CUDA device."""
+    if args.backend == "gloo":
+        return True
+    import torch
+
+    return not torch.cuda.is_available()
 
 
 def _run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("torch") is None:
         print(TORCH_MISSING, file=sys.stderr)
         return 2
+    if args.measure_command in SCENARIO_USED:
+        reject_unused(args, args._parser, SCENARIO_USED[args.measure_command], f"measure {args.measure_command}")
     if args.nproc:
         check_inputs(args, args.nproc)
         return launch(args)

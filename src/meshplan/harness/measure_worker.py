@@ -318,8 +318,8 @@ def _after_step(args: argparse.Namespace, profile: dict, _summary: str) -> str:
     step["mfu"] = mfu
     step["mfu_note"] = how
     step["model_flop_per_step"] = est.flops.model_flop_per_step
-    rows, text = comparison(profile, args.cluster)
-    step["predicted"] = predicted_dict(rows, args.cluster)
+    rows, text, notes = comparison(profile, args.cluster)
+    step["predicted"] = predicted_dict(rows, args.cluster, notes)
     t = step["step_time_s"]
     spread = step["rank_step_time_spread"]
     peaks = step["peak_memory_bytes_per_rank"]

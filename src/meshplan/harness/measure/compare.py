@@ -12,6 +12,7 @@ et al., "PaLM," arXiv:2204.02311, App. B); on a CPU there is no meaningful peak 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from meshplan.catalog import load_cluster
 from meshplan.cost.compute import flash_attention_time_s, gemm_curve, gemm_time_s
 from meshplan.cost.estimate import Estimate
 from meshplan.cost.step import evaluate
+from meshplan.errors import SpecError
 from meshplan.harness.measure.shapes import BACKWARD_OVER_FORWARD, AttentionShape
 from meshplan.profile import apply_profile
 from meshplan.specs import AcceleratorSpec, ClusterSpec, JobSpec, ModelSpec, parse_plan
@@ -52,13 +54,23 @@ def prediction_cluster(profile: dict[str, Any], cluster_name: str) -> tuple[Clus
 
 
 def predict(profile: dict[str, Any], cluster_name: str) -> tuple[Estimate, ClusterSpec, list[str]]:
-    """meshplan's estimate of the step recorded in ``profile['step']``."""
+    """meshplan's estimate of the step recorded in ``profile['step']``, timed as ``meshplan evaluate`` times
+    it (the closed form re-timed by the timeline simulator where the plan fits)."""
+    from meshplan.sim.simulate import refine
+
     step = profile["step"]
-    spec = ModelSpec(**step["model_spec"])
+    try:
+        spec = ModelSpec(**step["model_spec"])
+    except TypeError as exc:
+        raise SpecError("profile.step.model_spec", f"is not a model spec: {exc}") from None
     cluster, notes = prediction_cluster(profile, cluster_name)
     job = JobSpec(global_batch_tokens=int(step["global_batch_tokens"]), seq_len=int(step["seq_len"]))
     plan = parse_plan(step["plan"], world_size=cluster.n_gpus)
-    return evaluate(spec, cluster, job, plan), cluster, notes
+    est = evaluate(spec, cluster, job, plan)
+    if est.feasible:
+        params = compute_params_for(cluster.accelerator.name, job.software)
+        est = refine(est, slowdown=params.comm_slowdown, step_overhead_s=params.step_overhead_s)
+    return est, cluster, notes
 
 
 def measured_mfu(step: dict[str, Any], est: Estimate, cluster: ClusterSpec, device: str) -> tuple[float | None, str]:
@@ -115,9 +127,9 @@ def compare_text(rows: list[Row], *, title: str, notes: list[str]) -> str:
     return "\n".join(lines)
 
 
-def comparison(profile: dict[str, Any], cluster_name: str | None = None) -> tuple[list[Row], str]:
-    """Rows and the report text for the step of ``profile``, predicted on ``cluster_name`` (default:
-    the cluster the step recorded)."""
+def comparison(profile: dict[str, Any], cluster_name: str | None = None) -> tuple[list[Row], str, list[str]]:
+    """Rows, the report text and its notes for the step of ``profile``, predicted on ``cluster_name``
+    (default: the cluster the step recorded)."""
     step = profile.get("step")
     if not step:
         raise ValueError("the profile holds no step measurement; run `meshplan measure step ... --out FILE` first")
@@ -138,7 +150,7 @@ def comparison(profile: dict[str, Any], cluster_name: str | None = None) -> tupl
                      "into the same --out file first to predict with this machine's figures)")
     if step.get("trace"):
         extra.append(f"measured trace (rank 0): {step['trace']}")
-    return rows, compare_text(rows, title=title, notes=extra)
+    return rows, compare_text(rows, title=title, notes=extra), extra
 
 
 _DEVICE_ACCELERATORS = (("GB300", "gb300"), ("B300", "b300"), ("GB200", "gb200"), ("B200", "b200"),
@@ -224,8 +236,11 @@ def kernel_text(rows: list[KernelRow], accel: AcceleratorSpec, note: str | None 
     return "\n".join(lines)
 
 
-def predicted_dict(rows: list[Row], cluster_name: str) -> dict[str, Any]:
-    """The prediction as stored in the profile's step section."""
-    return {"cluster": cluster_name,
-            "figures": [{"figure": r.figure, "unit": r.unit, "predicted": r.predicted, "measured": r.measured}
-                        for r in rows]}
+def predicted_dict(rows: list[Row], cluster_name: str, notes: list[str] | None = None) -> dict[str, Any]:
+    """The prediction as stored in the profile's step section (a figure that is not finite: null)."""
+    def finite(v: float | None) -> float | None:
+        return v if v is not None and math.isfinite(v) else None
+
+    return {"cluster": cluster_name, "notes": list(notes or []),
+            "figures": [{"figure": r.figure, "unit": r.unit, "predicted": finite(r.predicted),
+                         "measured": finite(r.measured)} for r in rows]}

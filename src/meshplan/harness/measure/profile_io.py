@@ -125,12 +125,59 @@ def check_profile(data: dict[str, Any]) -> list[str]:
             errors.append(f"collective_fits[{key}] lacks {', '.join(missing)}")
         elif not fit["busbw_bytes_per_s"] > 0 or fit["alpha_s"] < 0:
             errors.append(f"collective_fits[{key}]: busbw must be positive and alpha non-negative")
+    for i, g in enumerate(data.get("gemm") if isinstance(data.get("gemm"), list) else []):
+        if isinstance(g, dict) and not all(k in g for k in GEMM_KEYS):
+            continue  # reported above
+        if not isinstance(g, dict) or not all(_whole(g[k]) for k in "mnk") or not isinstance(g["dtype"], str) \
+                or not _positive(g["median_s"]):
+            errors.append(f"gemm[{i}]: m, n, k must be positive integers, dtype a string, median_s a positive "
+                          "number")
     step = data.get("step")
-    if step is not None:
+    if step is not None and not isinstance(step, dict):
+        errors.append("step must be an object or null")
+    elif step is not None:
         for key in ("plan", "model", "step_time_s", "tokens_per_s", "mfu", "peak_memory_bytes_per_rank",
                     "exposed_comm_s_by_collective", "rank_step_time_spread"):
             if key not in step:
                 errors.append(f"step lacks {key}")
+        errors += _step_errors(step)
+    return errors
+
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < float("inf")
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _step_errors(step: dict[str, Any]) -> list[str]:
+    """What ``measure compare`` needs of a step section and it lacks (types and ranges; each error names its
+    field)."""
+    errors = []
+    if not isinstance(step.get("plan", ""), str) or not isinstance(step.get("model", ""), str):
+        errors.append("step.plan and step.model must be strings")
+    if not isinstance(step.get("model_spec"), dict):
+        errors.append("step.model_spec must be an object (the measured model's spec)")
+    for key in ("global_batch_tokens", "seq_len"):
+        if not _whole(step.get(key)):
+            errors.append(f"step.{key} must be a positive integer")
+    for key in ("step_time_s", "tokens_per_s"):
+        if key in step and not _positive(step[key]):
+            errors.append(f"step.{key} must be a positive finite number")
+    mfu = step.get("mfu")
+    if mfu is not None and not _positive(mfu):
+        errors.append("step.mfu must be a positive finite number or null")
+    for key in ("exposed_comm_s_by_collective", "comm_s_by_collective", "kernel_time_s_by_kind"):
+        v = step.get(key)
+        if v is not None and not (isinstance(v, dict) and all(
+                isinstance(x, int | float) and not isinstance(x, bool) and 0 <= x < float("inf") for x in v.values())):
+            errors.append(f"step.{key} must map names to finite non-negative seconds")
+    for key in ("peak_memory_bytes_per_rank", "peak_reserved_bytes_per_rank"):
+        v = step.get(key)
+        if v is not None and not (isinstance(v, list) and all(_positive(x) for x in v)):
+            errors.append(f"step.{key} must be a list of positive byte counts")
     return errors
 
 
