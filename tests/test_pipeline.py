@@ -88,3 +88,24 @@ def test_moe_all_to_all_overlap_holds_one_micro_batch_and_one_layer_without_a_pi
     base = in_flight_microbatches(schedule="1f1b", pp=1, m=16, vpp=1, stage=0, layers=10)
     overlap = in_flight_microbatches(schedule="1f1b", pp=1, m=16, vpp=1, stage=0, ep_overlap=True, layers=48)
     assert base == 1.0 and overlap == pytest.approx(1 + 1 / 48)
+
+
+def test_zb_v_places_the_lm_head_on_the_first_rank():
+    """ZB-V's V-shaped placement gives rank r the stages r and 2p - 1 - r, so rank 0 holds the embedding and
+    the LM head with its loss (torch.distributed.pipelining's V-style stage_ids_this_rank): its states and
+    logits are charged there, not on the last rank (a review found rank 0 1.4 GiB short)."""
+    from meshplan import JobSpec, evaluate, load_cluster, load_model, parse_plan
+    from meshplan.cost.pipeline import head_stage
+
+    assert head_stage("zb-v", 8) == 0 and head_stage("1f1b", 8) == head_stage("zb-h1", 8) == 7
+    m, c, j = load_model("seed-70b"), load_cluster("h100-sxm", nodes=8), JobSpec(global_batch_tokens=4_194_304,
+                                                                                  seq_len=4096)
+    est = {s: evaluate(m, c, j, parse_plan(f"dp=2,tp=4,pp=8,mbs=1,recompute=full,schedule={s}", 64))
+           for s in ("1f1b", "zb-v")}
+    by_stage = {s: {d.stage: d for d in e.stages} for s, e in est.items()}
+    assert by_stage["zb-v"][0].head_f_s > 0 and by_stage["zb-v"][7].head_f_s == 0
+    assert by_stage["1f1b"][7].head_f_s > 0 and by_stage["1f1b"][0].head_f_s == 0
+    zbv = est["zb-v"].memory
+    assert zbv.stage == 0 and "logits_and_loss" in zbv.terms
+    head = m.vocab * m.hidden / 4  # the untied head's share of a TP=4 rank, with the embedding on rank 0 too
+    assert zbv.terms["params"] - est["1f1b"].memory.terms["params"] == pytest.approx(head * 4.0, rel=0.01)

@@ -355,7 +355,7 @@ def test_unhidden_in_layer_traffic_is_m_times_one_micro_batchs(model, cluster, j
     micro-batch count: it must equal that traffic in the step's whole ledger, stage by stage."""
     from meshplan.cost.comm import StageTraffic, Unit, comm_ledger
     from meshplan.cost.mesh import axis_groups
-    from meshplan.cost.pipeline import round_robin_chunks, stage_layers
+    from meshplan.cost.pipeline import head_stage, round_robin_chunks, stage_layers
     from meshplan.cost.step import _critical_comm_s, _micro_batches, recomputed_layers
 
     drawn = _draw_combination(model, cluster, job, data)
@@ -370,7 +370,8 @@ def test_unhidden_in_layer_traffic_is_m_times_one_micro_batchs(model, cluster, j
         units = (Unit("blocks", 1e8, n_dense + n_moe, "dp_shard"), Unit("experts", 1e8, n_moe, "edp"),
                  Unit("root", 1e8, 1, "dp_shard", root=True))  # data-parallel traffic: once per step at most
         traffic = StageTraffic(units=units, n_layers=n_dense + n_moe, n_moe_layers=n_moe, has_embedding=s == 0,
-                               has_lm_head=s == plan.pp - 1, tokens=b * job.seq_len / plan.cp, m=m,
+                               has_lm_head=s == head_stage(plan.schedule, plan.pp), tokens=b * job.seq_len / plan.cp,
+                               m=m,
                                recomputed=recomputed_layers(rc, None, n_dense, n_moe), stage=s)
         whole.append(sum(e.time_s for e in comm_ledger(model, cluster, job, plan, axis_groups(plan, cluster), traffic)
                          if e.window == "none" and not e.blocks_after_step))  # ZeRO-1/2's gather after the step

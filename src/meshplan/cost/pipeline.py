@@ -192,6 +192,13 @@ def bubble_fraction(*, schedule: str, pp: int, m: int, vpp: int) -> float:
     return bubble / (bubble + 3.0 * m)
 
 
+def head_stage(schedule: str, pp: int) -> int:
+    """The pipeline rank that holds the final norm, the LM head and the loss: the last, except under ZB-V,
+    whose V-shaped placement gives rank r the stages r and 2p - 1 - r, so rank 0 holds the embedding and the
+    head (torch.distributed.pipelining's V-style stage_ids_this_rank; torchtitan #774)."""
+    return 0 if schedule == "zb-v" else pp - 1
+
+
 def round_robin_chunks(schedule: str, vpp: int) -> int:
     """Model chunks per rank that stage_layers places round-robin: the interleaved schedule's virtual
     stages (ZB-V's V-shaped pair is split as one chunk per rank)."""

@@ -41,6 +41,7 @@ from meshplan.cost.params import ParamCounts, param_counts
 from meshplan.cost.pipeline import (
     bubble_fraction,
     bubble_time_s,
+    head_stage,
     in_flight_microbatches,
     plan_stage_layers,
     round_robin_chunks,
@@ -121,7 +122,8 @@ class _StageCtx:
 
     @property
     def last(self) -> bool:
-        return self.s == self.plan.pp - 1
+        """Whether this stage holds the LM head and the loss (pipeline.head_stage)."""
+        return self.s == head_stage(self.plan.schedule, self.plan.pp)
 
     @property
     def recomputed(self) -> tuple[int, int]:
@@ -146,7 +148,8 @@ def _local_params(model: ModelSpec, counts: ParamCounts, plan: Plan, s: int, n_d
                   tied_copy: bool) -> tuple[Unit, ...]:
     """FSDP units of stage ``s`` with their parameters on one rank (matrices split by TP, experts by EP)."""
     mtp = (model.mtp_layers, model.hidden) if model.mtp_layers else (0, 0)
-    return _units(counts, plan.tp, plan.ep, plan.expert_tp, plan.pp, s, n_dense, n_moe, tied_copy, *mtp)
+    return _units(counts, plan.tp, plan.ep, plan.expert_tp, s, head_stage(plan.schedule, plan.pp), n_dense, n_moe,
+                  tied_copy, *mtp)
 
 
 DENSE_BLOCK = "block"
@@ -154,11 +157,12 @@ DENSE_BLOCK = "block"
 
 
 @functools.lru_cache(maxsize=8192)
-def _units(counts: ParamCounts, t: int, ep: int, etp: int, pp: int, s: int, n_dense: int, n_moe: int,
+def _units(counts: ParamCounts, t: int, ep: int, etp: int, s: int, head: int, n_dense: int, n_moe: int,
            tied_copy: bool, mtp: int = 0, hidden: int = 0) -> tuple[Unit, ...]:
-    """``_local_params``; ``mtp`` MTP depths (their layers counted in ``n_dense`` / ``n_moe``) add to the last
-    stage's root their 2D -> D projections and, under a pipeline, a copy of the embedding, which the MTP
-    module looks the shifted tokens up in (Megatron-core keeps it on the last stage as it does a tied one)."""
+    """``_local_params``; ``head``: the stage holding the LM head (pipeline.head_stage). ``mtp`` MTP depths
+    (their layers counted in ``n_dense`` / ``n_moe``) add to the head's stage its 2D -> D projections and,
+    where that is not the embedding's stage, a copy of the embedding, which the MTP module looks the shifted
+    tokens up in (Megatron-core keeps it on the last stage as it does a tied one)."""
     attention = counts.attention_per_tp_rank(t)
     dense = attention + counts.dense_mlp_per_layer / t + counts.norms_per_layer
     moe = attention + counts.shared_experts_per_moe_layer / t + counts.norms_per_layer + counts.router_per_moe_layer
@@ -166,11 +170,11 @@ def _units(counts: ParamCounts, t: int, ep: int, etp: int, pp: int, s: int, n_de
     root = 0.0
     if s == 0:
         root += counts.embedding / t
-    if s == pp - 1:
-        head = counts.lm_head if counts.lm_head else (counts.lm_head_matmul if tied_copy else 0)
-        root += head / t + counts.final_norm
+    if s == head:
+        weights = counts.lm_head if counts.lm_head else (counts.lm_head_matmul if tied_copy else 0)
+        root += weights / t + counts.final_norm
         if mtp:
-            root += mtp * 2 * hidden * hidden / t + (counts.embedding / t if pp > 1 else 0.0)
+            root += mtp * 2 * hidden * hidden / t + (counts.embedding / t if s != 0 else 0.0)
     units = [Unit(DENSE_BLOCK, dense, n_dense, "dp_shard"), Unit("MoE block (non-expert)", moe, n_moe, "dp_shard"),
              Unit("experts", experts, n_moe, "edp"), Unit("root (embedding / LM head)", root, 1, "dp_shard",
                                                            root=True)]
@@ -885,7 +889,9 @@ def _plan_shared(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, jo
     groups = axis_groups(plan, cluster)
     layout = plan_stage_layers(model, plan)
     stages = bounding_stages(layout)
-    units = {s: _local_params(model, counts, plan, s, *layout[s], tied_copy=plan.pp > 1) for s in stages}
+    # a tied head is a copy of the embedding where another stage holds it
+    units = {s: _local_params(model, counts, plan, s, *layout[s], tied_copy=head_stage(plan.schedule, plan.pp) != 0)
+             for s in stages}
     static = {s: _static_memory(_StageCtx(model, counts, cluster, job, plan, groups, s, *layout[s], 1, units[s]))
               for s in stages}
     return _PlanShared(groups, layout, units, static)
@@ -1164,7 +1170,8 @@ def _critical_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan:
     for s in bounding_stages(stages):  # the compute bound takes the busiest of these, which may be a middle one
         n_dense, n_moe = stages[s]
         r_dense, r_moe = recomputed_layers(recompute, recompute_layers, n_dense, n_moe)
-        least = min(least, per[0] * n_dense + per[1] * n_moe + per[2] * (s == 0) + per[3] * (s == plan.pp - 1)
+        least = min(least, per[0] * n_dense + per[1] * n_moe + per[2] * (s == 0)
+                    + per[3] * (s == head_stage(plan.schedule, plan.pp))
                     + per[4] * r_dense + per[5] * r_moe)
     return m * least
 
@@ -1204,12 +1211,13 @@ def _shape_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: Comp
     their communication options share it)."""
     stages = stage_layers(model, pp, layout, round_robin_chunks(schedule, vpp))
     tokens = mbs * job.seq_len / cp
+    head = head_stage(schedule, pp)
     worst = 0.0
     for s in bounding_stages(stages):
         n_dense, n_moe = stages[s]
         t_f, t_b, t_w, t_r, _, hf, hb = _stage_compute_times(
-            model, accelerator, compute, job, tokens, tp, cp, ep, etp, sp, cp_chunked, n_dense, n_moe, s == pp - 1,
-            recompute, recomputed_layers(recompute, recompute_layers, n_dense, n_moe), loss if s == pp - 1 else "")
+            model, accelerator, compute, job, tokens, tp, cp, ep, etp, sp, cp_chunked, n_dense, n_moe, s == head,
+            recompute, recomputed_layers(recompute, recompute_layers, n_dense, n_moe), loss if s == head else "")
         bubble = bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, m=m, t_f_s=t_f + hf, t_b_s=t_b + hb + t_r,
                                t_w_s=t_w)
         worst = max(worst, m * (t_f + hf + t_b + hb + t_w + t_r) + bubble)
