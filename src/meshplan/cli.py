@@ -183,10 +183,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from meshplan.report.charts import sweep_chart
 
         Path(args.plot).write_bytes(sweep_chart(points, xlabel=name, log_x=log_ticks([p.value for p in points])))
-    if args.json:
-        from meshplan.search.conditions import knob
+    from meshplan.search.conditions import knob
+    from meshplan.search.rank import TIE_BAND
 
-        unit = knob(model, cluster, job, name).unit
+    unit = knob(model, cluster, job, name).unit
+    if args.json:
         print(json.dumps({"schema": "meshplan.sweep/1", "condition": name, "unit": unit, "points": [
             {"value": p.value, "best": estimate_dict(p.best) if p.best else None,
              "best_by_family": {f: {"plan": e.plan.to_string(), "label": e.plan.label(), "step_time_s": e.step_time_s,
@@ -199,9 +200,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     def fmt(v: float) -> str:  # 1,246,970 rather than 1.24697e+06; 12.5 for small values
         return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
 
-    print(f"meshplan sweep: {name} from {fmt(lo)} to {fmt(hi)}, {model.name} on {cluster.n_gpus} x "
-          f"{cluster.accelerator.name}")
-    print(f"{'value':>14}  {'best plan':<34} {'step':>10} {'MFU':>6} {'tokens/s/GPU':>13}")
+    print(f"meshplan sweep: {name} from {fmt(lo)} to {fmt(hi)} {unit}, {model.name} on {cluster.n_gpus} x "
+          f"{cluster.accelerator.name} (the recommended plan at each value: the simplest within "
+          f"{TIE_BAND:.0%} of the fastest)")
+    print(f"{'value':>14}  {'recommended plan':<34} {'step':>10} {'MFU':>6} {'tokens/s/GPU':>13}")
     for p in points:
         if p.best:
             print(f"{fmt(p.value):>14}  {p.best.plan.label():<34} {format_seconds(p.best.step_time_s):>10} "
@@ -227,9 +229,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     sweeps = {
         "batch-tokens": sweep(model, cluster, job, "batch-tokens", geometric(max(job.seq_len * cluster.n_gpus // 8,
                                                                                    b / 16), b * 4, 7), space=space,
-                              workers=args.jobs),
+                              mfu=args.mfu, workers=args.jobs),
         "inter-node-bandwidth": sweep(model, cluster, job, "inter-node-bandwidth", geometric(bw / 8, bw * 2, 6),
-                                      space=space, workers=args.jobs),
+                                      space=space, mfu=args.mfu, workers=args.jobs),
     }
     html_path, md_path = write_report(analysis, sweeps, out_dir)
     if args.json:  # the plan command's JSON beside the report

@@ -34,12 +34,15 @@ def binding_resource(est: Estimate) -> str:
     step = est.step_time_s
     comp = est.time_breakdown.get("compute", 0.0) + est.time_breakdown.get("recompute", 0.0)
     exposed = sum(v for k, v in est.time_breakdown.items() if k.startswith("exposed"))
+    contention = est.time_breakdown.get("comm contention", 0.0)
     parts = [f"compute {comp / step:.0%} of the step"]
     if est.time_breakdown.get("recompute", 0.0) > 0:
         parts.append(f"of which recomputation {est.time_breakdown['recompute'] / step:.0%}")
     if exposed > 0.005 * step:
         worst = max((kv for kv in terms if kv[0].startswith("exposed")), key=lambda kv: kv[1], default=None)
         parts.append(f"exposed communication {exposed / step:.0%}" + (f" (mostly {worst[0][8:]})" if worst else ""))
+    if contention > 0.005 * step:  # hidden traffic slowing the compute that hides it
+        parts.append(f"compute slowed by the traffic it hides {contention / step:.0%}")
     if est.time_breakdown.get("pipeline bubble", 0.0) > 0.005 * step:
         parts.append(f"pipeline bubble {est.time_breakdown['pipeline bubble'] / step:.0%}")
     if est.time_breakdown.get(HOST_BOUND, 0.0) > 0.005 * step:
@@ -65,7 +68,9 @@ def why_not(est: Estimate, best: Estimate) -> str:
         d = est.time_breakdown.get(key, 0.0) - best.time_breakdown.get(key, 0.0)
         diffs.append((d, key))
     d, key = max(diffs)
-    return f"{head}; most of the gap is {est.breakdown_name(key)} (+{format_seconds(d)})"
+    gap_s = est.step_time_s - best.step_time_s
+    lead = "most of the gap is" if d <= gap_s * 1.0001 else "the largest difference is"  # others offset it
+    return f"{head}; {lead} {est.breakdown_name(key)} (+{format_seconds(d)})"
 
 
 @dataclass(frozen=True, slots=True)

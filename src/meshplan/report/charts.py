@@ -7,6 +7,7 @@ import io
 
 from meshplan.cost.estimate import Estimate
 from meshplan.errors import SpecError
+from meshplan.search.rank import TIE_BAND
 from meshplan.search.sweep import SweepPoint, changes
 from meshplan.units import GiB
 
@@ -92,13 +93,16 @@ def sweep_chart(points: list[SweepPoint], *, xlabel: str, log_x: bool) -> bytes:
         ax.plot(xs, ys, marker="o", ms=3, label=f)
     best_x = [p.value for p in points if p.best]
     best_y = [p.best.tokens_per_s_per_gpu for p in points if p.best]
-    ax.plot(best_x, best_y, "k--", lw=1, label="best")
+    ax.plot(best_x, best_y, "k--", lw=1, label="recommended")
     for before, after, _, label in changes(points):  # the changes the sweep's text lists, as it names them
         x = (before * after) ** 0.5
         ax.axvline(x, color="grey", lw=0.6, ls=":")
-        ax.text(x, ax.get_ylim()[1] * 0.98, label, fontsize=6, rotation=90, va="top")
+        # near the top of the axes whatever the y-range (data units put it off the chart when y starts far
+        # above 0)
+        ax.text(x, 0.98, label, fontsize=6, rotation=90, va="top", transform=ax.get_xaxis_transform())
     if log_x:
         ax.set_xscale("log")
-    ax.set(xlabel=xlabel, ylabel="predicted tokens/s per GPU", title="Best plan of each family")
+    ax.set(xlabel=xlabel, ylabel="predicted tokens/s per GPU",
+           title=f"The recommended plan and each family's (the simplest within {TIE_BAND:.0%} of the fastest)")
     ax.legend(fontsize=7)
     return _png(fig)

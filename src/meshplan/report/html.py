@@ -11,6 +11,7 @@ from meshplan.explain import PlanAnalysis
 from meshplan.report import charts
 from meshplan.report.text import timing_cells
 from meshplan.search.conditions import held_sentence
+from meshplan.search.rank import TIE_BAND
 from meshplan.search.sweep import SweepPoint, log_ticks
 from meshplan.units import format_gib
 
@@ -91,10 +92,13 @@ def write_report(a: PlanAnalysis, sweeps: dict[str, list[SweepPoint]], out_dir: 
         h.append(f"<li>{none}</li>")
     md.append("")
     h.append("</ul>")
-    md += [f"## Ranked plans (top {len(rows)} of {len(a.result.ranked):,})", "", "| " + " | ".join(header) + " |",
+    band = (f"Within {TIE_BAND:.0%} of the fastest plan, plans with fewer axes and options rank first, so step "
+            "times need not ascend.")
+    md += [f"## Ranked plans (top {len(rows)} of {len(a.result.ranked):,})", "", band, "",
+           "| " + " | ".join(header) + " |",
            "|" + "---|" * len(header)] + ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
     md += [""]
-    h += [f"<h2>Ranked plans (top {len(rows)} of {len(a.result.ranked):,})</h2><table><tr>"
+    h += [f"<h2>Ranked plans (top {len(rows)} of {len(a.result.ranked):,})</h2><p>{html.escape(band)}</p><table><tr>"
           + "".join(f"<th>{html.escape(c)}</th>" for c in header) + "</tr>"]
     h += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows] + ["</table>"]
     for f in figs:
