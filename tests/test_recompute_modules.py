@@ -168,3 +168,31 @@ def test_a_fused_grouped_mlp_has_no_separate_activation_to_recompute():
     fused = _dsv3("recompute=selective,recompute_modules=mla_up_proj", precision="fp8", fused_grouped_mlp=True)
     plain = _dsv3("recompute=selective,recompute_modules=mla_up_proj", precision="fp8")
     assert fused.step_time_s < plain.step_time_s  # the routed activation's traffic is gone
+
+
+def test_megatron_selective_core_attention_re_runs_the_fused_kernel():
+    """Megatron-core checkpoints the core attention whenever 'core_attn' is among its modules
+    (checkpoint_core_attention), FlashAttention's fused kernel too: plain recompute=selective runs the
+    attention forward again in the backward, with CP its exchanges, and it counts in the hardware FLOPs (a
+    review found it priced at nothing). PyTorch plans keep the convention that FlashAttention recomputes
+    the scores in its own backward."""
+    from meshplan import JobSpec, evaluate, load_cluster, load_model, parse_plan
+    from meshplan.cost.flops import attention_recomputed
+
+    assert attention_recomputed("selective", True, megatron=True)
+    assert not attention_recomputed("selective", True, megatron=False)
+    assert attention_recomputed("selective", False, megatron=False)
+    assert not attention_recomputed("selective:layernorm", True, megatron=True)
+    m, c = load_model("seed-70b"), load_cluster("h100-sxm", nodes=8)
+    j = JobSpec(global_batch_tokens=4_194_304, seq_len=32768)
+    est = {rc: evaluate(m, c, j, parse_plan(f"cp=4,tp=8,pp=2,sharding=megatron,mbs=1,recompute={rc}", 64))
+           for rc in ("none", "selective")}
+    none, sel = est["none"], est["selective"]
+    assert sel.time_breakdown["recompute"] > 0 == none.time_breakdown.get("recompute", 0.0)
+    attn = sum(d.attention_fwd_s for d in sel.stages[-1:]) * sel.n_microbatches
+    assert sel.time_breakdown["recompute"] == pytest.approx(attn, rel=1e-6)
+    assert sel.flops.hardware_flop_per_step > sel.flops.model_flop_per_step == none.flops.hardware_flop_per_step
+
+    def cp_calls(e):
+        return sum(x.count for x in e.comm if x.axis == "cp")
+    assert cp_calls(sel) == cp_calls(none) * 3 // 2  # the forward's passes once more, in the backward

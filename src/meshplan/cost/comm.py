@@ -50,6 +50,7 @@ from meshplan.cost.collectives import (
     remote_nodes_per_token,
 )
 from meshplan.cost.estimate import OTHER_MICROBATCH, CommEntry
+from meshplan.cost.flops import attention_recomputed
 from meshplan.cost.mesh import Group, intra_boundaries, stage_links_intra
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 
@@ -296,6 +297,8 @@ def _context_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, 
         kv_local = st.tokens * model.n_heads * (model.qk_head_dim + model.value_head_dim) * ACT_BYTES / plan.tp
     calls = st.m * st.n_layers
     recomputed = st.m * sum(st.recomputed)  # the recomputed forwards run within the backward
+    if attention_recomputed(plan.recompute_key, job.flash_attention, plan.runs_megatron_layers(job.software)):
+        recomputed = calls  # selective recomputation re-runs every layer's attention core, its exchanges too
     fwd_calls = calls + recomputed
     # PyTorch's context_parallel (FSDP plans off the Megatron stack: torchtitan) passes dK and dV round the
     # ring in its backward whatever exchange it uses for K and V, as an FP32 accumulator (``convert_to_f32``),

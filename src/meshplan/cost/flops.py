@@ -68,23 +68,31 @@ def model_flop_per_token(model: ModelSpec, counts: ParamCounts, *, seq_len: int,
                   + attention_flop_per_token_fwd(model, seq_len=seq_len, causal=causal))
 
 
+def attention_recomputed(recompute: str, flash_attention: bool, megatron: bool) -> bool:
+    """Whether selective recomputation re-runs the attention core's forward in the backward: Megatron-core
+    checkpoints it whenever 'core_attn' is among its modules (``checkpoint_core_attention``, attention.py),
+    the fused kernel too; elsewhere it is the unfused attention's scores that are recomputed, which
+    FlashAttention recomputes in its own backward anyway (the convention of [1] and torchtitan)."""
+    return "core_attn" in recompute_modules_of(recompute) and (megatron or not flash_attention)
+
+
 def recompute_flop_per_token(model: ModelSpec, counts: ParamCounts, *, seq_len: int, recompute: str,
-                             flash_attention: bool, causal: bool) -> float:
+                             flash_attention: bool, causal: bool, megatron: bool = False) -> float:
     """Extra forward FLOPs that activation recomputation executes [FLOP/token] (counted by HFU, not MFU).
 
     'full' re-runs each block's forward (matmuls of the blocks and attention; the LM head is not
-    checkpointed); 'selective' re-runs the attention core only, which FlashAttention already recomputes
-    in its backward (so 0 extra with FlashAttention, by the convention of [1] and torchtitan), and with
-    Megatron's modules ('selective:mlp+...', Plan.recompute_key) the matmuls of those it names: MLA's
-    up-projections, the dense layers' MLPs, the MoE layers' shared experts (norms and activations: none).
+    checkpointed); 'selective' re-runs the attention core (``attention_recomputed``: unfused, every score;
+    under Megatron with FlashAttention the fused kernel's forward again), and with Megatron's modules
+    ('selective:mlp+...', Plan.recompute_key) the matmuls of those it names: MLA's up-projections, the dense
+    layers' MLPs, the MoE layers' shared experts (norms and activations: none).
     """
     attn = attention_flop_per_token_fwd(model, seq_len=seq_len, causal=causal)
     if recompute.startswith("selective"):
         modules = recompute_modules_of(recompute)
         extra = 0.0
-        if "core_attn" in modules and not flash_attention:  # unfused attention computes every score
-            extra += attention_flop_per_token_fwd(replace(model, attention_window=0, global_attention_every=0),
-                                                  seq_len=seq_len, causal=causal)
+        if attention_recomputed(recompute, flash_attention, megatron):
+            extra += attn if flash_attention else attention_flop_per_token_fwd(  # unfused: every score
+                replace(model, attention_window=0, global_attention_every=0), seq_len=seq_len, causal=causal)
         if "mla_up_proj" in modules and model.is_mla:
             extra += 2.0 * model.n_layers * model.n_heads * (  # without a q latent, the q projection itself
                 (model.q_lora_rank or model.hidden) * model.qk_head_dim

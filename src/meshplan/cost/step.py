@@ -35,7 +35,7 @@ from meshplan.cost.compute import (
     selective_recompute_s,
 )
 from meshplan.cost.estimate import OTHER_MICROBATCH, CommEntry, Estimate, FlopReport, MemoryReport, StageDetail
-from meshplan.cost.flops import model_flop_per_token, recompute_flop_per_token
+from meshplan.cost.flops import attention_recomputed, model_flop_per_token, recompute_flop_per_token
 from meshplan.cost.mesh import Group, axis_groups
 from meshplan.cost.params import ParamCounts, param_counts
 from meshplan.cost.pipeline import (
@@ -520,7 +520,7 @@ def _stage_compute(c: _StageCtx, compute: ComputeParams) -> tuple[float, ...]:
     return _stage_compute_times(c.model, c.cluster.accelerator, compute, c.job, c.tokens, plan.tp, plan.cp,
                                 plan.ep, plan.expert_tp, plan.sequence_parallel, plan.context_impl != "a2a",
                                 c.n_dense, c.n_moe, c.last, c.recompute, c.recomputed,
-                                _loss(c.job, plan) if c.last else "")
+                                _loss(c.job, plan) if c.last else "", plan.runs_megatron_layers(c.job.software))
 
 
 def _with_fsdp_copies(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...]) -> tuple[float, ...]:
@@ -589,11 +589,11 @@ def _fsdp_copies_s(c: _StageCtx, compute: ComputeParams) -> tuple[float, float, 
 @cache_by_identity(n_specs=4)
 def _stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute: ComputeParams, job: JobSpec,
                          tokens: float, tp: int, cp: int, ep: int, etp: int, sp: bool, cp_chunked: bool, n_dense: int,
-                         n_moe: int, last: bool, recompute: str, recomputed: tuple[int, int], loss: str
-                         ) -> tuple[float, ...]:
+                         n_moe: int, last: bool, recompute: str, recomputed: tuple[int, int], loss: str,
+                         megatron: bool) -> tuple[float, ...]:
     """``_stage_compute`` on the values it reads (``loss``: JobSpec.loss_impl on the last stage, '' on the
-    others, which run no loss), memoised: plans that differ only in their communication options, and the
-    search's bounds, share it."""
+    others, which run no loss; ``megatron``: Plan.runs_megatron_layers), memoised: plans that differ only in
+    their communication options, and the search's bounds, share it."""
     accel = _accel_key(accelerator)
 
     def lt(moe: bool) -> LayerTimes:
@@ -621,7 +621,7 @@ def _stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute
         t_r = 0.5 * sum(n * x.gemm_fwd_s for n, x in kinds)
     elif recompute.startswith("selective"):
         modules = recompute_modules_of(recompute)
-        if "core_attn" in modules and not job.flash_attention:
+        if attention_recomputed(recompute, job.flash_attention, megatron):
             t_r = attn
         t_r += sum(n * selective_recompute_s(x, modules, moe_layer=moe, mla=model.is_mla)
                    for (n, x), moe in zip(kinds, (False, True)[:len(kinds)], strict=True))
@@ -861,14 +861,15 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...], 
 
 @cache_by_identity(n_specs=2, maxsize=1024)
 def _flops(model: ModelSpec, counts: ParamCounts, seq_len: int, convention: str, recompute: str,
-           flash_attention: bool, tokens: int, recomputed_fraction: float = 1.0) -> FlopReport:
+           flash_attention: bool, tokens: int, recomputed_fraction: float, megatron: bool) -> FlopReport:
     """FLOPs per step in both conventions, and with recomputation (memoised: plan-independent)."""
     causal = convention == "causal"
     f_palm = model_flop_per_token(model, counts, seq_len=seq_len, causal=False)
     f_causal = model_flop_per_token(model, counts, seq_len=seq_len, causal=True)
     f_tok = f_causal if causal else f_palm
     f_re = recomputed_fraction * recompute_flop_per_token(model, counts, seq_len=seq_len, recompute=recompute,
-                                                          flash_attention=flash_attention, causal=causal)
+                                                          flash_attention=flash_attention, causal=causal,
+                                                          megatron=megatron)
     return FlopReport(model_flop_per_step=f_tok * tokens, hardware_flop_per_step=(f_tok + f_re) * tokens,
                       model_flop_per_token=f_tok, convention=convention,
                       model_flop_per_step_palm=f_palm * tokens, model_flop_per_step_causal=f_causal * tokens)
@@ -1038,7 +1039,7 @@ def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec,
         fraction = sum(sum(recomputed_layers("full", plan.recompute_layers, *lay)) for lay in shared.layout
                        ) / sum(d + e for d, e in shared.layout)  # MTP layers counted on both sides
     flops = _flops(model, counts, job.seq_len, job.flop_convention, plan.recompute_key, job.flash_attention,
-                   tokens, fraction)
+                   tokens, fraction, plan.runs_megatron_layers(job.software))
     peak = cluster.accelerator.peak_flop_per_s(job.precision)
     ctxs = _stage_ctxs(model, counts, cluster, job, plan, m, shared)
     if plan.offload_layers:
@@ -1147,7 +1148,7 @@ def _compute_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan:
     return (_shape_bound_s(model, cluster.accelerator, compute, job, plan.tp, plan.cp, plan.ep, plan.expert_tp,
                            plan.pp, plan.schedule, plan.vpp, plan.layout, plan.sequence_parallel,
                            plan.context_impl != "a2a", mbs, recompute, m, recompute_layers,
-                           _loss(job, plan))
+                           _loss(job, plan), plan.runs_megatron_layers(job.software))
             + _critical_comm_s(model, cluster, job, plan, mbs, m, recompute, recompute_layers))
 
 
@@ -1206,7 +1207,7 @@ def _micro_batches(job: JobSpec, dp: int, mbs: int) -> int:
 def _shape_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: ComputeParams, job: JobSpec, tp: int,
                    cp: int, ep: int, etp: int, pp: int, schedule: str, vpp: int, layout: str, sp: bool,
                    cp_chunked: bool, mbs: int, recompute: str, m: int, recompute_layers: int | None,
-                   loss: str) -> float:
+                   loss: str, megatron: bool) -> float:
     """``_compute_bound_s`` on the plan fields it reads (memoised: plans that differ in sharding or in
     their communication options share it)."""
     stages = stage_layers(model, pp, layout, round_robin_chunks(schedule, vpp))
@@ -1217,7 +1218,8 @@ def _shape_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: Comp
         n_dense, n_moe = stages[s]
         t_f, t_b, t_w, t_r, _, hf, hb = _stage_compute_times(
             model, accelerator, compute, job, tokens, tp, cp, ep, etp, sp, cp_chunked, n_dense, n_moe, s == head,
-            recompute, recomputed_layers(recompute, recompute_layers, n_dense, n_moe), loss if s == head else "")
+            recompute, recomputed_layers(recompute, recompute_layers, n_dense, n_moe), loss if s == head else "",
+            megatron)
         bubble = bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, m=m, t_f_s=t_f + hf, t_b_s=t_b + hb + t_r,
                                t_w_s=t_w)
         worst = max(worst, m * (t_f + hf + t_b + hb + t_w + t_r) + bubble)
@@ -1251,7 +1253,8 @@ def _shape_lower_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute
     only communication or memory share it)."""
     sizes = [mbs] if mbs else micro_batch_sizes(job, dp)
     return min(_shape_bound_s(model, accelerator, compute, job, tp, cp, ep, etp, pp, schedule, vpp, layout, sp,
-                              cp_chunked, b, "none", _micro_batches(job, dp, b), None, loss) for b in sizes)
+                              cp_chunked, b, "none", _micro_batches(job, dp, b), None, loss, False)
+               for b in sizes)  # nothing recomputed: Megatron's layers or not alike
 
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *, mfu: float | None = None,
