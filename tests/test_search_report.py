@@ -247,6 +247,11 @@ def test_report_html_is_self_contained_with_valid_images(capsys, tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert "## 4." in md and "![" in md
     assert "not computed (--no-conditions)" in md and "holds over every range swept" not in md
+    # list items escape what Markdown would read as emphasis (a plan's layout, 'dp_shard'), as table cells do
+    from meshplan.report.html import _md_cell, _md_text
+    assert _md_text("layout=Et*4|(t*5|)*4t*4L, dp_shard=8") == "layout=Et\\*4|(t\\*5|)\\*4t\\*4L, dp\\_shard=8"
+    assert _md_cell("a|b*c") == "a\\|b\\*c"
+    assert "dp\\_shard" in md and "dp_shard" not in md.replace("dp\\_shard", "")
 
 
 def test_report_where_no_plan_fits_says_there_is_nothing_to_change(capsys, tmp_path):

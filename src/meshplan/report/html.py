@@ -52,7 +52,13 @@ def _table(a: PlanAnalysis, top: int) -> tuple[list[str], list[list[str]]]:
 
 def _md_cell(text: str) -> str:
     """A Markdown table cell: a layout's '|' would end the cell and its '*' start emphasis."""
-    return text.replace("|", "\\|").replace("*", "\\*")
+    return _md_text(text).replace("|", "\\|")
+
+
+def _md_text(text: str) -> str:
+    """Markdown text outside a table: a plan's layout ('Et*4|(t*5|)*4t*4L') or a product's '*' or '_' would
+    start emphasis."""
+    return text.replace("*", "\\*").replace("_", "\\_")
 
 
 def write_report(a: PlanAnalysis, sweeps: dict[str, list[SweepPoint]], out_dir: Path, *, top: int = 15
@@ -69,20 +75,21 @@ def write_report(a: PlanAnalysis, sweeps: dict[str, list[SweepPoint]], out_dir: 
          "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px}"
          "img{max-width:100%}</style></head><body>", f"<h1>{html.escape(title)}</h1>"]
     for i, q in enumerate(a.questions, 1):
-        md += [f"## {i}. {q.title}", "", *[f"- {line}" for line in q.lines], ""]
+        md += [f"## {i}. {q.title}", "", *[f"- {_md_text(line)}" for line in q.lines], ""]
         h += [f"<h2>{i}. {html.escape(q.title)}</h2><ul>"] + [f"<li>{html.escape(x)}</li>" for x in q.lines] + ["</ul>"]
     if a.measurements:
-        md += ["### Measure first", "", *[f"- **{m.what}**: {m.why}" for m in a.measurements], ""]
+        md += ["### Measure first", "", *[f"- **{_md_text(m.what)}**: {_md_text(m.why)}" for m in a.measurements],
+               ""]
         h += ["<h3>Measure first</h3><ul>"] + [f"<li><b>{html.escape(m.what)}</b>: {html.escape(m.why)}</li>"
                                                for m in a.measurements] + ["</ul>"]
     md += ["### When to change the plan", ""]
     h += ["<h3>When to change the plan</h3><ul>"]
     for c in a.conditions or []:
-        md.append(f"- {c.text}")
+        md.append(f"- {_md_text(c.text)}")
         h.append(f"<li>{html.escape(c.text)}</li>")
     if a.held_ranges:
         held = held_sentence(a.held_ranges, bool(a.conditions))
-        md.append(f"- {held}")
+        md.append(f"- {_md_text(held)}")
         h.append(f"<li>{html.escape(held)}</li>")
     elif not a.conditions:
         none = ("no plan fits, so there is no recommendation to change" if a.result.recommended is None
