@@ -109,3 +109,18 @@ def test_zb_v_places_the_lm_head_on_the_first_rank():
     assert zbv.stage == 0 and "logits_and_loss" in zbv.terms
     head = m.vocab * m.hidden / 4  # the untied head's share of a TP=4 rank, with the embedding on rank 0 too
     assert zbv.terms["params"] - est["1f1b"].memory.terms["params"] == pytest.approx(head * 4.0, rel=0.01)
+
+
+def test_zb_v_middle_ranks_are_simulated_without_the_head():
+    """Under ZB-V the first stage holds the LM head, so it stands for no middle stage: the simulator times
+    the middle ranks by a head-free one (a review found every middle rank charged the head's time)."""
+    from meshplan import JobSpec, evaluate, load_cluster, load_model, parse_plan
+    from meshplan.cost.step import bounding_stages
+    from meshplan.sim.simulate import simulate
+
+    assert bounding_stages([(4, 0)] * 8) == [0, 7] and bounding_stages([(4, 0)] * 8, head=0) == [0, 1, 7]
+    m, c = load_model("llama-3-8b"), load_cluster("h100-sxm", nodes=1)
+    est = evaluate(m, c, JobSpec(global_batch_tokens=262_144, seq_len=4096), parse_plan("pp=8,mbs=1,schedule=zb-v", 8))
+    r = simulate(est, slowdown=0.0, step_overhead_s=0.0)
+    busy = [sum(t.dur_s for t in r.pipeline if t.stage == s) for s in range(8)]
+    assert busy[0] > busy[1] == pytest.approx(busy[7])  # the head's rank, then the head-free ones alike

@@ -196,3 +196,19 @@ def test_megatron_selective_core_attention_re_runs_the_fused_kernel():
     def cp_calls(e):
         return sum(x.count for x in e.comm if x.axis == "cp")
     assert cp_calls(sel) == cp_calls(none) * 3 // 2  # the forward's passes once more, in the backward
+
+
+def test_the_bound_keys_megatron_selective_attention_exchanges_by_the_plan_s_recomputation():
+    """The memoised per-layer traffic of the bound depends on whether selective recomputation re-runs the
+    CP exchanges: a plan without recomputation evaluated after one with it keeps a bound below its step
+    time (a review found the cache shared, and the bound above the step)."""
+    from meshplan import JobSpec, evaluate, load_cluster, load_model, parse_plan
+    from meshplan.calibration import compute_params_for
+    from meshplan.cost.step import step_time_lower_bound_s
+
+    m, c = load_model("seed-70b"), load_cluster("h100-sxm", nodes=8)
+    j = JobSpec(global_batch_tokens=4_194_304, seq_len=32768)
+    cp = compute_params_for(c.accelerator.name, j.software)
+    for rc in ("selective", "none"):
+        plan = parse_plan(f"cp=8,pp=8,sharding=megatron,cp_impl=a2a,mbs=1,recompute={rc}", 64)
+        assert step_time_lower_bound_s(m, c, j, plan, cp) <= evaluate(m, c, j, plan).step_time_s

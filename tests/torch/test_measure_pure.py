@@ -264,7 +264,9 @@ def test_compare_times_the_step_as_evaluate_does_and_names_a_malformed_field(tmp
              (lambda p: p.update(nproc_per_node=0), "nproc_per_node must be a positive integer"),
              (lambda p: p.update(step=[1]), "step must be an object"),
              (lambda p: p["step"].update(exposed_comm_s_by_collective={"all_gather": float("inf")}),
-              "step.exposed_comm_s_by_collective")]
+              "step.exposed_comm_s_by_collective"),
+             (lambda p: p.update(attention=[{"b": 1, "s": 4096, "heads": 32, "head_dim": 128, "causal": True,
+                                              "fwd_median_s": "fast", "fwd_bwd_median_s": 1.0}]), "attention[0]")]
     path = tmp_path / "bad.json"
     for mutate, says in cases:
         bad = copy.deepcopy(profile)

@@ -889,7 +889,7 @@ def _plan_shared(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, jo
                  ) -> _PlanShared:
     groups = axis_groups(plan, cluster)
     layout = plan_stage_layers(model, plan)
-    stages = bounding_stages(layout)
+    stages = bounding_stages(layout, head_stage(plan.schedule, plan.pp))
     # a tied head is a copy of the embedding where another stage holds it
     units = {s: _local_params(model, counts, plan, s, *layout[s], tied_copy=head_stage(plan.schedule, plan.pp) != 0)
              for s in stages}
@@ -962,20 +962,23 @@ def offload_offered(cluster: ClusterSpec, job: JobSpec, plan: Plan) -> bool:
             and plan.runs_megatron_layers(job.software))
 
 
-def bounding_stages(layout: list[tuple[int, int]]) -> list[int]:
+def bounding_stages(layout: list[tuple[int, int]], head: int | None = None) -> list[int]:
     """The stages that bound the step and the memory: the first (embedding, and the most micro-batches in
     flight), the last (LM head, MTP) and the earliest middle stage of each (dense, MoE) layer count that no
     earlier stage holds at least as many of both: a layout or MTP's split can give a middle stage more
     layers, and an MoE model's leading dense layers give its first stage lighter ones (DeepSeek-V3 at
-    PP=16: 3 dense and 1 MoE layer first, 4 MoE layers in the middle)."""
+    PP=16: 3 dense and 1 MoE layer first, 4 MoE layers in the middle). Where the first stage holds the LM
+    head too (``head`` 0: ZB-V), it stands for no middle stage: the simulator times the middle ranks by
+    the middle stage it is given."""
     pp = len(layout)
     middle: dict[tuple[int, int], int] = {}
     for s in range(1, pp - 1):
         middle.setdefault(layout[s], s)
+    first = [(layout[0], 0)] if head != 0 else []
 
     def covered(x: tuple[int, int]) -> bool:  # by an earlier stage (more micro-batches in flight) of as many
         return any(y[0] >= x[0] and y[1] >= x[1] and s < middle[x]
-                   for y, s in [(layout[0], 0), *middle.items()])
+                   for y, s in [*first, *middle.items()])
 
     return sorted({0, *(s for x, s in middle.items() if not covered(x)), pp - 1})
 
@@ -1163,12 +1166,13 @@ def _critical_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan:
             or (plan.ep > 1 and model.n_moe_layers and not plan.ep_overlap)):
         return 0.0
     stages = plan_stage_layers(model, plan)
-    per = _layer_comm_s(model, cluster, job, plan.tp, plan.sequence_parallel, plan.async_tp,
-                        plan.runs_megatron_layers(job.software), plan.cp, plan.context_impl, plan.ep,
-                        plan.expert_tp,
-                        plan.ep_dispatch, plan.ep_overlap, mbs, plan)
+    megatron = plan.runs_megatron_layers(job.software)
+    per = _layer_comm_s(model, cluster, job, plan.tp, plan.sequence_parallel, plan.async_tp, megatron, plan.cp,
+                        plan.context_impl, plan.ep, plan.expert_tp, plan.ep_dispatch, plan.ep_overlap, mbs,
+                        attention_recomputed(plan.recompute_key, job.flash_attention, megatron), plan)
     least = float("inf")
-    for s in bounding_stages(stages):  # the compute bound takes the busiest of these, which may be a middle one
+    # the compute bound takes the busiest of these, which may be a middle one
+    for s in bounding_stages(stages, head_stage(plan.schedule, plan.pp)):
         n_dense, n_moe = stages[s]
         r_dense, r_moe = recomputed_layers(recompute, recompute_layers, n_dense, n_moe)
         least = min(least, per[0] * n_dense + per[1] * n_moe + per[2] * (s == 0)
@@ -1180,10 +1184,12 @@ def _critical_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan:
 @cache_by_identity(n_specs=3, n_unkeyed=1)
 def _layer_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, tp: int, sp: bool, async_tp: bool,
                   megatron: bool, cp: int, context_impl: str, ep: int, etp: int, ep_dispatch: str | None,
-                  ep_overlap: bool, mbs: int, plan: Plan) -> tuple[float, float, float, float, float, float]:
+                  ep_overlap: bool, mbs: int, attention_rerun: bool, plan: Plan
+                  ) -> tuple[float, float, float, float, float, float]:
     """The unhidden in-layer communication of one micro-batch [s] per dense layer, per MoE layer, for the
     embedding, for the LM head, per recomputed dense layer and per recomputed MoE layer of a stage. The TP,
-    CP and EP ledgers count their calls linearly in these, so a stage's is their weighted sum; each is
+    CP and EP ledgers count their calls linearly in these, so a stage's is their weighted sum (``attention_rerun``:
+    selective recomputation re-runs every layer's CP exchanges, flops.attention_recomputed); each is
     read off the ledger of a stage holding just that (a recomputed layer beside the layer it re-runs)."""
     groups = axis_groups(plan, cluster)
 
@@ -1214,7 +1220,7 @@ def _shape_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: Comp
     tokens = mbs * job.seq_len / cp
     head = head_stage(schedule, pp)
     worst = 0.0
-    for s in bounding_stages(stages):
+    for s in bounding_stages(stages, head):
         n_dense, n_moe = stages[s]
         t_f, t_b, t_w, t_r, _, hf, hb = _stage_compute_times(
             model, accelerator, compute, job, tokens, tp, cp, ep, etp, sp, cp_chunked, n_dense, n_moe, s == head,

@@ -57,8 +57,8 @@ class HeldRange:
     unit: str
     low_end: str
     """Why the range ends below: 'change' (a condition of change follows), 'range' (the sweep's last step),
-    'not built' (the scenario cannot be built lower: whole sequences, nodes or layers) or 'none fits' (none
-    of the plans re-evaluated fits there)."""
+    'not built' (the scenario cannot be built lower: whole sequences, nodes or layers) or 'none fits' (no plan
+    of the full search fits there)."""
     high_end: str
     """The same, above."""
     text: str
@@ -295,7 +295,7 @@ class _WalkEnd:
 
 def _held_range(knob: _Knob, below: _WalkEnd, above: _WalkEnd) -> HeldRange:
     text = knob.range_text(below.held, above.held)
-    notes = [f"at {knob.short(end.at)} {knob.noun} none of the leading plans fits"
+    notes = [f"at {knob.short(end.at)} {knob.noun} no plan fits"
              for end in (below, above) if end.why == "none fits" and end.at is not None]
     if notes:
         text += f" ({'; '.join(notes)})"

@@ -99,9 +99,13 @@ def check_profile(data: dict[str, Any]) -> list[str]:
     if not isinstance(attention, list):
         errors.append("attention must be a list")
     for i, a in enumerate(attention if isinstance(attention, list) else []):
-        missing = [k for k in ATTENTION_KEYS if k not in a]
+        missing = [k for k in ATTENTION_KEYS if k not in a] if isinstance(a, dict) else list(ATTENTION_KEYS)
         if missing:
             errors.append(f"attention[{i}] lacks {', '.join(missing)}")
+        elif not (all(_whole(a[k]) for k in ("b", "s", "heads", "head_dim"))
+                  and _positive(a["fwd_median_s"]) and _positive(a["fwd_bwd_median_s"])):
+            errors.append(f"attention[{i}]: b, s, heads, head_dim must be positive integers, fwd_median_s and "
+                          "fwd_bwd_median_s positive numbers")
     best = data.get("gemm_best_flop_per_s")
     if best is not None and not (isinstance(best, int | float) and best > 0):
         errors.append("gemm_best_flop_per_s must be a positive number or null")
