@@ -193,6 +193,8 @@ def test_job_spec_file(capsys, tmp_path):
     (["evaluate", "--plan", "tp=8,pp=8", "--assumptions", "worked-example"], "no term for pp=8"),
     (["evaluate", "--plan", "dp_shard=64,reshard_after_forward=maybe"], "true, false or a group size"),
     (["evaluate", "--plan", "tp=8,dp_shard=8,reshard_after_forward=4"], "(DTensor) parameters to a smaller group"),
+    (["evaluate", "--model", "deepseek-v3", "--nodes", "128", "--plan", "pp=16,ep=64,dp_shard=64,schedule=zb-v"],
+     "Megatron runs no ZB-V"),
     (["evaluate", "--job", "{dir}", "--plan", "dp_shard=64"], "(it is a directory)"),
     (["evaluate", "--plan", "tp=8,pp=8,mbs=1,recompute=full,recompute_layers=100"], "allowed 1..10"),
 ])

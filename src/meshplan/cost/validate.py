@@ -88,6 +88,11 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
                                                      f"stage has {most}: allowed 1..{most}")
     if plan.etp is not None and not model.is_moe:
         raise SpecError("plan.etp", f"{model.name} is dense; expert-TP applies to MoE models: leave etp out")
+    if plan.pp > 1 and plan.schedule == "zb-v" and model.mtp_layers:
+        raise SpecError("plan.schedule", f"{model.name} has {model.mtp_layers} MTP layer(s), modelled as "
+                                         "Megatron-core places them, beside the loss on the last stage, and Megatron "
+                                         "runs no ZB-V (which puts the loss on the first rank): use 1f1b, "
+                                         "interleaved or zb-h1")
     if plan.pp > 1 and plan.sharding in ("zero2", "zero3"):
         raise SpecError("plan.sharding", "DeepSpeed's pipeline engine supports ZeRO-1 only; with pp > 1 use "
                                          "zero1, megatron or fsdp")

@@ -185,7 +185,7 @@ def _pipeline_options(model: ModelSpec, pp: int, space: Space) -> Iterator[tuple
                 elif split := model.embedding_loss_layout(chunks):
                     yield schedule, v, split
         elif schedule == "zb-v":
-            if model.n_layers % (2 * pp) == 0:
+            if model.n_layers % (2 * pp) == 0 and not model.mtp_layers:  # cost.validate: MTP has no ZB-V
                 yield schedule, 1, ""
         else:  # one chunk per rank: the even split, or Megatron's where only it is even
             yield schedule, 1, model.embedding_loss_layout(pp) or ""
