@@ -167,17 +167,13 @@ class PlanAnalysis:
 
 def _try(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, mfu: float | None) -> Estimate | None:
     """``plan`` evaluated and, where it fits, re-timed by the simulator (as the search's top plans are)."""
-    from meshplan.calibration import compute_params_for
-    from meshplan.sim.simulate import refine
+    from meshplan.sim.simulate import refine_fitted
 
     try:
         est = evaluate(model, cluster, job, plan, mfu=mfu)
     except SpecError:
         return None
-    if not est.feasible:
-        return est
-    cp = compute_params_for(cluster.accelerator.name, job.software)
-    return refine(est, slowdown=cp.comm_slowdown, step_overhead_s=cp.step_overhead_s)
+    return refine_fitted(est, cluster.accelerator.name, job.software)
 
 
 def _why_fsdp_differs(full: Estimate, simple: Estimate, n_nodes: int, seq_len: int) -> str:

@@ -889,10 +889,10 @@ def _plan_shared(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, jo
                  ) -> _PlanShared:
     groups = axis_groups(plan, cluster)
     layout = plan_stage_layers(model, plan)
-    stages = bounding_stages(layout, head_stage(plan.schedule, plan.pp))
+    head = head_stage(plan.schedule, plan.pp)
+    stages = bounding_stages(layout, head)
     # a tied head is a copy of the embedding where another stage holds it
-    units = {s: _local_params(model, counts, plan, s, *layout[s], tied_copy=head_stage(plan.schedule, plan.pp) != 0)
-             for s in stages}
+    units = {s: _local_params(model, counts, plan, s, *layout[s], tied_copy=head != 0) for s in stages}
     static = {s: _static_memory(_StageCtx(model, counts, cluster, job, plan, groups, s, *layout[s], 1, units[s]))
               for s in stages}
     return _PlanShared(groups, layout, units, static)
@@ -1171,12 +1171,13 @@ def _critical_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan:
                         plan.context_impl, plan.ep, plan.expert_tp, plan.ep_dispatch, plan.ep_overlap, mbs,
                         attention_recomputed(plan.recompute_key, job.flash_attention, megatron), plan)
     least = float("inf")
+    head = head_stage(plan.schedule, plan.pp)
     # the compute bound takes the busiest of these, which may be a middle one
-    for s in bounding_stages(stages, head_stage(plan.schedule, plan.pp)):
+    for s in bounding_stages(stages, head):
         n_dense, n_moe = stages[s]
         r_dense, r_moe = recomputed_layers(recompute, recompute_layers, n_dense, n_moe)
         least = min(least, per[0] * n_dense + per[1] * n_moe + per[2] * (s == 0)
-                    + per[3] * (s == head_stage(plan.schedule, plan.pp))
+                    + per[3] * (s == head)
                     + per[4] * r_dense + per[5] * r_moe)
     return m * least
 

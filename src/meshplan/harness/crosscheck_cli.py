@@ -37,13 +37,22 @@ def register(subparsers: Any, add_scenario: Callable[[argparse.ArgumentParser], 
     p.set_defaults(func=cmd_crosscheck, _parser=p)
 
 
+def check_cpu_sized(model: Any, what: str = "run") -> None:
+    """SpecError naming the model unless it has at most MAX_UNSCALED_PARAMS parameters (a CPU run of a
+    larger one needs --scale-down)."""
+    from meshplan.cost.params import param_counts
+
+    n = param_counts(model).total
+    if n > MAX_UNSCALED_PARAMS:
+        raise SpecError("model", f"{model.name} has {n:,} parameters, too many for a CPU {what}; add --scale-down")
+
+
 def cmd_crosscheck(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("torch") is None:
         print(TORCH_MISSING, file=sys.stderr)
         return 2
     reject_unused(args, args._parser, ("model", "seq_len", "json"), "crosscheck")
     from meshplan.catalog import load_model
-    from meshplan.cost.params import param_counts
     from meshplan.harness.crosscheck import crosscheck
     from meshplan.harness.reference_model import reference_seq_len, scale_down
     from meshplan.specs import parse_plan
@@ -51,9 +60,8 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     if args.scale_down:
         model = scale_down(model)
-    elif param_counts(model).total > MAX_UNSCALED_PARAMS:
-        raise SpecError("model", f"{model.name} has {param_counts(model).total:,} parameters, too many for a CPU "
-                                 f"run; add --scale-down")
+    else:
+        check_cpu_sized(model)
     if args.micro_batches < 1:
         raise SpecError("micro_batches", f"must be >= 1; got {args.micro_batches}")
     plan = parse_plan(args.plan)

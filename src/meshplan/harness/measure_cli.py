@@ -159,13 +159,9 @@ def check_inputs(args: argparse.Namespace, world_size: int | None) -> None:
 
         model = load_model(args.model)
         if args.measure_command == "step" and not args.scale_down and _runs_on_cpu(args):
-            from meshplan.cost.params import param_counts
-            from meshplan.harness.crosscheck_cli import MAX_UNSCALED_PARAMS
+            from meshplan.harness.crosscheck_cli import check_cpu_sized
 
-            n = param_counts(model).total
-            if n > MAX_UNSCALED_PARAMS:
-                raise SpecError("model", f"{model.name} has {n:,} parameters, too many for a step on a CPU; add "
-                                         "--scale-down")
+            check_cpu_sized(model, "step")
     if getattr(args, "cluster", None) is not None:
         from meshplan.catalog import load_cluster
 

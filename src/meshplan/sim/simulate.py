@@ -277,6 +277,18 @@ def refine(est: Estimate, *, slowdown: float, step_overhead_s: float) -> Estimat
                    compute_source=est.compute_source + ", timeline simulator")
 
 
+def refine_fitted(est: Estimate, accelerator: str, software: str) -> Estimate:
+    """``refine`` with the fitted compute parameters of ``accelerator`` and ``software``
+    (calibration.compute_params_for), as ``plan`` and ``evaluate`` re-time a plan that fits; ``est`` itself
+    where it does not fit."""
+    from meshplan.calibration import compute_params_for
+
+    if not est.feasible:
+        return est
+    cp = compute_params_for(accelerator, software)
+    return refine(est, slowdown=cp.comm_slowdown, step_overhead_s=cp.step_overhead_s)
+
+
 def _exposed_from(r: SimResult, est: Estimate) -> list:
     """The ledger with each entry's exposed time taken from the simulation: the simulated exposure of its
     collective and axis, shared among the entries of that kind in proportion to their closed-form exposure

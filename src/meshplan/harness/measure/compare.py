@@ -56,7 +56,7 @@ def prediction_cluster(profile: dict[str, Any], cluster_name: str) -> tuple[Clus
 def predict(profile: dict[str, Any], cluster_name: str) -> tuple[Estimate, ClusterSpec, list[str]]:
     """meshplan's estimate of the step recorded in ``profile['step']``, timed as ``meshplan evaluate`` times
     it (the closed form re-timed by the timeline simulator where the plan fits)."""
-    from meshplan.sim.simulate import refine
+    from meshplan.sim.simulate import refine_fitted
 
     step = profile["step"]
     try:
@@ -66,11 +66,7 @@ def predict(profile: dict[str, Any], cluster_name: str) -> tuple[Estimate, Clust
     cluster, notes = prediction_cluster(profile, cluster_name)
     job = JobSpec(global_batch_tokens=int(step["global_batch_tokens"]), seq_len=int(step["seq_len"]))
     plan = parse_plan(step["plan"], world_size=cluster.n_gpus)
-    est = evaluate(spec, cluster, job, plan)
-    if est.feasible:
-        params = compute_params_for(cluster.accelerator.name, job.software)
-        est = refine(est, slowdown=params.comm_slowdown, step_overhead_s=params.step_overhead_s)
-    return est, cluster, notes
+    return refine_fitted(evaluate(spec, cluster, job, plan), cluster.accelerator.name, job.software), cluster, notes
 
 
 def measured_mfu(step: dict[str, Any], est: Estimate, cluster: ClusterSpec, device: str) -> tuple[float | None, str]:
