@@ -126,6 +126,46 @@ def test_megatron_mla_gathers_its_latents_and_keeps_its_down_projections_whole()
     assert latents.count == hidden.count == regather.count
 
 
+def test_megatron_all_reduces_the_sequence_parallel_replicated_grads_over_tp_once_per_step():
+    """finalize_model_grads all-reduces over TP, in one coalesced call after the backward, the gradients
+    of the parameters every TP rank holds whole under SP: two norms a layer, MLA's duplicated
+    down-projections with their norms, the routers, the final norm on the last stage. torchtitan gathers
+    those modules' inputs instead and sends nothing."""
+    from meshplan.cost.params import param_counts
+
+    model = load_model("deepseek-v3")
+    pc = param_counts(model)
+    plan = "tp=2,pp=1,ep=32,dp_shard=128,mbs=1,recompute=full,sharding=megatron"
+    est = _est(plan, model="deepseek-v3", nodes=32, batch=4_194_304)
+    [e] = [e for e in est.comm if e.purpose.startswith("sequence-parallel replicated grads")]
+    # the 61 layers and the MTP layer (an MoE layer beside the loss): 62 layers, 59 of them MoE
+    n = (62 * (pc.norms_per_layer + pc.attention_replicated_per_layer) + 59 * pc.router_per_moe_layer
+         + pc.final_norm)
+    assert (e.count, e.group_size, e.window, e.phase) == (1, 2, "none", "step")
+    assert e.message_bytes == pytest.approx(n * 4.0)  # the job's FP32 gradient reduction
+    assert e.exposed_s == pytest.approx(e.time_s)
+    fsdp = _est("tp=2,ep=32,dp_shard=128,mbs=1,recompute=full", model="deepseek-v3", nodes=32,
+                batch=4_194_304)
+    assert not [e for e in fsdp.comm if e.purpose.startswith("sequence-parallel replicated grads")]
+
+
+def test_megatron_mla_runs_its_down_projections_on_the_sequence_parallel_share():
+    """Under Megatron-core's SP the replicated down-projections take the rank's T/t tokens and the latents
+    are gathered after them; torchtitan gathers their input first and runs them on all T."""
+    from meshplan.calibration import compute_params_for
+    from meshplan.cost.compute import layer_times
+
+    model, accel = load_model("deepseek-v3"), load_cluster("h100-sxm").accelerator
+    args = dict(tokens=4096, seq_len=4096, cp=1, tp=4, precision="bf16", sequence_parallel=True)
+    params = compute_params_for(accel.name)
+    whole = layer_times(model, accel, params, **args)
+    local = layer_times(model, accel, params, mla_down_local=True, **args)
+    assert local.gemm_fwd_s < whole.gemm_fwd_s
+    assert local.mla_up_fwd_s == whole.mla_up_fwd_s
+    gqa = load_model("seed-70b")
+    assert layer_times(gqa, accel, params, mla_down_local=True, **args) == layer_times(gqa, accel, params, **args)
+
+
 def test_expert_tp_under_expert_parallelism_splits_states_and_gathers_dispatched_tokens():
     """Megatron's --expert-tensor-parallel-size = tp with EP: each rank holds 1/(ep·tp) of the routed
     experts, the EP ranks sit tp apart, and after each dispatch the received tokens are all-gathered over

@@ -30,6 +30,12 @@ Semantics per implementation (formulas.md §3, checked against the sources cited
   and the output by all-to-all [jacobs2023ulysses]. PyTorch's context_parallel (the FSDP plans) sends
   dKV round the ring in FP32 under either KV exchange, cp passes per layer.
 - Expert parallelism: dispatch and combine all-to-alls forward and backward per MoE layer.
+- Megatron-core with sequence parallelism: the parameters every TP rank holds whole but computes a
+  partial gradient of on its sequence shard (the norms, MLA's duplicated down-projections and their
+  norms, the MoE router) carry the ``sequence_parallel`` attribute, and finalize_model_grads all-reduces
+  their gradients over TP in one coalesced call after the backward
+  (_allreduce_non_tensor_model_parallel_grads, distributed/finalize_model_grads.py; the attribute is set in
+  extensions/transformer_engine.py for parallel_mode='duplicated' and in moe/router.py).
 - Pipeline: one activation send forward and one gradient send backward per micro-batch per model
   chunk at each stage boundary; with TP the message is split t ways (SP or scatter-gather).
 """
@@ -52,6 +58,7 @@ from meshplan.cost.collectives import (
 from meshplan.cost.estimate import OTHER_MICROBATCH, CommEntry
 from meshplan.cost.flops import attention_recomputed
 from meshplan.cost.mesh import Group, intra_boundaries, stage_links_intra
+from meshplan.cost.params import param_counts
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 
 PARAM_DTYPE_BYTES = 2.0  # bf16 all-gather (FSDP2 MixedPrecisionPolicy.param_dtype)
@@ -282,6 +289,19 @@ def _tensor_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, s
                     window_b)
 
 
+def _sequence_parallel_grads(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, st: StageTraffic) -> None:
+    """Megatron-core's TP all-reduce of the replicated parameters' partial gradients under sequence
+    parallelism: once per step, one coalesced call, after the gradients are reduced and before the
+    optimizer step, so no compute hides it (module docstring)."""
+    if plan.tp <= 1 or not plan.sequence_parallel or not plan.runs_megatron_layers(job.software):
+        return
+    pc = param_counts(model)
+    n = (st.n_layers * (pc.norms_per_layer + pc.attention_replicated_per_layer)
+         + st.n_moe_layers * pc.router_per_moe_layer + (pc.final_norm if st.has_lm_head else 0))
+    led.add(ALL_REDUCE, "tp", "sequence-parallel replicated grads all-reduce (finalize_model_grads)", "step", 1,
+            n * _grad_bytes(plan, job), "none")
+
+
 def attention_kv_dim(model: ModelSpec, job: JobSpec) -> int:
     """The width of each of K and V as attention receives them: the query heads' where the stack repeats
     them to every head (JobSpec.attention_kv_expanded: torchtitan), else the model's KV heads'."""
@@ -408,6 +428,7 @@ def comm_ledger(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan
     led = _Ledger(cluster, groups)
     if not in_layer:
         _data_parallel(led, plan, job, st)
+        _sequence_parallel_grads(led, model, plan, job, st)
     _tensor_parallel(led, model, plan, job, st)
     _context_parallel(led, model, plan, job, st)
     _expert_parallel(led, model, plan, job, st)

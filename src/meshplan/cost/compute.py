@@ -231,7 +231,8 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
                 seq_len: int, cp: int, tp: int, precision: str, causal_kernel: bool = True, cp_chunked: bool = True,
                 flash_attention: bool = True,
                 moe: bool = False, expert_tokens: float = 0.0, local_experts: float = 0.0,
-                expert_tp: int = 1, sequence_parallel: bool = False, fused_grouped_mlp: bool = False) -> LayerTimes:
+                expert_tp: int = 1, sequence_parallel: bool = False, fused_grouped_mlp: bool = False,
+                mla_down_local: bool = False) -> LayerTimes:
     """Forward and backward time of one transformer layer for ``tokens`` tokens on a rank (T = b·S/cp).
 
     GEMM shapes after tensor-parallel splitting (Megatron column/row split): QKV [T, D]x[D, (h_q+2h_kv)/t],
@@ -244,6 +245,9 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     twice the forward's batched GEMMs and its own elementwise traffic over the score matrix, which it
     computes whole, window or not. ``fused_grouped_mlp`` (JobSpec.fused_grouped_mlp): the routed experts'
     activation runs inside their fused GEMMs, so it moves no elementwise traffic of its own.
+    ``mla_down_local``: MLA's replicated down-projections run on the rank's sequence-parallel share, T/t
+    tokens, and the latents are gathered after them (Megatron-core with sequence parallelism,
+    multi_latent_attention.py); otherwise on all T (torchtitan gathers their input).
     """
     D, t = model.hidden, float(tp)
     peak, e_max, hd = gemm_curve(accel, params, precision)
@@ -259,8 +263,9 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
         # the region Megatron's mla_up_proj re-runs: the q up-projection (or, without a q latent, the q
         # projection itself) and the kv up-projection
         mla_up = (g(tokens, q_out / t, r_q) if r_q else g(tokens, q_out / t, D)) + g(tokens, kv_out / t, r_kv)
-        attn_proj = mla_up + (g(tokens, r_q, D) if r_q else 0.0)
-        attn_proj += g(tokens, r_kv + model.qk_rope_head_dim, D)
+        down_tokens = tokens / t if mla_down_local else tokens
+        attn_proj = mla_up + (g(down_tokens, r_q, D) if r_q else 0.0)
+        attn_proj += g(down_tokens, r_kv + model.qk_rope_head_dim, D)
     else:
         attn_proj = g(tokens, (model.q_dim + 2 * model.kv_dim) / t, D)
     attn_proj += g(tokens, D, model.q_dim / t)
