@@ -595,3 +595,37 @@ def test_a_batch_condition_is_where_another_layout_beats_the_recommendation_by_t
     # the change is confirmed by the search plan runs; the values held are screened by the closed form
     assert cond["direction"] == "below" and margin(cond["value"], refined=True) >= MIN_GAIN
     assert margin(cond["last_same_value"], refined=False) < MIN_GAIN
+
+
+def test_memory_chart_draws_the_hbm_capacity_and_the_sweep_names_families(monkeypatch):
+    """The memory chart's bars stand against the GPU's HBM capacity, and the sweep's lines carry the
+    families' report names, not their keys."""
+    from meshplan import evaluate, parse_plan
+    from meshplan.report import charts
+
+    m, c, j = worked_example()
+    est = evaluate(m, c, j, parse_plan("tp=8,pp=4,dp_shard=2,sharding=megatron,mbs=1,recompute=none", c.n_gpus))
+    seen = {}
+    monkeypatch.setattr(charts, "_stacked", lambda rows, xlabel, title, limit=None: seen.update(limit=limit) or b"")
+    charts.memory_chart([est])
+    assert seen["limit"][0] == pytest.approx(c.accelerator.hbm_capacity_bytes / 2**30)
+    assert seen["limit"][1] == "HBM capacity (79.2 GiB)"
+    labels = []
+
+    class _Axes:
+        def plot(self, *a, label="", **k):
+            labels.append(label)
+
+        def __getattr__(self, name):
+            return lambda *a, **k: None
+
+    class _Plt:
+        def subplots(self, **k):
+            return None, _Axes()
+
+    monkeypatch.setattr(charts, "_plt", lambda: _Plt())
+    monkeypatch.setattr(charts, "_png", lambda fig: b"")
+    point = charts.SweepPoint(value=1.0, best=est, by_family={"fsdp": est, "pp": est})
+    monkeypatch.setattr(charts, "changes", lambda points: [])
+    charts.sweep_chart([point], xlabel="gpus", log_x=False)
+    assert labels == ["best FSDP full shard plan", "best pipeline plan", "recommended"]

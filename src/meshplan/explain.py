@@ -12,15 +12,13 @@ from meshplan.errors import SpecError
 from meshplan.search.conditions import Condition, HeldRange, find_conditions
 from meshplan.search.rank import TIE_BAND
 from meshplan.search.search import REFINE_TOP, SearchResult, search
-from meshplan.search.space import Space, family
+from meshplan.search.space import FAMILY_NAMES, Space, family
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.units import GB, format_gb, format_gib, format_seconds
 
 CANDIDATES = 40
 """Leading plans of the base search that the conditions-of-change walk re-evaluates at each value."""
 
-FAMILY_NAMES = {"ddp": "DDP", "fsdp": "FSDP full shard", "hsdp": "HSDP", "tp": "TP x data parallel",
-                "pp": "pipeline", "cp": "context parallel", "ep": "expert parallel"}
 
 
 def dominant_terms(est: Estimate, n: int = 3) -> list[tuple[str, float]]:

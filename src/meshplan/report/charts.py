@@ -8,6 +8,7 @@ import io
 from meshplan.cost.estimate import Estimate
 from meshplan.errors import SpecError
 from meshplan.search.rank import TIE_BAND
+from meshplan.search.space import FAMILY_NAMES
 from meshplan.search.sweep import SweepPoint, changes
 from meshplan.units import GiB
 
@@ -32,7 +33,9 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def _stacked(rows: list[tuple[str, dict[str, float]]], xlabel: str, title: str) -> bytes:
+def _stacked(rows: list[tuple[str, dict[str, float]]], xlabel: str, title: str,
+             limit: tuple[float, str] | None = None) -> bytes:
+    """Horizontal bars of stacked terms, one per row; ``limit``: a vertical line (value, its legend label)."""
     plt = _plt()
     keys: list[str] = []
     for _, d in rows:
@@ -48,9 +51,11 @@ def _stacked(rows: list[tuple[str, dict[str, float]]], xlabel: str, title: str) 
         left = [a + b for a, b in zip(left, vals, strict=True)]
     ax.set_yticks(range(len(rows)), [name for name, _ in rows], fontsize=8)
     ax.invert_yaxis()
+    if limit is not None:
+        ax.axvline(limit[0], color="black", lw=1.2, ls="--", label=limit[1])
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
-    if keys:  # nothing to stack (no plan was timed): no legend to draw
+    if keys or limit is not None:  # nothing to stack (no plan was timed): no legend to draw
         # beside the axes, not over the bars it names
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return _png(fig)
@@ -69,10 +74,15 @@ def step_breakdown_chart(estimates: list[Estimate], labels: list[str] | None = N
 
 
 def memory_chart(estimates: list[Estimate], labels: list[str] | None = None) -> bytes:
+    """The peak memory of each plan's most loaded stage by term, against the GPU's HBM capacity (the
+    plans of one report share their cluster; the line is the first plan's)."""
     rows = [(n, {k: v / GiB for k, v in e.memory.terms.items()})
             for n, e in zip(_names(estimates, labels), estimates, strict=True)]
-    png = _stacked(rows, "GiB per GPU (most loaded stage)", "Memory per GPU by term")
-    return png
+    limit = None
+    if estimates:
+        cap = estimates[0].memory.capacity_bytes / GiB
+        limit = (cap, f"HBM capacity ({cap:.1f} GiB)")
+    return _stacked(rows, "GiB per GPU (most loaded stage)", "Memory per GPU by term", limit)
 
 
 SWEEP_AXES = {"batch-tokens": "global batch [tokens per step]",
@@ -90,7 +100,7 @@ def sweep_chart(points: list[SweepPoint], *, xlabel: str, log_x: bool) -> bytes:
     for f in families:
         xs = [p.value for p in points if f in p.by_family]
         ys = [p.by_family[f].tokens_per_s_per_gpu for p in points if f in p.by_family]
-        ax.plot(xs, ys, marker="o", ms=3, label=f)
+        ax.plot(xs, ys, marker="o", ms=3, label=f"best {FAMILY_NAMES.get(f, f)} plan")
     best_x = [p.value for p in points if p.best]
     best_y = [p.best.tokens_per_s_per_gpu for p in points if p.best]
     ax.plot(best_x, best_y, "k--", lw=1, label="recommended")

@@ -147,6 +147,11 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
         yield replace(plan, offload_layers=None)
 
 
+FAMILY_NAMES = {"ddp": "DDP", "fsdp": "FSDP full shard", "hsdp": "HSDP", "tp": "TP x data parallel",
+                "pp": "pipeline", "cp": "context parallel", "ep": "expert parallel"}
+"""What reports call each ``family``."""
+
+
 def family(plan: Plan) -> str:
     """The plan's family name for reports: the most distinctive parallelism it uses."""
     if plan.ep > 1:
