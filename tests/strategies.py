@@ -14,6 +14,9 @@ def models(draw, moe: bool | None = None):
     kwargs = {}
     if is_moe:
         kwargs = {"n_experts": 8, "top_k": draw(st.sampled_from([1, 2])), "expert_ffn_hidden": 1024}
+    if draw(st.sampled_from([False, False, True])):  # multi-head latent attention (its q latent optional)
+        kwargs |= {"q_lora_rank": draw(st.sampled_from([0, 512, 1536])), "kv_lora_rank": 512,
+                   "qk_rope_head_dim": 64, "v_head_dim": head_dim, "head_dim": head_dim}
     return ModelSpec(name="prop", n_layers=draw(st.sampled_from([8, 16, 32])), hidden=heads * head_dim,
                      n_heads=heads, n_kv_heads=kv, ffn_hidden=draw(st.sampled_from([2048, 4096, 8192])),
                      vocab=draw(st.sampled_from([32000, 50304])), gated_mlp=draw(st.booleans()), **kwargs)

@@ -32,10 +32,11 @@ Semantics per implementation (formulas.md §3, checked against the sources cited
 - Expert parallelism: dispatch and combine all-to-alls forward and backward per MoE layer.
 - Megatron-core with sequence parallelism: the parameters every TP rank holds whole but computes a
   partial gradient of on its sequence shard (the norms, MLA's duplicated down-projections and their
-  norms, the MoE router) carry the ``sequence_parallel`` attribute, and finalize_model_grads all-reduces
-  their gradients over TP in one coalesced call after the backward
-  (_allreduce_non_tensor_model_parallel_grads, distributed/finalize_model_grads.py; the attribute is set in
-  extensions/transformer_engine.py for parallel_mode='duplicated' and in moe/router.py).
+  norms, the MoE router, the row-parallel linears' biases) carry the ``sequence_parallel`` attribute,
+  and finalize_model_grads all-reduces their gradients over TP in one coalesced call after the backward
+  (_allreduce_non_tensor_model_parallel_grads, distributed/finalize_model_grads.py; the attribute is set
+  in extensions/transformer_engine.py for parallel_mode='duplicated' and row-parallel biases, and in
+  moe/router.py; Megatron-FSDP reduces the local shard of the gradient).
 - Pipeline: one activation send forward and one gradient send backward per micro-batch per model
   chunk at each stage boundary; with TP the message is split t ways (SP or scatter-gather).
 """
@@ -296,8 +297,11 @@ def _sequence_parallel_grads(led: _Ledger, model: ModelSpec, plan: Plan, job: Jo
     if plan.tp <= 1 or not plan.sequence_parallel or not plan.runs_megatron_layers(job.software):
         return
     pc = param_counts(model)
-    n = (st.n_layers * (pc.norms_per_layer + pc.attention_replicated_per_layer)
+    row_biases = 2 * model.hidden if model.linear_bias else 0  # the attention output's and the MLP's
+    n = (st.n_layers * (pc.norms_per_layer + pc.attention_replicated_per_layer + row_biases)
          + st.n_moe_layers * pc.router_per_moe_layer + (pc.final_norm if st.has_lm_head else 0))
+    if plan.sharding == "fsdp":  # Megatron-FSDP all-reduces the rank's data-parallel shard of them
+        n /= plan.shard_degree
     led.add(ALL_REDUCE, "tp", "sequence-parallel replicated grads all-reduce (finalize_model_grads)", "step", 1,
             n * _grad_bytes(plan, job), "none")
 

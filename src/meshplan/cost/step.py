@@ -835,8 +835,9 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...], 
                   compute.zero3_overlap_efficiency if plan.sharding == "zero3" else None)
     # the warm-up and cool-down micro-batches stall on the layers' unhidden collectives as the steady
     # ones do (the expert all-to-all without ep_overlap, TP without async TP, Ulysses)
+    # (not the once-a-step TP all-reduce after the backward, comm._sequence_parallel_grads)
     stall_f, stall_b = (sum(x.exposed_s for x in ledger if x.window == "none" and x.axis in LAYER_AXES
-                            and (x.phase == "forward") == fwd) / m for fwd in (True, False))
+                            and x.phase == ("forward" if fwd else "backward")) / m for fwd in (True, False))
     bubble = bubble_time_s(schedule=plan.schedule, pp=plan.pp, vpp=plan.vpp, m=m, t_f_s=t_f + stall_f,
                            t_b_s=t_b + t_r + stall_b, t_w_s=t_w)
     opt = _optimizer_s(c, compute)
@@ -1261,8 +1262,10 @@ def _shape_lower_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute
     only communication or memory share it)."""
     sizes = [mbs] if mbs else micro_batch_sizes(job, dp)
     return min(_shape_bound_s(model, accelerator, compute, job, tp, cp, ep, etp, pp, schedule, vpp, layout, sp,
-                              cp_chunked, b, "none", _micro_batches(job, dp, b), None, loss, False)
-               for b in sizes)  # nothing recomputed: Megatron's layers or not alike
+                              cp_chunked, b, "none", _micro_batches(job, dp, b), None, loss, True)
+               # nothing recomputed, so Megatron's layers time as others do, but for MLA's down-projections
+               # under SP, which they run on T/t tokens (the lesser: layer_times' mla_down_local)
+               for b in sizes)
 
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *, mfu: float | None = None,
