@@ -124,3 +124,22 @@ def test_zb_v_middle_ranks_are_simulated_without_the_head():
     r = simulate(est, slowdown=0.0, step_overhead_s=0.0)
     busy = [sum(t.dur_s for t in r.pipeline if t.stage == s) for s in range(8)]
     assert busy[0] > busy[1] == pytest.approx(busy[7])  # the head's rank, then the head-free ones alike
+
+
+def test_zero_bubble_stages_all_hold_p_micro_batches():
+    """Zero-bubble schedules keep p micro-batches short of their W on every stage (ZB-H1 by holding W
+    back, PyTorch's ZB-V by its V), not 1F1B's p - s: the last stage of a ZB-H1 plan, beside the loss,
+    holds as many activations as the first."""
+    from meshplan import JobSpec, evaluate, load_cluster, load_model, parse_plan
+
+    for schedule, vpp in (("zb-h1", 1), ("zb-v", 2)):
+        assert [in_flight_microbatches(schedule=schedule, pp=8, m=32, vpp=vpp, stage=s, layers=10)
+                for s in range(8)] == [8.0] * 8
+        assert in_flight_microbatches(schedule=schedule, pp=8, m=4, vpp=vpp, stage=7, layers=10) == 4.0
+    m, c = load_model("seed-70b"), load_cluster("h100-sxm", nodes=8)
+    job = JobSpec(global_batch_tokens=4_194_304, seq_len=4096)
+    plans = {s: parse_plan(f"tp=4,pp=16,mbs=1,recompute=none,schedule={s}", c.n_gpus) for s in ("1f1b", "zb-h1")}
+    one, zb = (evaluate(m, c, job, p).memory for p in plans.values())
+    assert one.stage == 0 and zb.stage == 15  # 16 micro-batches beside the logits, not one
+    assert zb.terms["activations"] == pytest.approx(one.terms["activations"])  # 5 layers a stage
+    assert zb.peak_bytes > one.peak_bytes

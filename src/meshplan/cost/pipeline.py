@@ -107,6 +107,14 @@ def in_flight_microbatches(*, schedule: str, pp: int, m: int, vpp: int, stage: i
         return 1.0 + (1.0 / layers if ep_overlap and m > 1 else 0.0)
     if schedule == "gpipe":
         return float(m)
+    if schedule in ("zb-h1", "zb-v"):
+        # every stage holds p micro-batches short of their W pass [2]: ZB-H1 holds back s of stage s's W
+        # passes (§2.1), PyTorch's ScheduleZBVZeroBubble (torch/distributed/pipelining/schedules.py) runs
+        # 2(p - r) - 1 + r first-chunk forwards and r + 1 second-chunk ones before rank r's first W, 2p
+        # chunks of half its layers. A micro-batch waiting for its W keeps the weight gradients' inputs
+        # and output gradients, nearly all of its activations ([2] Table 1: M_W = 32sbh of
+        # M_B = 34sbh + 5as²b), so it counts whole.
+        return float(min(m, pp))
     if schedule != "interleaved":
         return float(min(m, pp - stage))
     sizes = chunk_layers or (1.0,) * vpp

@@ -3,10 +3,11 @@
 Each stage runs one chunk at a time. A forward chunk waits for the previous virtual stage's forward of
 the same micro-batch (plus the send/recv time), a backward chunk for the next virtual stage's backward.
 1F1B runs each stage's tasks in Megatron's fixed order (warm-up forwards, then one forward and one
-backward in turn). The other schedules are list-scheduled greedily with schedule-specific priorities:
-backward before forward, and for zero-bubble schedules the weight-gradient part W is split off and runs
-only when nothing else is ready (Qi et al. 2024); forwards in flight per stage are capped as each
-schedule's memory budget allows.
+backward in turn), ZB-H1 in the paper's (Qi et al. 2024 §2.1: 1F1B's order with the weight-gradient
+part W split off and stage s holding s of them back, so every stage keeps p micro-batches short of their
+W). The other schedules are list-scheduled greedily with schedule-specific priorities: backward before
+forward, and for ZB-V the W part runs only when nothing else is ready; forwards in flight per stage are
+capped as each schedule's memory budget allows.
 """
 
 from __future__ import annotations
@@ -55,9 +56,10 @@ def schedule_pipeline(*, schedule: str, pp: int, m: int, chunks: int, f_s: list[
             if split_w:
                 tasks.append(Task(s, "W", k, j, w_s[s] / chunks, deps=[t]))
         tasks += fwd + bwd
-    if schedule == "1f1b" and chunks == 1:
+    if schedule in ("1f1b", "zb-h1") and chunks == 1:
         by_key = {(t.stage, t.kind, t.mb): t for t in tasks}
-        return _run_in_order(pp, [_one_f_one_b(pp, s, m, by_key) for s in range(pp)], p2p_s), tasks
+        order = _one_f_one_b if schedule == "1f1b" else _zb_h1
+        return _run_in_order(pp, [order(pp, s, m, by_key) for s in range(pp)], p2p_s), tasks
     cap = {s: _cap(schedule, pp, s, m, chunks) for s in range(pp)}
     free = [0.0] * pp
     inflight = [0] * pp
@@ -138,6 +140,27 @@ def _one_f_one_b(pp: int, s: int, m: int, by_key: dict[tuple[int, str, int], Tas
     for i in range(m - warm):
         order += [by_key[s, "F", warm + i], by_key[s, "B", i]]
     return order + [by_key[s, "B", k] for k in range(m - warm, m)]
+
+
+def _zb_h1(pp: int, s: int, m: int, by_key: dict[tuple[int, str, int], Task]) -> list[Task]:
+    """Stage ``s``'s tasks in ZB-H1's order (Qi et al. 2024 §2.1, Fig. 3): 1F1B's p - s warm-up forwards,
+    then for each micro-batch its B, a W once s of them wait, and the next forward; the held-back W passes
+    fill the cool-down. Every stage then has p micro-batches short of their W (the first stage as under
+    1F1B), and the makespan is the paper's: its bubble (p - 1)(t_F + t_B - t_W) on uniform stages
+    (tests/test_sim.py). A greedy choice deferred W without that bound (up to every micro-batch's on the
+    last stage), which the memory the plan is charged (cost.pipeline.in_flight_microbatches) does not
+    hold."""
+    warm = min(pp - s, m)
+    order = [by_key[s, "F", k] for k in range(warm)]
+    held: list[int] = []
+    for k in range(m):
+        order.append(by_key[s, "B", k])
+        held.append(k)
+        if len(held) > s:
+            order.append(by_key[s, "W", held.pop(0)])
+        if warm + k < m:
+            order.append(by_key[s, "F", warm + k])
+    return order + [by_key[s, "W", k] for k in held]
 
 
 def _run_in_order(pp: int, orders: list[list[Task]], p2p_s: float) -> float:
