@@ -74,13 +74,14 @@ def _accel_key(accel: AcceleratorSpec) -> _AccelKey:
 @functools.lru_cache(maxsize=16384)
 def _layer_times(model: ModelSpec, accel: _AccelKey, compute: ComputeParams, tokens: float, seq_len: int, cp: int,
                  tp: int, precision: str, moe: bool, expert_tokens: float, local: float, cp_chunked: bool,
-                 flash_attention: bool, etp: int, sp: bool, fused_grouped_mlp: bool, megatron: bool) -> LayerTimes:
+                 flash_attention: bool, etp: int, sp: bool, fused_grouped_mlp: bool, mla_down_local: bool
+                 ) -> LayerTimes:
     """layer_times, memoised: a search evaluates the same layer shapes under many sharding variants."""
     return layer_times(model, accel, compute, tokens=tokens, seq_len=seq_len, cp=cp, tp=tp,  # type: ignore[arg-type]
                        precision=precision, moe=moe, expert_tokens=expert_tokens, local_experts=local,
                        cp_chunked=cp_chunked, flash_attention=flash_attention, expert_tp=etp,
                        sequence_parallel=sp and tp > 1, fused_grouped_mlp=fused_grouped_mlp,
-                       mla_down_local=megatron and sp and tp > 1)
+                       mla_down_local=mla_down_local)
 
 
 @functools.lru_cache(maxsize=64)
@@ -608,7 +609,7 @@ def _stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute
             local = model.n_experts / ep
         return _layer_times(model, accel, _kernel_params(compute, job), tokens, job.seq_len, cp, tp,
                             job.precision, moe, expert_tokens, local, cp_chunked, job.flash_attention, etp, sp,
-                            job.fused_grouped_mlp, megatron and model.is_mla)
+                            job.fused_grouped_mlp, megatron and model.is_mla and sp and tp > 1)
 
     kinds = [(n_dense, lt(False))] + ([(n_moe, lt(True))] if n_moe else [])
     t_f = sum(n * x.fwd_s for n, x in kinds)

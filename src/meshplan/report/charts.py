@@ -55,7 +55,7 @@ def _stacked(rows: list[tuple[str, dict[str, float]]], xlabel: str, title: str,
         ax.axvline(limit[0], color="black", lw=1.2, ls="--", label=limit[1])
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
-    if keys or limit is not None:  # nothing to stack (no plan was timed): no legend to draw
+    if keys or limit is not None:  # nothing stacked (no plan was timed) and no line: no legend to draw
         # beside the axes, not over the bars it names
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return _png(fig)
