@@ -18,7 +18,7 @@ def main() -> None:
     model, cluster = load_model("llama-3.1-405b"), load_cluster("h100-sxm", nodes=128)
     job = JobSpec(global_batch_tokens=8 * 32 * 8192, seq_len=8192)
     plan = parse_plan("tp=8,pp=16,dp_shard=8,mbs=1,recompute=full", cluster.n_gpus)
-    for schedule in ("1f1b", "zb-h1"):  # the simulator runs interleaving as 1F1B, its bubble divided by v
+    for schedule in ("1f1b", "zb-h1", "zb-v"):  # the simulator runs interleaving as 1F1B, its bubble by v
         p = plan if schedule == "1f1b" else parse_plan(plan.to_string() + f",schedule={schedule}"
                                                        , 1024)
         est = evaluate(model, cluster, job, p)

@@ -164,21 +164,13 @@ def bubble_time_s(*, schedule: str, pp: int, vpp: int, m: int, t_f_s: float, t_b
     """Idle time of a pipeline rank per step of ``m`` micro-batches [s] ([1], [2]). t_b_s is the
     input-gradient part of the backward, t_w_s the weight-gradient part (both chunks' under ZB-V).
 
-    The zero-bubble schedules fill the 1F1B bubble, (p - 1)(t_F + t_B), with deferred weight-gradient
-    passes ([2]), within three limits, each read off meshplan's timeline simulator (sim.pipeline) on
-    uniform stages, none of which lets a longer W pass shorten the step:
-
-    - the passes there are: stage 0's last W runs after its last B, which ends the step, so ZB-H1 fills
-      (m - 1) of its p - 1 slots; ZB-V's V-shape also halves the warm-up per further micro-batch (its two
-      chunks interleave) and fills with m - 1/2 passes, no more than m forwards' worth of gaps;
-    - the step's end: without the paper's optimizer post-validation every rank waits for the last, so the
-      bubble never falls below (p - 1)·max(t_F, t_B) under ZB-H1 and (p - 1)·t_F/2 under ZB-V;
-    - ZB-V's steady state, (p - 1)(t_F + t_B - 2·t_W)/2: its slots are chunk-sized.
-
-    Against the simulator over p = 2..16, m = 1..8p and seven (t_F, t_B, t_W) mixes, the step's mean
-    error is 1.0 % (ZB-H1) and 1.7 % (ZB-V; the simulator's interleaving is uneven where m is not a
-    multiple of p, up to 23 % there); the paper's formulas, (p - 1)·max(0, t_F + t_B - k·t_W), were off by
-    10 % and 16 %, and by up to 90 % with few micro-batches."""
+    ZB-H1 fills the 1F1B bubble, (p - 1)(t_F + t_B), with deferred weight-gradient passes ([2]), exactly
+    as its order runs on uniform stages (sim.pipeline, the paper's; the paths enumerated as for ZB-V, below)
+    with n = min(m, p): stage 0's last W runs after its last B, which ends the step, so it fills n - 1 of
+    its p - 1 slots; and without the paper's optimizer post-validation every rank waits for the last, so
+    the bubble never falls below (p - 1)·t_F + (p - n)·t_B, nor the same with t_F and t_B swapped. ZB-V is
+    PyTorch's order (``_zb_v_bubble``). The paper's formulas, (p - 1)·max(0, t_F + t_B - k·t_W), were off by
+    10 % (ZB-H1) and 16 % (ZB-V) against the simulator, and by up to 90 % with few micro-batches."""
     if pp == 1:
         return 0.0
     full = t_f_s + t_b_s + t_w_s
@@ -186,12 +178,61 @@ def bubble_time_s(*, schedule: str, pp: int, vpp: int, m: int, t_f_s: float, t_b
         return (pp - 1) * full
     if schedule == "interleaved":
         return (pp - 1) * full / vpp
-    slots, fb = pp - 1, t_f_s + t_b_s
     if schedule == "zb-h1":
-        return max(slots * max(t_f_s, t_b_s), slots * fb - min(slots, m - 1) * t_w_s)
-    return max(slots * t_f_s / 2.0,  # zb-v
-               slots * fb - min(slots, m - 1) * fb / 2.0 - min(min(slots, m - 0.5) * t_w_s, m * t_f_s),
-               slots * (fb - 2.0 * t_w_s) / 2.0)
+        slots, short = pp - 1, pp - min(m, pp)
+        return max(slots * t_f_s + short * t_b_s, short * t_f_s + slots * t_b_s,
+                   slots * (t_f_s + t_b_s - t_w_s) + short * t_w_s)
+    return _zb_v_bubble(pp, m, t_f_s, t_b_s, t_w_s)
+
+
+# ZB-V's bubble on uniform stages is the longest of these paths through PyTorch's order, each a linear
+# form in (t_F, t_B, t_W) whose coefficients are (c0 + cj·j + ck·k)/2, one (c0, cj, ck) per time, with
+# n = min(m, 2p - 1) micro-batches (more add none: the steady state keeps the bubble), j = n - p and
+# k = 2p - 1 - n. The paths were enumerated exactly (max-plus, in rational arithmetic) on the simulator's
+# ZB-V order for p = 2..10 and every m, fitted as linear in (j, k), and each form checked against the
+# simulator for p = 2..20 (tests/test_pipeline.py); every one is needed, at some (p, m, t_F, t_B, t_W).
+_ZB_V_FEW = (  # n <= p
+    ((0, -2, 0), (0, 2, 2), (0, 0, 0)),
+    ((0, 0, 1), (0, 0, 1), (0, 0, 0)),
+    ((0, 2, 2), (0, -4, -1), (0, -2, -1)),
+    ((0, 2, 2), (0, -2, 0), (0, -4, -2)),
+)
+_ZB_V_MANY = (  # n > p
+    ((-1, 2, 1), (1, 0, 1), (0, -2, 0)),
+    ((0, 0, 0), (0, 2, 2), (0, -2, 0)),
+    ((0, 2, 1), (0, 0, 1), (-1, -2, 0)),
+    ((-1, 2, 1), (1, -1, 0), (0, 0, 0)),
+    ((1, 0, 1), (0, 0, 0), (-1, 1, 0)),
+    ((0, 2, 2), (0, 0, 0), (-1, -2, -2)),
+    ((0, 0, 0), (1, 0, 1), (-1, 1, 0)),
+    ((0, 2, 1), (0, -1, 0), (-1, 0, 0)),
+    ((0, 2, 1), (0, -1, 1), (0, -1, 0)),
+    ((0, 2, 2), (0, -1, 0), (0, -1, -2)),
+    ((0, 2, 2), (0, -1, -1), (0, -1, -1)),
+    ((0, 0, 1), (0, 0, 1), (0, 0, 0)),
+    ((0, 0, 0), (0, 0, 2), (0, 0, 0)),
+    ((0, 2, 1), (0, -1, 1), (-1, 0, -1)),
+    ((0, 0, 0), (0, 1, 2), (0, 0, -1)),
+    ((-1, 2, 1), (1, -1, 1), (0, 0, -1)),
+    ((0, 2, 2), (0, -1, -1), (-1, 0, -2)),
+    ((0, 2, 2), (0, -1, 0), (-1, 0, -3)),
+)
+
+
+def _zb_v_bubble(pp: int, m: int, t_f_s: float, t_b_s: float, t_w_s: float) -> float:
+    """Idle time of PyTorch's ZB-V (``ScheduleZBVZeroBubble``; sim.pipeline._zb_v) on uniform stages [s],
+    exact: the longest of the paths in ``_ZB_V_FEW`` / ``_ZB_V_MANY``. With m >= 2p - 1 micro-batches these
+    are eight forms, among them (p - 1)·t_B/2, since the steady state runs F, B and W of each leg in turn
+    and a rank waits half a B per slot where t_B > t_F (the paper's (p - 1)·t_F/2 holds at t_B <= t_F, [2]
+    §6 balancing the passes by hand); (p - 3/2)·t_F - (p - 2)·t_B/2 where t_F > t_B; (p - 1)(t_B - t_W)
+    where t_W is short; and (max(t_F, t_B) + (p - 2)·t_W)/2 where it is long, the W passes held to the
+    cool-down. With fewer, PyTorch still plans 2p - 1 micro-batches and drops the rest, and the bubble grows
+    to (p - 1)(t_F + t_B) at one micro-batch (7·t_F against 3.5·t_F at p = 8, m = 8, equal times)."""
+    n = min(m, 2 * pp - 1)
+    j, k = n - pp, 2 * pp - 1 - n
+    times = (t_f_s, t_b_s, t_w_s)
+    return max(sum(t * (c0 + cj * j + ck * k) for t, (c0, cj, ck) in zip(times, form, strict=True))
+               for form in (_ZB_V_FEW if n <= pp else _ZB_V_MANY)) / 2.0
 
 
 def bubble_fraction(*, schedule: str, pp: int, m: int, vpp: int) -> float:

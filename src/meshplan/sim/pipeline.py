@@ -5,9 +5,9 @@ the same micro-batch (plus the send/recv time), a backward chunk for the next vi
 1F1B runs each stage's tasks in Megatron's fixed order (warm-up forwards, then one forward and one
 backward in turn), ZB-H1 in the paper's (Qi et al. 2024 §2.1: 1F1B's order with the weight-gradient
 part W split off and stage s holding s of them back, so every stage keeps p micro-batches short of their
-W). The other schedules are list-scheduled greedily with schedule-specific priorities: backward before
-forward, and for ZB-V the W part runs only when nothing else is ready; forwards in flight per stage are
-capped as each schedule's memory budget allows.
+W), ZB-V in PyTorch's (``ScheduleZBVZeroBubble``). GPipe and the interleaved schedule are list-scheduled
+greedily, backward before forward, forwards in flight per stage capped as each schedule's memory budget
+allows.
 """
 
 from __future__ import annotations
@@ -56,10 +56,10 @@ def schedule_pipeline(*, schedule: str, pp: int, m: int, chunks: int, f_s: list[
             if split_w:
                 tasks.append(Task(s, "W", k, j, w_s[s] / chunks, deps=[t]))
         tasks += fwd + bwd
-    if schedule in ("1f1b", "zb-h1") and chunks == 1:
-        by_key = {(t.stage, t.kind, t.mb): t for t in tasks}
-        order = _one_f_one_b if schedule == "1f1b" else _zb_h1
-        return _run_in_order(pp, [order(pp, s, m, by_key) for s in range(pp)], p2p_s), tasks
+    fixed = {"1f1b": _one_f_one_b, "zb-h1": _zb_h1, "zb-v": _zb_v}.get(schedule)
+    if fixed is not None and chunks == (2 if schedule == "zb-v" else 1):
+        by_key = {(t.stage, t.kind, t.mb, t.chunk): t for t in tasks}
+        return _run_in_order(pp, [fixed(pp, s, m, by_key) for s in range(pp)], p2p_s), tasks
     cap = {s: _cap(schedule, pp, s, m, chunks) for s in range(pp)}
     free = [0.0] * pp
     inflight = [0] * pp
@@ -67,17 +67,11 @@ def schedule_pipeline(*, schedule: str, pp: int, m: int, chunks: int, f_s: list[
     # each stage runs the tasks of one (kind, chunk) in micro-batch order: only queue heads are candidates
     queues: dict[int, dict[str, list[Task]]] = {s: {} for s in range(pp)}
     for t in sorted(tasks, key=lambda t: _order_key(t, pp, chunks)):
-        # ZB-V fills its warm-up with first-chunk forwards while the V's second half is in flight:
-        # one queue per chunk; the others keep Megatron's strict interleaved order
-        q = f"{t.kind}{t.chunk}" if schedule == "zb-v" else t.kind
-        queues[t.stage].setdefault(q, []).append(t)
+        queues[t.stage].setdefault(t.kind, []).append(t)
     names = {s: list(queues[s]) for s in range(pp)}
     heads = {s: [0] * len(names[s]) for s in range(pp)}
     prio = {"B": 0, "F": 1, "W": 2}
-    # ZB-V caps only its first-chunk forwards: a second-chunk forward completes the V and leads to a backward
-    counted = {0} if schedule == "zb-v" else set(range(chunks))
-    where = {id(t): (t.stage, names[t.stage].index(f"{t.kind}{t.chunk}" if schedule == "zb-v" else t.kind))
-             for t in tasks}
+    where = {id(t): (t.stage, names[t.stage].index(t.kind)) for t in tasks}
     dependents: dict[int, list[Task]] = {}
     for t in tasks:
         for d in t.deps:
@@ -95,7 +89,7 @@ def schedule_pipeline(*, schedule: str, pp: int, m: int, chunks: int, f_s: list[
         if heads[s][i] >= len(ts):
             return
         t = ts[heads[s][i]]
-        if t.kind == "F" and t.chunk in counted and inflight[s] >= cap[s]:
+        if t.kind == "F" and inflight[s] >= cap[s]:
             return
         if any(math.isnan(d.end_s) for d in t.deps):
             return
@@ -117,8 +111,7 @@ def schedule_pipeline(*, schedule: str, pp: int, m: int, chunks: int, f_s: list[
         heads[s][i] += 1
         t.start_s, t.end_s = start, start + t.dur_s
         free[s] = t.end_s
-        if t.chunk in counted:
-            inflight[s] += 1 if t.kind == "F" else -1 if t.kind == "B" else 0
+        inflight[s] += 1 if t.kind == "F" else -1 if t.kind == "B" else 0
         remaining -= 1
         for j in range(len(names[s])):
             push(s, j)
@@ -128,21 +121,21 @@ def schedule_pipeline(*, schedule: str, pp: int, m: int, chunks: int, f_s: list[
     return max(free), tasks
 
 
-def _one_f_one_b(pp: int, s: int, m: int, by_key: dict[tuple[int, str, int], Task]) -> list[Task]:
+def _one_f_one_b(pp: int, s: int, m: int, by_key: dict[tuple[int, str, int, int], Task]) -> list[Task]:
     """Stage ``s``'s tasks in Megatron's 1F1B order: pp - s - 1 warm-up forwards, then a forward and a
     backward in turn, then the remaining backwards (``forward_backward_pipelining_without_interleaving``,
     megatron/core/pipeline_parallel/schedules.py). A greedy choice of the earliest-ready task does not keep
     it: with a last stage lighter than the others (a stage of fewer layers, or one holding the loss alone)
     it ran forwards ahead, and the step of Llama 3.1 405B on 64 stages came out 60 % long. ``by_key``: every
-    task by (stage, kind, micro-batch)."""
+    task by (stage, kind, micro-batch, chunk)."""
     warm = min(pp - s - 1, m)
-    order = [by_key[s, "F", k] for k in range(warm)]
+    order = [by_key[s, "F", k, 0] for k in range(warm)]
     for i in range(m - warm):
-        order += [by_key[s, "F", warm + i], by_key[s, "B", i]]
-    return order + [by_key[s, "B", k] for k in range(m - warm, m)]
+        order += [by_key[s, "F", warm + i, 0], by_key[s, "B", i, 0]]
+    return order + [by_key[s, "B", k, 0] for k in range(m - warm, m)]
 
 
-def _zb_h1(pp: int, s: int, m: int, by_key: dict[tuple[int, str, int], Task]) -> list[Task]:
+def _zb_h1(pp: int, s: int, m: int, by_key: dict[tuple[int, str, int, int], Task]) -> list[Task]:
     """Stage ``s``'s tasks in ZB-H1's order (Qi et al. 2024 §2.1, Fig. 3): 1F1B's p - s warm-up forwards,
     then for each micro-batch its B, a W once s of them wait, and the next forward; the held-back W passes
     fill the cool-down. Every stage then has p micro-batches short of their W (the first stage as under
@@ -151,16 +144,49 @@ def _zb_h1(pp: int, s: int, m: int, by_key: dict[tuple[int, str, int], Task]) ->
     last stage), which the memory the plan is charged (cost.pipeline.in_flight_microbatches) does not
     hold."""
     warm = min(pp - s, m)
-    order = [by_key[s, "F", k] for k in range(warm)]
+    order = [by_key[s, "F", k, 0] for k in range(warm)]
     held: list[int] = []
     for k in range(m):
-        order.append(by_key[s, "B", k])
+        order.append(by_key[s, "B", k, 0])
         held.append(k)
         if len(held) > s:
-            order.append(by_key[s, "W", held.pop(0)])
+            order.append(by_key[s, "W", held.pop(0), 0])
         if warm + k < m:
-            order.append(by_key[s, "F", warm + k])
-    return order + [by_key[s, "W", k] for k in held]
+            order.append(by_key[s, "F", warm + k, 0])
+    return order + [by_key[s, "W", k, 0] for k in held]
+
+
+def _zb_v(pp: int, r: int, m: int, by_key: dict[tuple[int, str, int, int], Task]) -> list[Task]:
+    """Rank ``r``'s tasks in the order of PyTorch's ZB-V (``ScheduleZBVZeroBubble._calculate_single_rank_
+    operations``, torch/distributed/pipelining/schedules.py), chunk 0 being the V's first leg (stage r),
+    chunk 1 its second (stage 2p - 1 - r):
+
+    - warm-up: 2(p - r) - 1 first-leg forwards, then r pairs of a second-leg and a first-leg forward, then
+      p - r times a second-leg forward with its B and W;
+    - steady state, until both legs have run n = max(2p - 1, m) forwards: a first-leg forward (while any
+      remain), B and W of the first leg, a second-leg forward, B and W of the second leg;
+    - cool-down: r pairs of first- and second-leg B passes, then p - r first-leg B passes each with a held
+      first-leg W, then the held W passes, second leg first.
+
+    PyTorch plans n micro-batches and drops those past m. Against the greedy schedule this replaces, which
+    deferred W passes until about 4p chunks waited, the rank keeps 2p chunks short of their W, and where
+    t_B > t_F its bubble is (p - 1)·t_B/2, not (p - 1)·t_F/2 (cost.pipeline.bubble_time_s)."""
+    n = max(2 * pp - 1, m)
+    order: list[tuple[str, int, int]] = []
+    done = dict.fromkeys([(kind, chunk) for kind in "FBW" for chunk in (0, 1)], 0)
+
+    def run(*passes: str) -> None:  # "F0": the next first-leg forward
+        for kind, chunk in ((x[0], int(x[1])) for x in passes):
+            order.append((kind, done[kind, chunk], chunk))
+            done[kind, chunk] += 1
+
+    run(*["F0"] * (2 * (pp - r) - 1), *["F1", "F0"] * r, *["F1", "B1", "W1"] * (pp - r))
+    while done["F", 1] < done["F", 0] or done["F", 0] < n:
+        run(*(["F0"] if done["F", 0] < n else []), "B0", "W0", "F1", "B1", "W1")
+    run(*["B0", "B1"] * r, *["B0", "W0"] * (pp - r))
+    for chunk in (1, 0):
+        run(*[f"W{chunk}"] * (done["B", chunk] - done["W", chunk]))
+    return [by_key[r, kind, k, chunk] for kind, k, chunk in order if k < m]
 
 
 def _run_in_order(pp: int, orders: list[list[Task]], p2p_s: float) -> float:
@@ -202,6 +228,4 @@ def _cap(schedule: str, pp: int, s: int, m: int, chunks: int) -> int:
         return m * chunks
     if chunks == 1:
         return max(1, pp - s)
-    if schedule == "zb-v":  # first-chunk forwards in flight: the V holds up to 2p - s of them
-        return max(1, pp + (pp - s))
     return max(1, (pp - s - 1) * 2 + (chunks - 1) * pp + 1)
