@@ -51,6 +51,21 @@ def test_zero_bubble_closed_form_is_the_simulated_order(schedule, p, m, times):
     assert closed == pytest.approx(_simulated_bubble(schedule, p, m, *times), rel=1e-9, abs=1e-9)
 
 
+# pass-time mixes under which each of ZB-V's 22 forms is the longest somewhere on the grid below
+MIXES = [(1, 1, 1), (1, 1.2, 0.8), (1, 0.8, 1.2), (1, 2, 0.5), (1, 2, 4), (1, 0.8, 0.1), (2, 1, 1), (1, 1, 0.3),
+         (1, 1, 2), (0.43, 0.49, 4.94), (3, 0.2, 0.1), (0.2, 3, 0.1), (0.1, 0.2, 3), (1.3, 0.4, 0.9)]
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-v"])
+def test_zero_bubble_closed_form_on_a_grid(schedule):
+    """The same on a fixed grid, every m from 1 to past 2p - 1, so that no form is left to chance."""
+    for p in (2, 3, 5, 8, 13):
+        for m in range(1, 2 * p + 2):
+            for f, b, w in MIXES:
+                closed = bubble_time_s(schedule=schedule, pp=p, vpp=1, m=m, t_f_s=f, t_b_s=b, t_w_s=w)
+                assert closed == pytest.approx(_simulated_bubble(schedule, p, m, f, b, w), rel=1e-9, abs=1e-9)
+
+
 @pytest.mark.parametrize("schedule", ["zb-h1", "zb-v"])
 def test_zero_bubble_longer_passes_never_shorten_the_step(schedule):
     for m in (1, 4, 7, 14, 32):
@@ -60,10 +75,10 @@ def test_zero_bubble_longer_passes_never_shorten_the_step(schedule):
 
 
 def test_zb_v_waits_half_a_backward_per_slot():
-    """PyTorch's ZB-V runs F, B and W of each leg in turn: where t_B > t_F each of the p - 1 slots waits
-    t_B/2, not the paper's t_F/2 (p = 16, t_B = 1.2 t_F: 9.0 t_F, not 7.5; the greedy schedule meshplan ran
-    before gave 9.8 and a closed form of 7.5). Below 2p - 1 micro-batches PyTorch still plans 2p - 1 and
-    the bubble doubles at m = p."""
+    """PyTorch's ZB-V runs F, B and W of each leg in turn: with enough micro-batches each of the p - 1
+    slots waits at least t_B/2, not the paper's t_F/2 (p = 16, t_B = 1.2 t_F: 9.0 t_F, not 7.5; the greedy
+    schedule meshplan ran before gave 9.8 and a closed form of 7.5). Below 2p - 1 micro-batches PyTorch
+    still plans 2p - 1 and the bubble doubles at m = p."""
     assert bubble_time_s(schedule="zb-v", pp=16, vpp=2, m=64, t_f_s=1, t_b_s=1.2, t_w_s=0.8) == pytest.approx(9.0)
     assert bubble_time_s(schedule="zb-v", pp=16, vpp=2, m=64, t_f_s=1, t_b_s=0.8, t_w_s=1.2) == pytest.approx(
         7.5 + 14 * 0.2 / 2)  # (p - 3/2)·t_F - (p - 2)·t_B/2 where t_F > t_B

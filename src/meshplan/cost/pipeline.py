@@ -169,8 +169,10 @@ def bubble_time_s(*, schedule: str, pp: int, vpp: int, m: int, t_f_s: float, t_b
     with n = min(m, p): stage 0's last W runs after its last B, which ends the step, so it fills n - 1 of
     its p - 1 slots; and without the paper's optimizer post-validation every rank waits for the last, so
     the bubble never falls below (p - 1)·t_F + (p - n)·t_B, nor the same with t_F and t_B swapped. ZB-V is
-    PyTorch's order (``_zb_v_bubble``). The paper's formulas, (p - 1)·max(0, t_F + t_B - k·t_W), were off by
-    10 % (ZB-H1) and 16 % (ZB-V) against the simulator, and by up to 90 % with few micro-batches."""
+    PyTorch's order (``_zb_v_bubble``). The paper's formulas, (p - 1)·max(0, t_F + t_B - k·t_W), hold only
+    with many micro-batches and balanced passes. On stages of unequal times (the loss's heavier) every rank
+    is charged the timed stage's: 9.9 % above the simulator on the 405B ZB-V benchmark plan
+    (benchmarks/bench_sim.py), 0.5 % on average on the published 1F1B rows."""
     if pp == 1:
         return 0.0
     full = t_f_s + t_b_s + t_w_s
@@ -221,13 +223,14 @@ _ZB_V_MANY = (  # n > p
 
 def _zb_v_bubble(pp: int, m: int, t_f_s: float, t_b_s: float, t_w_s: float) -> float:
     """Idle time of PyTorch's ZB-V (``ScheduleZBVZeroBubble``; sim.pipeline._zb_v) on uniform stages [s],
-    exact: the longest of the paths in ``_ZB_V_FEW`` / ``_ZB_V_MANY``. With m >= 2p - 1 micro-batches these
-    are eight forms, among them (p - 1)·t_B/2, since the steady state runs F, B and W of each leg in turn
-    and a rank waits half a B per slot where t_B > t_F (the paper's (p - 1)·t_F/2 holds at t_B <= t_F, [2]
-    §6 balancing the passes by hand); (p - 3/2)·t_F - (p - 2)·t_B/2 where t_F > t_B; (p - 1)(t_B - t_W)
-    where t_W is short; and (max(t_F, t_B) + (p - 2)·t_W)/2 where it is long, the W passes held to the
-    cool-down. With fewer, PyTorch still plans 2p - 1 micro-batches and drops the rest, and the bubble grows
-    to (p - 1)(t_F + t_B) at one micro-batch (7·t_F against 3.5·t_F at p = 8, m = 8, equal times)."""
+    exact: the longest of the paths in ``_ZB_V_FEW`` / ``_ZB_V_MANY``. With m >= 2p - 1 micro-batches eight
+    forms can be the longest, among them (p - 1)·t_B/2, the steady state running F, B and W of each leg in
+    turn (the paper's (p - 1)·t_F/2 holds only at t_F = t_B with t_W neither short nor long; [2] §6
+    balances the passes by hand); (p - 3/2)·t_F - (p - 2)·t_B/2; (p - 1)(t_B - t_W) and
+    (p - 1)·t_F - (p - 1/2)·t_W where t_W is short; and (max(t_F, t_B) + (p - 2)·t_W)/2 where it is long,
+    the W passes held to the cool-down. With fewer, PyTorch still plans 2p - 1 micro-batches and drops the
+    rest, and the bubble grows to (p - 1)(t_F + t_B) at one micro-batch (7·t_F against 3.5·t_F at p = 8,
+    m = 8, equal times)."""
     n = min(m, 2 * pp - 1)
     j, k = n - pp, 2 * pp - 1 - n
     times = (t_f_s, t_b_s, t_w_s)

@@ -5,9 +5,8 @@ the same micro-batch (plus the send/recv time), a backward chunk for the next vi
 1F1B runs each stage's tasks in Megatron's fixed order (warm-up forwards, then one forward and one
 backward in turn), ZB-H1 in the paper's (Qi et al. 2024 §2.1: 1F1B's order with the weight-gradient
 part W split off and stage s holding s of them back, so every stage keeps p micro-batches short of their
-W), ZB-V in PyTorch's (``ScheduleZBVZeroBubble``). GPipe and the interleaved schedule are list-scheduled
-greedily, backward before forward, forwards in flight per stage capped as each schedule's memory budget
-allows.
+W), ZB-V in PyTorch's (``ScheduleZBVZeroBubble``). GPipe is list-scheduled greedily, backward before
+forward (sim.simulate runs the interleaved schedule as 1F1B on v times the micro-batches).
 """
 
 from __future__ import annotations
@@ -57,7 +56,9 @@ def schedule_pipeline(*, schedule: str, pp: int, m: int, chunks: int, f_s: list[
                 tasks.append(Task(s, "W", k, j, w_s[s] / chunks, deps=[t]))
         tasks += fwd + bwd
     fixed = {"1f1b": _one_f_one_b, "zb-h1": _zb_h1, "zb-v": _zb_v}.get(schedule)
-    if fixed is not None and chunks == (2 if schedule == "zb-v" else 1):
+    if fixed is not None:
+        if chunks != (2 if schedule == "zb-v" else 1):
+            raise ValueError(f"{schedule} runs {2 if schedule == 'zb-v' else 1} model chunk(s) a stage, not {chunks}")
         by_key = {(t.stage, t.kind, t.mb, t.chunk): t for t in tasks}
         return _run_in_order(pp, [fixed(pp, s, m, by_key) for s in range(pp)], p2p_s), tasks
     cap = {s: _cap(schedule, pp, s, m, chunks) for s in range(pp)}
@@ -169,8 +170,10 @@ def _zb_v(pp: int, r: int, m: int, by_key: dict[tuple[int, str, int, int], Task]
       first-leg W, then the held W passes, second leg first.
 
     PyTorch plans n micro-batches and drops those past m. Against the greedy schedule this replaces, which
-    deferred W passes until about 4p chunks waited, the rank keeps 2p chunks short of their W, and where
-    t_B > t_F its bubble is (p - 1)·t_B/2, not (p - 1)·t_F/2 (cost.pipeline.bubble_time_s)."""
+    deferred W passes until about 4p chunks waited, the rank keeps 2p chunks short of their W, and with
+    m >= 2p - 1 its bubble is at least (p - 1)·t_B/2, not the paper's (p - 1)·t_F/2
+    (cost.pipeline._zb_v_bubble). Checked action by action against torch 2.13's own order for p = 1..16,
+    every m to 4p + 2 and every rank."""
     n = max(2 * pp - 1, m)
     order: list[tuple[str, int, int]] = []
     done = dict.fromkeys([(kind, chunk) for kind in "FBW" for chunk in (0, 1)], 0)
