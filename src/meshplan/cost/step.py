@@ -314,8 +314,6 @@ class _StaticMemory(NamedTuple):
     """Bytes per token per (dense, MoE) layer kept by op-level selective checkpointing."""
     logits: float
     """Loss working set per token on the last stage (0 elsewhere)."""
-    embedding: float
-    """Embedding output per token on the first stage (0 elsewhere)."""
     cp_gather: float = 0.0
     """Context parallelism's gathered K, V and dK, dV per local token at a layer's backward (KV all-gather
     only; memory.cp_kv_gather_bytes_per_token)."""
@@ -377,7 +375,7 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
                                                   gathered_grads=megatron)
                  if plan.cp > 1 and plan.context_impl == "allgather" and c.n_dense + c.n_moe else 0.0)
     return _StaticMemory(terms, transient, runtime, *_activation_coefficients(
-        model, job, plan.tp, plan.sequence_parallel, c.n_moe > 0, c.s == 0, c.last, plan.expert_tp,
+        model, job, plan.tp, plan.sequence_parallel, c.n_moe > 0, c.last, plan.expert_tp,
         plan.sequence_parallel and not megatron, megatron), cp_gather)
 
 
@@ -397,11 +395,10 @@ def _selective_freed(model: ModelSpec, job: JobSpec, tp: int, sp: bool, moe: boo
 
 
 @cache_by_identity(n_specs=2)
-def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, moe: bool, first: bool, last: bool,
-                             etp: int, gathered: bool, megatron: bool
-                             ) -> tuple[tuple[float, float], tuple[float, float], float, tuple[float, float], float,
-                                        float]:
-    """The per-token fields of ``_StaticMemory`` (a_dense ... embedding), memoised: they depend on the
+def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, moe: bool, last: bool, etp: int,
+                             gathered: bool, megatron: bool
+                             ) -> tuple[tuple[float, float], tuple[float, float], float, tuple[float, float], float]:
+    """The per-token fields of ``_StaticMemory`` (a_dense ... logits), memoised: they depend on the
     model, the job and the TP split (of the experts: ``etp``; ``gathered``: the QKV and MLP inputs are saved
     as the sequence-parallel all-gather delivered them, memory.activation_parts_per_token) and whether
     Megatron-core's layers run (its fused SwiGLU and cross-entropy) only."""
@@ -428,13 +425,16 @@ def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, 
             (mem.sac_activation_bytes_per_token(model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp), sac_m),
             # the main loss's and each MTP depth's saved logits, all alive until the backward
             (1 + model.mtp_layers) * mem.logits_bytes_per_token(vocab=model.vocab, tp=tp, loss=job.loss_impl(megatron))
-            if last else 0.0,
-            model.hidden * 2.0 / (tp if sp else 1) if first else 0.0)
+            if last else 0.0)
 
 
-def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, float, float, float]:
+def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, float, float]:
     """The terms the micro-batch size and recomputation set [bytes]: (activations held for backward,
-    embedding output, recomputation working set, logits and loss, context parallelism's gathered KV)."""
+    recomputation working set, logits and loss, context parallelism's gathered KV). The first stage's
+    embedding output is its first layer's input, which that layer's input norm (or its checkpoint) saves
+    and the activations count: no term of its own (every rank runs a layer, specs.plan; checked with
+    saved_tensors_hooks under TP and FSDP2, and in Megatron's LanguageModelEmbedding, whose dropout at
+    p = 0 returns its input)."""
     tokens, recompute = c.tokens, c.recompute
     modules = recompute_modules_of(recompute)
     flash = c.job.flash_attention or "core_attn" in modules
@@ -462,7 +462,7 @@ def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, floa
             working = tokens * max(freed[0] if c.n_dense else 0.0, freed[1] if c.n_moe else 0.0)
         if c.plan.offload_layers:
             stored -= tokens * _offloaded_bytes_per_token(c, a_dense, a_moe)
-    return held * stored, held * tokens * st.embedding, working, tokens * st.logits, tokens * st.cp_gather
+    return held * stored, working, tokens * st.logits, tokens * st.cp_gather
 
 
 def _chunk_layers(model: ModelSpec, plan: Plan, stage: int) -> tuple[float, ...]:
@@ -498,13 +498,12 @@ def _stage_peak_bytes(c: _StageCtx, st: _StaticMemory) -> float:
 def _stage_memory(c: _StageCtx, static: _StaticMemory | None = None) -> MemoryReport:
     """Peak memory of a GPU of stage ``c.s`` and its terms [bytes]; ``static``: its ``_static_memory``."""
     st = static or _static_memory(c)
-    activations, embedding, working, logits, cp_gather = _dynamic_memory(c, st)
+    activation, working, logits, cp_gather = _dynamic_memory(c, st)
     static_total, static_transient, static_runtime = st.fixed_bytes
-    activation = activations + embedding
     transient_total = working + logits + cp_gather + static_transient
     fragmentation = c.job.runtime.allocator_fraction * (static_total + activation + transient_total)
     runtime_total = static_runtime + fragmentation
-    named = {**st.state_terms, "activations": activations, **({"embedding_output": embedding} if embedding else {}),
+    named = {**st.state_terms, "activations": activation,
              **({"recompute_working_set": working} if working else {}),
              **({"logits_and_loss": logits} if logits else {}),
              **({"cp_kv_gather": cp_gather} if cp_gather else {}), **st.transient_terms, **st.runtime_terms,
