@@ -57,8 +57,9 @@ def schedule_pipeline(*, schedule: str, pp: int, m: int, chunks: int, f_s: list[
         tasks += fwd + bwd
     fixed = {"1f1b": _one_f_one_b, "zb-h1": _zb_h1, "zb-v": _zb_v}.get(schedule)
     if fixed is not None:
-        if chunks != (2 if schedule == "zb-v" else 1):
-            raise ValueError(f"{schedule} runs {2 if schedule == 'zb-v' else 1} model chunk(s) a stage, not {chunks}")
+        runs = 2 if schedule == "zb-v" else 1
+        if chunks != runs:
+            raise ValueError(f"{schedule} runs {runs} model chunk(s) a stage, not {chunks}")
         by_key = {(t.stage, t.kind, t.mb, t.chunk): t for t in tasks}
         return _run_in_order(pp, [fixed(pp, s, m, by_key) for s in range(pp)], p2p_s), tasks
     cap = {s: _cap(schedule, pp, s, m, chunks) for s in range(pp)}
@@ -71,7 +72,7 @@ def schedule_pipeline(*, schedule: str, pp: int, m: int, chunks: int, f_s: list[
         queues[t.stage].setdefault(t.kind, []).append(t)
     names = {s: list(queues[s]) for s in range(pp)}
     heads = {s: [0] * len(names[s]) for s in range(pp)}
-    prio = {"B": 0, "F": 1, "W": 2}
+    prio = {"B": 0, "F": 1}  # no W here: every schedule that splits it off runs in a fixed order
     where = {id(t): (t.stage, names[t.stage].index(t.kind)) for t in tasks}
     dependents: dict[int, list[Task]] = {}
     for t in tasks:
