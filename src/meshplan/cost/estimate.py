@@ -113,6 +113,10 @@ class StageDetail:
     optimizer_s: float
     breakdown: dict[str, float]
     time_s: float
+    passes_s: tuple[float, float, float]
+    """(t_F, t_B, t_W) of one micro-batch as the pipeline's bubble takes them (cost.pipeline.bubble_time_s):
+    the forward with its LM head and unhidden in-layer collectives, the input-gradient part with those and
+    the recomputation, and the weight-gradient part."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ References
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 from meshplan.memo import cache_by_identity
 from meshplan.specs import ModelSpec, Plan
@@ -170,9 +171,8 @@ def bubble_time_s(*, schedule: str, pp: int, vpp: int, m: int, t_f_s: float, t_b
     its p - 1 slots; and without the paper's optimizer post-validation every rank waits for the last, so
     the bubble never falls below (p - 1)·t_F + (p - n)·t_B, nor the same with t_F and t_B swapped. ZB-V is
     PyTorch's order (``_zb_v_bubble``). The paper's formulas, (p - 1)·max(0, t_F + t_B - k·t_W), hold only
-    with many micro-batches and balanced passes. On stages of unequal times (the loss's heavier) every rank
-    is charged the timed stage's: 9.9 % above the simulator on the 405B ZB-V benchmark plan
-    (benchmarks/bench_sim.py), 0.5 % on average on the published 1F1B rows."""
+    with many micro-batches and balanced passes. Exact on uniform stages; where they differ (the loss's
+    is heavier), ``stage_bubbles_s`` gives each stage the bubble of the other ranks' times."""
     if pp == 1:
         return 0.0
     full = t_f_s + t_b_s + t_w_s
@@ -236,6 +236,42 @@ def _zb_v_bubble(pp: int, m: int, t_f_s: float, t_b_s: float, t_w_s: float) -> f
     times = (t_f_s, t_b_s, t_w_s)
     return max(sum(t * (c0 + cj * j + ck * k) for t, (c0, cj, ck) in zip(times, form, strict=True))
                for form in (_ZB_V_FEW if n <= pp else _ZB_V_MANY)) / 2.0
+
+
+def stand_ins(stages: Sequence[int], pp: int, loads: Sequence[float]) -> list[int]:
+    """For each of the ``pp`` ranks, the position in ``stages`` (the timed ones, cost.step.bounding_stages:
+    sorted, the first 0 and the last pp - 1) of the stage whose times stand for it: rank 0 the first, rank
+    pp - 1 the last, every middle rank the timed middle stage of the largest ``loads`` (its per micro-batch
+    time), or the first where no middle one is timed. The closed form (``stage_bubbles_s``) and the
+    simulator (sim.simulate) lay out the pipeline alike."""
+    last = len(stages) - 1
+    middle = max(range(1, last), key=lambda i: loads[i], default=0)
+    return [0 if r == 0 else last if r == pp - 1 else middle for r in range(pp)]
+
+
+def stage_bubbles_s(*, schedule: str, pp: int, vpp: int, m: int, stages: Sequence[int],
+                    passes: Sequence[tuple[float, float, float]]) -> list[float]:
+    """Idle time per step of each timed stage of ``stages`` [s], whose ``passes`` are its (t_F, t_B, t_W)
+    per micro-batch as ``bubble_time_s`` takes them: the bubble at the mean times of the other ranks
+    (``stand_ins``), not its own. A rank waits in the warm-up and cool-down for the passes of the others:
+    under 1F1B the busiest stage s ends after m·(t_F + t_B)_s + sum over r != s of (t_F + t_B)_r, where
+    charging every rank stage s's times overstates the bubble by (p - 1) times s's excess, the LM head and
+    loss on the last stage. Against the timeline simulator (sim.pipeline) on random pass times, p = 2..16
+    and m = 1..4p, with the last stage heavier by up to 60 %: exact under 1F1B (each stage's own times
+    overstated the step by 7.5 % on average, up to 37 %); with the first heavier too, by up to 10 %,
+    0.1 % above on average (at most 4 %); under ZB-H1 1.1 % (at most 7 %; own times 7.6 %) and under
+    ZB-V 3.9 % (at most 14 %; own times 7.7 %), whose forms were derived on uniform stages, and never
+    below it (tests/test_pipeline.py; at extreme mixes, t_B thirty times t_F, up to 30 % above)."""
+    if pp == 1:
+        return [0.0] * len(stages)
+    ranks = stand_ins(stages, pp, [sum(x) for x in passes])
+    total = [sum(passes[i][k] for i in ranks) for k in range(3)]
+    out = []
+    for s in stages:
+        own = passes[ranks[s]]
+        f, b, w = ((total[k] - own[k]) / (pp - 1) for k in range(3))
+        out.append(bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, m=m, t_f_s=f, t_b_s=b, t_w_s=w))
+    return out
 
 
 def bubble_fraction(*, schedule: str, pp: int, m: int, vpp: int) -> float:

@@ -40,11 +40,11 @@ from meshplan.cost.mesh import Group, axis_groups
 from meshplan.cost.params import ParamCounts, param_counts
 from meshplan.cost.pipeline import (
     bubble_fraction,
-    bubble_time_s,
     head_stage,
     in_flight_microbatches,
     plan_stage_layers,
     round_robin_chunks,
+    stage_bubbles_s,
     stage_chunk_layers,
     stage_layers,
     unpaired_microbatches,
@@ -838,8 +838,6 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...], 
     # (not the once-a-step TP all-reduce after the backward, comm._sequence_parallel_grads)
     stall_f, stall_b = (sum(x.exposed_s for x in ledger if x.window == "none" and x.axis in LAYER_AXES
                             and x.phase == ("forward" if fwd else "backward")) / m for fwd in (True, False))
-    bubble = bubble_time_s(schedule=plan.schedule, pp=plan.pp, vpp=plan.vpp, m=m, t_f_s=t_f + stall_f,
-                           t_b_s=t_b + t_r + stall_b, t_w_s=t_w)
     opt = _optimizer_s(c, compute)
     hidden = sum(x.time_s - x.exposed_s for x in ledger)
     _absorb_contention(ledger, compute.comm_slowdown * hidden)
@@ -852,13 +850,22 @@ def _stage_time(c: _StageCtx, compute: ComputeParams, times: tuple[float, ...], 
         for key, wait in ((HOST_BOUND, host_f + host_b), (OFFLOAD, off_f + off_b)):
             if wait:
                 breakdown[key] = m * wait
-    breakdown["pipeline bubble"] = bubble
+    breakdown["pipeline bubble"] = 0.0  # the other stages' passes set it (_with_bubbles)
     breakdown["optimizer step"] = opt
     breakdown["comm contention"] = compute.comm_slowdown * hidden
     breakdown["step overhead"] = compute.step_overhead_s
     return StageDetail(stage=c.s, n_layers=c.n_dense + c.n_moe, t_f_s=lf, t_b_s=lb, t_w_s=t_w, t_r_s=t_r,
                        attention_fwd_s=attn, head_f_s=hf, head_b_s=hb, comm=ledger, optimizer_s=opt,
-                       breakdown=breakdown, time_s=sum(breakdown.values()))
+                       breakdown=breakdown, time_s=sum(breakdown.values()),
+                       passes_s=(t_f + stall_f, t_b + t_r + stall_b, t_w))
+
+
+def _with_bubbles(details: tuple[StageDetail, ...], plan: Plan, m: int) -> tuple[StageDetail, ...]:
+    """``details`` with each stage's pipeline bubble, from the other ranks' passes (stage_bubbles_s)."""
+    bubbles = stage_bubbles_s(schedule=plan.schedule, pp=plan.pp, vpp=plan.vpp, m=m,
+                              stages=[d.stage for d in details], passes=[d.passes_s for d in details])
+    return tuple(replace(d, breakdown={**d.breakdown, "pipeline bubble": b}, time_s=d.time_s + b)
+                 for d, b in zip(details, bubbles, strict=True))
 
 
 @cache_by_identity(n_specs=2, maxsize=1024)
@@ -1067,7 +1074,8 @@ def _evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec,
         scale = target / kernel if kernel > 0 else 1.0
         times = [tuple(x * scale for x in t) for t in times]  # type: ignore[misc]
     times = [_with_fsdp_copies(c, compute, t) for c, t in zip(ctxs, times, strict=True)]
-    details = tuple(_stage_time(c, compute, t, shared.static[c.s]) for c, t in zip(ctxs, times, strict=True))
+    details = _with_bubbles(tuple(_stage_time(c, compute, t, shared.static[c.s])
+                                  for c, t in zip(ctxs, times, strict=True)), plan, m)
     slowest = max(details, key=lambda x: x.time_s)
     step = slowest.time_s
     notes = [_offload_note(ctxs[0], shared.static[0], cluster)] if plan.offload_layers else []
@@ -1222,16 +1230,17 @@ def _shape_bound_s(model: ModelSpec, accelerator: AcceleratorSpec, compute: Comp
     stages = stage_layers(model, pp, layout, round_robin_chunks(schedule, vpp))
     tokens = mbs * job.seq_len / cp
     head = head_stage(schedule, pp)
-    worst = 0.0
-    for s in bounding_stages(stages, head):
+    timed = bounding_stages(stages, head)
+    passes = []
+    for s in timed:
         n_dense, n_moe = stages[s]
         t_f, t_b, t_w, t_r, _, hf, hb = _stage_compute_times(
             model, accelerator, compute, job, tokens, tp, cp, ep, etp, sp, cp_chunked, n_dense, n_moe, s == head,
             recompute, recomputed_layers(recompute, recompute_layers, n_dense, n_moe), loss if s == head else "",
             megatron)
-        bubble = bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, m=m, t_f_s=t_f + hf, t_b_s=t_b + hb + t_r,
-                               t_w_s=t_w)
-        worst = max(worst, m * (t_f + hf + t_b + hb + t_w + t_r) + bubble)
+        passes.append((t_f + hf, t_b + hb + t_r, t_w))
+    bubbles = stage_bubbles_s(schedule=schedule, pp=pp, vpp=vpp, m=m, stages=timed, passes=passes)
+    worst = max(m * sum(x) + b for x, b in zip(passes, bubbles, strict=True))
     return worst + compute.step_overhead_s
 
 

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from meshplan.cost.estimate import Estimate, StageDetail
+from meshplan.cost.pipeline import stand_ins
 from meshplan.cost.step import HOST_BOUND, OFFLOAD, STALLS
 from meshplan.sim.build import stage_ops
 from meshplan.sim.engine import Op, run
@@ -152,10 +153,10 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
         _cap_exposed(br, s.detail)
         return SimResult(s.makespan_s + s.detail.optimizer_s + after + step_overhead_s, _ordered(br, s.detail, m),
                          sims)
-    first, last = sims[0], sims[-1]
-    # the slowest middle stage timed (cost.step.bounding_stages); the first where none is
-    middle = max(sims[1:-1], key=lambda x: x.chunk_f_s + x.chunk_b_s, default=first)
-    per_stage = [first if s == 0 else last if s == plan.pp - 1 else middle for s in range(plan.pp)]
+    # the first, the last and the slowest middle stage timed (cost.step.bounding_stages) stand for the ranks
+    per_stage = [sims[i] for i in stand_ins([d.stage for d in est.stages], plan.pp,
+                                            [x.chunk_f_s + x.chunk_b_s for x in sims])]
+    first = per_stage[0]
     # the W share of the backward chunk, for zero-bubble schedules
     f_s = [x.chunk_f_s for x in per_stage]
     w_frac = [x.detail.t_w_s / max(1e-30, x.detail.t_b_s + x.detail.t_w_s + x.detail.t_r_s) for x in per_stage]
