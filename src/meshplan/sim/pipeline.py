@@ -174,7 +174,8 @@ def _zb_v(pp: int, r: int, m: int, by_key: dict[tuple[int, str, int, int], Task]
     deferred W passes until about 4p chunks waited, the rank keeps 2p chunks short of their W, and with
     m >= 2p - 1 its bubble is at least (p - 1)·t_B/2, not the paper's (p - 1)·t_F/2
     (cost.pipeline._zb_v_bubble). Checked action by action against torch 2.13's own order for p = 1..16,
-    every m to 4p + 2 and every rank."""
+    every m to 4p + 2 and every rank (tests/torch/test_pipeline_orders.py, where the torch extra is
+    installed)."""
     n = max(2 * pp - 1, m)
     order: list[tuple[str, int, int]] = []
     done = dict.fromkeys([(kind, chunk) for kind in "FBW" for chunk in (0, 1)], 0)
