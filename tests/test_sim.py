@@ -269,3 +269,10 @@ def test_zb_h1_runs_the_papers_order_with_p_micro_batches_short_of_their_w(p):
                     live += d
                     peak = max(peak, live)
                 assert peak == in_flight_microbatches(schedule="zb-h1", pp=p, m=m, vpp=1, stage=s, layers=4) == p
+
+
+def test_schedule_pipeline_names_the_schedules_it_runs():
+    """Interleaving is simulated as 1F1B over m·v micro-batches (sim.simulate), not by schedule_pipeline."""
+    with pytest.raises(ValueError, match="interleaved"):
+        schedule_pipeline(schedule="interleaved", pp=4, m=8, chunks=2, f_s=[1] * 4, b_s=[1] * 4, w_s=[1] * 4,
+                          p2p_s=0.0)

@@ -5,13 +5,12 @@ the same micro-batch (plus the send/recv time), a backward chunk for the next vi
 1F1B runs each stage's tasks in Megatron's fixed order (warm-up forwards, then one forward and one
 backward in turn), ZB-H1 in the paper's (Qi et al. 2024 §2.1: 1F1B's order with the weight-gradient
 part W split off and stage s holding s of them back, so every stage keeps p micro-batches short of their
-W), ZB-V in PyTorch's (``ScheduleZBVZeroBubble``). GPipe is list-scheduled greedily, backward before
-forward (sim.simulate runs the interleaved schedule as 1F1B on v times the micro-batches).
+W), ZB-V in PyTorch's (``ScheduleZBVZeroBubble``), GPipe in PyTorch's (every forward, then every
+backward). sim.simulate runs the interleaved schedule as 1F1B on v times the micro-batches.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass, field
 
@@ -28,19 +27,27 @@ class Task:
     end_s: float = math.nan
 
 
-def virtual_route(schedule: str, pp: int, chunks: int) -> list[tuple[int, int]]:
-    """(stage, chunk) in forward order through the model."""
+def virtual_route(schedule: str, pp: int) -> list[tuple[int, int]]:
+    """(stage, chunk) in forward order through the model: ZB-V's V, down the ranks and back up."""
     if schedule == "zb-v":
         return [(s, 0) for s in range(pp)] + [(s, 1) for s in reversed(range(pp))]
-    return [(s, j) for j in range(chunks) for s in range(pp)]
+    return [(s, 0) for s in range(pp)]
 
 
 def schedule_pipeline(*, schedule: str, pp: int, m: int, chunks: int, f_s: list[float], b_s: list[float],
                       w_s: list[float], p2p_s: float) -> tuple[float, list[Task]]:
     """Makespan [s] and the scheduled tasks. f_s, b_s, w_s are per stage, per micro-batch chunk-times of the
-    whole stage (split evenly over its model chunks); w_s is used only by zero-bubble schedules."""
+    whole stage (split evenly over its model chunks); w_s is used only by zero-bubble schedules. Each stage
+    runs its tasks in the schedule's fixed order."""
+    fixed = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "zb-h1": _zb_h1, "zb-v": _zb_v}.get(schedule)
+    if fixed is None:
+        raise ValueError(f"schedule_pipeline runs gpipe, 1f1b, zb-h1 and zb-v, not {schedule!r} (sim.simulate "
+                         "runs interleaved as 1F1B over m·v micro-batches)")
+    runs = 2 if schedule == "zb-v" else 1
+    if chunks != runs:
+        raise ValueError(f"{schedule} runs {runs} model chunk(s) a stage, not {chunks}")
     split_w = schedule in ("zb-h1", "zb-v")
-    route = virtual_route(schedule, pp, chunks)
+    route = virtual_route(schedule, pp)
     tasks: list[Task] = []
     for k in range(m):
         fwd: list[Task] = []
@@ -55,72 +62,14 @@ def schedule_pipeline(*, schedule: str, pp: int, m: int, chunks: int, f_s: list[
             if split_w:
                 tasks.append(Task(s, "W", k, j, w_s[s] / chunks, deps=[t]))
         tasks += fwd + bwd
-    fixed = {"1f1b": _one_f_one_b, "zb-h1": _zb_h1, "zb-v": _zb_v}.get(schedule)
-    if fixed is not None:
-        runs = 2 if schedule == "zb-v" else 1
-        if chunks != runs:
-            raise ValueError(f"{schedule} runs {runs} model chunk(s) a stage, not {chunks}")
-        by_key = {(t.stage, t.kind, t.mb, t.chunk): t for t in tasks}
-        return _run_in_order(pp, [fixed(pp, s, m, by_key) for s in range(pp)], p2p_s), tasks
-    cap = {s: _cap(schedule, pp, s, m, chunks) for s in range(pp)}
-    free = [0.0] * pp
-    inflight = [0] * pp
-    remaining = len(tasks)
-    # each stage runs the tasks of one (kind, chunk) in micro-batch order: only queue heads are candidates
-    queues: dict[int, dict[str, list[Task]]] = {s: {} for s in range(pp)}
-    for t in sorted(tasks, key=lambda t: _order_key(t, pp, chunks)):
-        queues[t.stage].setdefault(t.kind, []).append(t)
-    names = {s: list(queues[s]) for s in range(pp)}
-    heads = {s: [0] * len(names[s]) for s in range(pp)}
-    prio = {"B": 0, "F": 1}  # no W here: every schedule that splits it off runs in a fixed order
-    where = {id(t): (t.stage, names[t.stage].index(t.kind)) for t in tasks}
-    dependents: dict[int, list[Task]] = {}
-    for t in tasks:
-        for d in t.deps:
-            dependents.setdefault(id(d), []).append(t)
-    # The task to run next is the queue head with the least (ready time, kind, micro-batch, chunk), the first
-    # stage and queue on a tie. A head's key changes only when its stage runs a task (free time, forwards in
-    # flight, its head) or when one of its dependencies ends, so each head is keyed in a heap when that
-    # happens, and an entry whose head has since changed is skipped (its version is stale).
-    version = {(s, i): 0 for s in range(pp) for i in range(len(names[s]))}
-    heap: list[tuple[float, int, int, int, int, int, int]] = []
+    by_key = {(t.stage, t.kind, t.mb, t.chunk): t for t in tasks}
+    return _run_in_order(pp, [fixed(pp, s, m, by_key) for s in range(pp)], p2p_s), tasks
 
-    def push(s: int, i: int) -> None:
-        version[s, i] += 1
-        ts = queues[s][names[s][i]]
-        if heads[s][i] >= len(ts):
-            return
-        t = ts[heads[s][i]]
-        if t.kind == "F" and inflight[s] >= cap[s]:
-            return
-        if any(math.isnan(d.end_s) for d in t.deps):
-            return
-        ready = free[s]
-        for d in t.deps:
-            ready = max(ready, d.end_s + (p2p_s if d.stage != t.stage else 0.0))
-        heapq.heappush(heap, (ready, prio[t.kind], t.mb, t.chunk, s, i, version[s, i]))
 
-    for s in range(pp):
-        for i in range(len(names[s])):
-            push(s, i)
-    while remaining:
-        if not heap:
-            raise RuntimeError("pipeline schedule deadlocked")
-        start, _, _, _, s, i, v = heapq.heappop(heap)
-        if v != version[s, i]:
-            continue
-        t = queues[s][names[s][i]][heads[s][i]]
-        heads[s][i] += 1
-        t.start_s, t.end_s = start, start + t.dur_s
-        free[s] = t.end_s
-        inflight[s] += 1 if t.kind == "F" else -1 if t.kind == "B" else 0
-        remaining -= 1
-        for j in range(len(names[s])):
-            push(s, j)
-        for d in dependents.get(id(t), ()):
-            if d.stage != s:
-                push(*where[id(d)])
-    return max(free), tasks
+def _gpipe(pp: int, r: int, m: int, by_key: dict[tuple[int, str, int, int], Task]) -> list[Task]:
+    """Rank ``r``'s tasks in GPipe's order: every forward, then every backward, each in micro-batch order
+    (``ScheduleGPipe._step_microbatches``, torch/distributed/pipelining/schedules.py)."""
+    return [by_key[r, kind, k, 0] for kind in "FB" for k in range(m)]
 
 
 def _one_f_one_b(pp: int, s: int, m: int, by_key: dict[tuple[int, str, int, int], Task]) -> list[Task]:
@@ -216,21 +165,3 @@ def _run_in_order(pp: int, orders: list[list[Task]], p2p_s: float) -> float:
         if not moved:
             raise RuntimeError("pipeline schedule deadlocked")
     return max(free)
-
-
-def _order_key(t: Task, pp: int, chunks: int) -> tuple[int, int, int]:
-    """Each stage runs its forwards, backwards and weight-gradient tasks in this order: micro-batches in
-    groups of pp, within a group chunk by chunk (Megatron's interleaved order; forwards go up the chunks,
-    backwards down)."""
-    if chunks == 1:
-        return (t.mb, 0, 0)
-    group, j = t.mb // pp, t.chunk if t.kind == "F" else chunks - 1 - t.chunk
-    return (group, j, t.mb)
-
-
-def _cap(schedule: str, pp: int, s: int, m: int, chunks: int) -> int:
-    if schedule == "gpipe":
-        return m * chunks
-    if chunks == 1:
-        return max(1, pp - s)
-    return max(1, (pp - s - 1) * 2 + (chunks - 1) * pp + 1)
