@@ -122,7 +122,8 @@ def test_pytorch_tensor_parallelism_saves_the_sequence_parallel_linears_gathered
     each) where Megatron-core saves the rank's shard and gathers it again in backward (2D/t). Llama 3 8B,
     tp=4, one sequence of 4,096 tokens in flight: the difference is 32 layers x 4,096 x 4D x (1 - 1/4), and
     the SwiGLU activation's output eager PyTorch saves beside its input (2F/t bytes per token) where
-    Megatron-core's fused SwiGLU recomputes it."""
+    Megatron-core's fused SwiGLU recomputes it; and the LM head's input, gathered likewise (2D against 2D/t,
+    once)."""
     from meshplan import JobSpec, evaluate, load_cluster, parse_plan
 
     model, cluster = load_model("llama-3-8b"), load_cluster("h100-sxm", nodes=1)
@@ -133,7 +134,7 @@ def test_pytorch_tensor_parallelism_saves_the_sequence_parallel_linears_gathered
         acts[sharding] = evaluate(model, cluster, job, plan).memory.terms["activations"]
     D = model.hidden
     per_token = 4 * D * (1 - 1 / 4) + 2 * model.ffn_hidden / 4
-    assert acts["fsdp"] - acts["megatron"] == pytest.approx(32 * 4096 * per_token)
+    assert acts["fsdp"] - acts["megatron"] == pytest.approx(32 * 4096 * per_token + 4096 * 2 * D * (1 - 1 / 4))
     # on the Megatron stack (Megatron-FSDP, the Megatron papers' data parallelism) the layers are Megatron's
     megatron_fsdp = evaluate(model, cluster, JobSpec(global_batch_tokens=4096 * 2, seq_len=4096, software="megatron"),
                              parse_plan("tp=4,dp_shard=2,mbs=1,recompute=none,sp=true", 8))
@@ -188,3 +189,37 @@ def test_fsdp2_gathers_an_moe_layer_and_its_experts_together():
     layer = counts.moe_layer_non_expert + counts.routed_experts_per_moe_layer / 8  # one expert of 8 per rank
     assert est.memory.terms["fsdp_unsharded_params"] == pytest.approx(2 * layer * 2.0)  # bf16, two layers
     assert est.memory.terms["fsdp_unsharded_grads"] == pytest.approx(layer * (2.0 + 4.0))  # bf16 + fp32 reduce
+
+
+@pytest.mark.parametrize(("ids", "n_stages", "alive", "expected"), [
+    ((0,), 4, 4, 8 + 4),  # 1F1B's first stage: 8 gradient buffers, 4 outputs awaiting their backward
+    ((2,), 4, 2, (8 - 2) + (8 + 2)),  # a middle one: its 2 alive inputs are the buffers its first layer saves
+    ((3,), 4, 1, 8 - 1),  # the last: no gradient arrives, its output is the loss's (the logits, apart)
+    ((3, 4), 8, 2, (8 - 1) + (8 + 1)),  # ZB-V's turn (p = 4): stage 3 hands its output to stage 4 on the rank
+    ((0, 7), 8, 2, (8 - 1) + (8 + 1)),  # ZB-V's rank 0: the embedding's stage receives nothing, the head's no gradient
+    ((0, 4), 8, 10, (8 - 5) + 2 * (8 + 5)),  # interleaved, p = 4, v = 2: stage 4 receives, both send
+])
+def test_pytorch_pipelining_keeps_a_buffer_per_micro_batch(ids, n_stages, alive, expected):
+    """torch.distributed.pipelining allocates an activation and a gradient buffer per micro-batch (m = 8) for
+    each stage a rank runs that exchanges with another rank, and keeps each output until its backward."""
+    assert mem.pipelining_boundary_tensors(stage_ids=ids, n_stages=n_stages, m=8, alive=alive) == expected
+
+
+def test_only_pytorch_pipelines_pay_for_the_buffers():
+    """A torchtitan plan (FSDP2 under torch.distributed.pipelining) holds per micro-batch stage-boundary
+    buffers; the same layout on Megatron-core allocates each receive when it posts it and frees the sent
+    output (deallocate_pipeline_outputs), and no pipeline holds none."""
+    from meshplan import JobSpec, evaluate, load_cluster, parse_plan
+
+    model, cluster = load_model("llama-3-8b"), load_cluster("h100-sxm", nodes=2)
+    job = JobSpec(global_batch_tokens=4096 * 64, seq_len=4096, software="torchtitan")
+    layer_input = 4096 * mem.full_recompute_bytes_per_token(hidden=model.hidden, tp=1, sp=False)
+
+    def terms(plan: str):
+        return evaluate(model, cluster, job, parse_plan(plan, cluster.n_gpus)).memory
+
+    torch_pp = terms("pp=4,dp_shard=4,mbs=1")
+    assert torch_pp.stage == 0  # 64 / 4 = 16 micro-batches: 16 gradient buffers, 4 outputs awaiting backward
+    assert torch_pp.terms["pipelining_buffers"] == pytest.approx((16 + 4) * layer_input)
+    assert "pipelining_buffers" not in terms("pp=4,dp_shard=4,mbs=1,sharding=megatron").terms
+    assert "pipelining_buffers" not in terms("dp_shard=16,mbs=1").terms

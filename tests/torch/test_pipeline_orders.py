@@ -1,5 +1,7 @@
-"""meshplan's ZB-V order (sim.pipeline._zb_v, which cost.pipeline's closed form is exact for) against the
-one PyTorch itself computes (``ScheduleZBVZeroBubble._calculate_single_rank_operations``,
+"""What meshplan assumes of torch.distributed.pipelining, against PyTorch itself.
+
+meshplan's ZB-V order (sim.pipeline._zb_v, which cost.pipeline's closed form is exact for) against the
+one PyTorch computes (``ScheduleZBVZeroBubble._calculate_single_rank_operations``,
 torch/distributed/pipelining/schedules.py): the same passes in the same order on every rank.
 
 The schedule is built without stages or a process group: the order is a pure function of the pipeline's
@@ -42,3 +44,33 @@ def test_zb_v_runs_pytorch_order_on_every_rank(pp):
     for m in range(1, 4 * pp + 3):
         for rank in range(pp):
             assert _zb_v(pp, rank, m, _Keys()) == _torch_order(pp, m, rank), (pp, m, rank)
+
+
+def test_pipeline_stages_allocate_a_buffer_per_micro_batch():
+    """PyTorch's PipelineStage allocates, once, an activation buffer per micro-batch on every stage that
+    receives one and a gradient buffer per micro-batch on every stage that receives gradients, each its own
+    storage (memory.pipelining_boundary_tensors counts them; with no micro-batch alive, only them)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    from meshplan.cost.memory import pipelining_boundary_tensors
+    from meshplan.harness.crosscheck import _reset_process_group
+
+    stages, m, hidden = 4, 6, 16
+    for s in range(stages):
+        _reset_process_group(stages)
+        try:
+            x = torch.zeros(1, 8, hidden, dtype=torch.bfloat16)
+            stage = PipelineStage(torch.nn.Linear(hidden, hidden), s, stages, torch.device("cpu"), input_args=x,
+                                  output_args=x.clone().requires_grad_())
+            stage._inference_mode = InferenceMode.STATIC  # the shapes given, nothing exchanged
+            stage._prepare_forward_infra(m, (x,) if s == 0 else None, has_backward=True)
+            stage._prepare_backward_infra(m)
+            buffers = [i.buffer for infos in (stage.args_recv_info, stage.grad_recv_info)
+                       for recv in infos.values() for i in recv if i.buffer is not None]
+        finally:
+            dist.destroy_process_group()
+        assert len({b.untyped_storage().data_ptr() for b in buffers}) == len(buffers)
+        assert len(buffers) == pipelining_boundary_tensors(stage_ids=(s,), n_stages=stages, m=m, alive=0), s

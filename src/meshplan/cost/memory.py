@@ -235,6 +235,18 @@ def full_recompute_bytes_per_token(*, hidden: int, tp: int, sp: bool) -> float:
     return 2.0 * hidden / (tp if sp else 1)
 
 
+def head_input_bytes_per_token(*, hidden: int, tp: int, sp: bool, gathered: bool) -> float:
+    """Bytes per token the last stage saves for the backward beside its layers: the final norm's input (2D,
+    /t with sequence parallelism) and the LM head's, which Megatron-core saves as the sequence-parallel shard
+    (2D/t, gathered again in the backward) and PyTorch's ColwiseParallel as the all-gather delivered it (2D:
+    ``gathered``, as activation_parts_per_token's linears). Neither is under the layers' recomputation
+    (torchtitan checkpoints each block; Megatron-core the transformer layers). Without recomputation 0.6-1.3 %
+    of a last stage's activations, with full recomputation 10-45 % (eighteenth session's audit,
+    docs/crosscheck.md)."""
+    shard = 2.0 * hidden / (tp if sp else 1)
+    return shard + (2.0 * hidden if gathered else shard)
+
+
 LOSS_BYTES_PER_LOGIT = {"eager": 12.0, "vocab_parallel": 6.0, "fused": 4.0, "te": 2.0}
 """Loss working set per logit at its peak [bytes] (key: JobSpec.loss_impl). Eager PyTorch cross-entropy on fp32
 logits peaks in its backward: log_softmax's saved fp32 output (4), the fp32 gradient nll_loss hands it (4)
@@ -269,6 +281,28 @@ def logits_bytes_per_token(*, vocab: int, tp: int, loss: str = "eager") -> float
     """Loss working set per token on the last stage [bytes/token], vocab-parallel over t
     (LOSS_BYTES_PER_LOGIT)."""
     return LOSS_BYTES_PER_LOGIT[loss] * vocab / tp
+
+
+def pipelining_boundary_tensors(*, stage_ids: tuple[int, ...], n_stages: int, m: int, alive: float) -> float:
+    """Stage-boundary tensors (a stage's input or output, one micro-batch's) that torch.distributed.pipelining
+    keeps on a rank beyond its layers' saved tensors, at the activation peak [tensors]. Each stage that
+    receives from another rank allocates one activation buffer per micro-batch, and each that receives
+    gradients from another rank one gradient buffer per micro-batch, once, kept across steps
+    (``PipelineStage._setup_forward_recv_info``, ``_create_grad_recv_info``, torch/distributed/pipelining/
+    stage.py, torch 2.13; pytorch#136380 proposes reusing them, open); a same-rank neighbour (ZB-V's turn)
+    hands its tensor over instead (``set_local_fwd_input``). A received buffer is the stage's input itself,
+    which its first layer saves: for the ``alive`` micro-batches whose activations the rank holds (summed
+    over its ``stage_ids``) that storage is counted with the layers. Each stage that sends on also keeps its
+    output in ``fwd_cache`` until that micro-batch's backward: ``alive`` more, split evenly over the stages.
+    Checked on two CPU ranks under gloo (torch 2.13, Schedule1F1B): the same m buffer addresses in two steps,
+    the forward's input being the buffer's storage. PyTorch of late 2024 (2.6) kept more: every stage's
+    outputs (``output_chunks``) and the received activations' gradients until the next step. The stage that
+    computes the loss keeps its output too, the logits, through the loss's backward: 2 B per logit that
+    eager cross-entropy's working set (LOSS_BYTES_PER_LOGIT), which has freed them, does not count."""
+    per_stage = alive / len(stage_ids)
+    recv = sum(1 for g in stage_ids if g > 0 and g - 1 not in stage_ids)
+    grad = sum(1 for g in stage_ids if g < n_stages - 1 and g + 1 not in stage_ids)
+    return recv * max(0.0, m - per_stage) + grad * (m + per_stage)
 
 
 ZERO3_MAX_LIVE_PARAMETERS = 1e9

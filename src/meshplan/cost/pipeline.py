@@ -257,11 +257,17 @@ def stage_bubbles_s(*, schedule: str, pp: int, vpp: int, m: int, stages: Sequenc
     under 1F1B the busiest stage s ends after m·(t_F + t_B)_s + sum over r != s of (t_F + t_B)_r, where
     charging every rank stage s's times overstates the bubble by (p - 1) times s's excess, the LM head and
     loss on the last stage. Against the timeline simulator (sim.pipeline) on random pass times, p = 2..16
-    and m = 1..4p, with the last stage heavier by up to 60 %: exact under 1F1B (each stage's own times
-    overstated the step by 7.5 % on average, up to 37 %); with the first heavier too, by up to 10 %,
-    0.1 % above on average (at most 4 %); under ZB-H1 1.1 % (at most 7 %; own times 7.6 %) and under
-    ZB-V 3.9 % (at most 14 %; own times 7.7 %), whose forms were derived on uniform stages, and never
-    below it (tests/test_pipeline.py; at extreme mixes, t_B thirty times t_F, up to 30 % above)."""
+    and m = 1..4p, the last stage's t_F and t_B heavier by up to 60 % and its t_W by half as much: exact
+    under 1F1B (each stage's own times overstated the step by 7.5 % on average, and by 54 % at p = 16,
+    m = 1, a last stage 1.6 times as slow); with the first heavier too, by up to 10 %, 0.1 % above on
+    average (at most 4 %); under ZB-H1 1.1 % (at most 7 %; own times 7.6 %) and under ZB-V 3.9 % (at
+    most 14 %; own times 7.7 %), whose forms were derived on uniform stages (tests/test_pipeline.py; at
+    extreme mixes, t_B thirty times t_F, up to 30 % above). Under the zero-bubble schedules it can also
+    fall below the simulated step, by a few per cent where one rank's W alone is lighter (a loss stage of
+    fewer layers, whose head adds to t_B only: -0.3 % on average, -4.5 % at worst in a review's draws, -11 %
+    with its t_W down to 0.6 times), as each stage's own times could; and a longer W on the other ranks
+    alone can shorten it, their forms having negative coefficients on t_W (ZB-H1's (p - 1)(t_F + t_B -
+    t_W)). Adding layers, which lengthens F, B and W together, never does."""
     if pp == 1:
         return [0.0] * len(stages)
     ranks = stand_ins(stages, pp, [sum(x) for x in passes])
@@ -278,6 +284,16 @@ def bubble_fraction(*, schedule: str, pp: int, m: int, vpp: int) -> float:
     """Bubble as a fraction of the step's wall time for t_F = t_B = t_W: (p-1)/(m+p-1) for 1F1B."""
     bubble = bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, m=m, t_f_s=1.0, t_b_s=1.0, t_w_s=1.0)
     return bubble / (bubble + 3.0 * m)
+
+
+def rank_stage_ids(schedule: str, pp: int, vpp: int, rank: int) -> tuple[int, ...]:
+    """The pipeline stages (model chunks, numbered along the model) rank ``rank`` runs: r, r + p, ... under
+    the interleaved schedule, r and 2p - 1 - r under ZB-V (the V), r otherwise."""
+    if schedule == "interleaved":
+        return tuple(rank + k * pp for k in range(vpp))
+    if schedule == "zb-v":
+        return (rank, 2 * pp - 1 - rank)
+    return (rank,)
 
 
 def head_stage(schedule: str, pp: int) -> int:

@@ -43,6 +43,7 @@ from meshplan.cost.pipeline import (
     head_stage,
     in_flight_microbatches,
     plan_stage_layers,
+    rank_stage_ids,
     round_robin_chunks,
     stage_bubbles_s,
     stage_chunk_layers,
@@ -314,6 +315,9 @@ class _StaticMemory(NamedTuple):
     """Bytes per token per (dense, MoE) layer kept by op-level selective checkpointing."""
     logits: float
     """Loss working set per token on the last stage (0 elsewhere)."""
+    head_inputs: float
+    """Bytes per token the last stage saves per micro-batch beside its layers: the final norm's input and
+    the LM head's (0 elsewhere)."""
     cp_gather: float = 0.0
     """Context parallelism's gathered K, V and dK, dV per local token at a layer's backward (KV all-gather
     only; memory.cp_kv_gather_bytes_per_token)."""
@@ -397,11 +401,12 @@ def _selective_freed(model: ModelSpec, job: JobSpec, tp: int, sp: bool, moe: boo
 @cache_by_identity(n_specs=2)
 def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, moe: bool, last: bool, etp: int,
                              gathered: bool, megatron: bool
-                             ) -> tuple[tuple[float, float], tuple[float, float], float, tuple[float, float], float]:
-    """The per-token fields of ``_StaticMemory`` (a_dense ... logits), memoised: they depend on the
-    model, the job and the TP split (of the experts: ``etp``; ``gathered``: the QKV and MLP inputs are saved
-    as the sequence-parallel all-gather delivered them, memory.activation_parts_per_token) and whether
-    Megatron-core's layers run (its fused SwiGLU and cross-entropy) only."""
+                             ) -> tuple[tuple[float, float], tuple[float, float], float, tuple[float, float], float,
+                                        float]:
+    """The per-token fields of ``_StaticMemory`` (a_dense ... head_inputs), memoised: they depend on the
+    model, the job and the TP split (of the experts: ``etp``; ``gathered``: the QKV, MLP and LM head inputs
+    are saved as the sequence-parallel all-gather delivered them, memory.activation_parts_per_token) and
+    whether Megatron-core's layers run (its fused SwiGLU and cross-entropy) only."""
     glu = job.glu_saves_activation(megatron)
 
     def act(flash: bool, moe: bool) -> float:
@@ -425,12 +430,15 @@ def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, 
             (mem.sac_activation_bytes_per_token(model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp), sac_m),
             # the main loss's and each MTP depth's saved logits, all alive until the backward
             (1 + model.mtp_layers) * mem.logits_bytes_per_token(vocab=model.vocab, tp=tp, loss=job.loss_impl(megatron))
-            if last else 0.0)
+            if last else 0.0,
+            mem.head_input_bytes_per_token(hidden=model.hidden, tp=tp, sp=sp, gathered=gathered) if last else 0.0)
 
 
-def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, float, float]:
+def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, float, float, float]:
     """The terms the micro-batch size and recomputation set [bytes]: (activations held for backward,
-    recomputation working set, logits and loss, context parallelism's gathered KV). The first stage's
+    recomputation working set, logits and loss, context parallelism's gathered KV, the stage-boundary
+    tensors torch.distributed.pipelining keeps (memory.pipelining_boundary_tensors, each a layer's input,
+    ``full_recompute`` per token)). The first stage's
     embedding output is its first layer's input, which that layer's input norm (or its checkpoint) saves
     and the activations count: no term of its own (every rank runs a layer, specs.plan; checked with
     saved_tensors_hooks under TP and FSDP2, and in Megatron's LanguageModelEmbedding, whose dropout at
@@ -462,7 +470,15 @@ def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, floa
             working = tokens * max(freed[0] if c.n_dense else 0.0, freed[1] if c.n_moe else 0.0)
         if c.plan.offload_layers:
             stored -= tokens * _offloaded_bytes_per_token(c, a_dense, a_moe)
-    return held * stored, working, tokens * st.logits, tokens * st.cp_gather
+    pipelined = 0.0
+    if c.plan.torch_pipelined(c.job.software):
+        ids = rank_stage_ids(c.plan.schedule, c.plan.pp, c.plan.vpp, c.s)
+        pipelined = tokens * st.full_recompute * mem.pipelining_boundary_tensors(
+            stage_ids=ids, n_stages=c.plan.pp * len(ids), m=c.m, alive=held * len(ids))
+        if c.last and c.job.loss_impl(False) == "eager":  # the bf16 logits, kept in fwd_cache
+            pipelined += tokens * 2.0 * c.model.vocab / c.plan.tp
+    # the final norm and the LM head run outside the layers' recomputation: their inputs are kept
+    return held * (stored + tokens * st.head_inputs), working, tokens * st.logits, tokens * st.cp_gather, pipelined
 
 
 def _chunk_layers(model: ModelSpec, plan: Plan, stage: int) -> tuple[float, ...]:
@@ -498,15 +514,16 @@ def _stage_peak_bytes(c: _StageCtx, st: _StaticMemory) -> float:
 def _stage_memory(c: _StageCtx, static: _StaticMemory | None = None) -> MemoryReport:
     """Peak memory of a GPU of stage ``c.s`` and its terms [bytes]; ``static``: its ``_static_memory``."""
     st = static or _static_memory(c)
-    activation, working, logits, cp_gather = _dynamic_memory(c, st)
+    activation, working, logits, cp_gather, pipelined = _dynamic_memory(c, st)
     static_total, static_transient, static_runtime = st.fixed_bytes
-    transient_total = working + logits + cp_gather + static_transient
+    transient_total = working + logits + cp_gather + pipelined + static_transient
     fragmentation = c.job.runtime.allocator_fraction * (static_total + activation + transient_total)
     runtime_total = static_runtime + fragmentation
     named = {**st.state_terms, "activations": activation,
              **({"recompute_working_set": working} if working else {}),
              **({"logits_and_loss": logits} if logits else {}),
-             **({"cp_kv_gather": cp_gather} if cp_gather else {}), **st.transient_terms, **st.runtime_terms,
+             **({"cp_kv_gather": cp_gather} if cp_gather else {}),
+             **({"pipelining_buffers": pipelined} if pipelined else {}), **st.transient_terms, **st.runtime_terms,
              "allocator_fragmentation": fragmentation}
     return MemoryReport(terms=named, static_bytes=static_total, activation_bytes=activation,
                         transient_bytes=transient_total, runtime_bytes=runtime_total,

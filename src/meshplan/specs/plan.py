@@ -292,6 +292,11 @@ class Plan:
         Megatron-FSDP, the plain data parallelism of the Megatron papers)."""
         return self.sharding == "megatron" or software == "megatron"
 
+    def torch_pipelined(self, software: str) -> bool:
+        """Whether the plan's pipeline runs on torch.distributed.pipelining (PyTorch's schedules, torchtitan)
+        rather than Megatron-core's: pipelined and not running Megatron's layers (runs_megatron_layers)."""
+        return self.pp > 1 and not self.runs_megatron_layers(software)
+
     @property
     def context_impl(self) -> str:
         """The context-parallel exchange in effect."""
