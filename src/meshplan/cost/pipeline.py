@@ -244,9 +244,13 @@ def stand_ins(stages: Sequence[int], pp: int, loads: Sequence[float]) -> list[in
     pp - 1 the last, every middle rank the timed middle stage of the largest ``loads`` (its per micro-batch
     time), or the first where no middle one is timed. The closed form (``stage_bubbles_s``) and the
     simulator (sim.simulate) lay out the pipeline alike."""
-    last = len(stages) - 1
-    middle = max(range(1, last), key=lambda i: loads[i], default=0)
+    last, middle = len(stages) - 1, _slowest_middle(loads)
     return [0 if r == 0 else last if r == pp - 1 else middle for r in range(pp)]
+
+
+def _slowest_middle(loads: Sequence[float]) -> int:
+    """The position of the timed middle stage of the largest load (stand_ins), 0 where none is timed."""
+    return max(range(1, len(loads) - 1), key=loads.__getitem__, default=0)
 
 
 def stage_bubbles_s(*, schedule: str, pp: int, vpp: int, m: int, stages: Sequence[int],
@@ -270,11 +274,15 @@ def stage_bubbles_s(*, schedule: str, pp: int, vpp: int, m: int, stages: Sequenc
     t_W)). Adding layers, which lengthens F, B and W together, never does."""
     if pp == 1:
         return [0.0] * len(stages)
-    ranks = stand_ins(stages, pp, [sum(x) for x in passes])
-    total = [sum(passes[i][k] for i in ranks) for k in range(3)]
+    last, middle = len(stages) - 1, _slowest_middle([sum(x) for x in passes])
+    ranks = [0] * len(stages)  # how many ranks each timed stage stands for (stand_ins, counted)
+    ranks[0] += 1
+    ranks[last] += 1
+    ranks[middle] += pp - 2
+    total = [sum(n * x[k] for n, x in zip(ranks, passes, strict=True)) for k in range(3)]
     out = []
     for s in stages:
-        own = passes[ranks[s]]
+        own = passes[0 if s == 0 else last if s == pp - 1 else middle]
         f, b, w = ((total[k] - own[k]) / (pp - 1) for k in range(3))
         out.append(bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, m=m, t_f_s=f, t_b_s=b, t_w_s=w))
     return out
