@@ -191,18 +191,46 @@ def test_fsdp2_gathers_an_moe_layer_and_its_experts_together():
     assert est.memory.terms["fsdp_unsharded_grads"] == pytest.approx(layer * (2.0 + 4.0))  # bf16 + fp32 reduce
 
 
-@pytest.mark.parametrize(("ids", "n_stages", "alive", "expected"), [
-    ((0,), 4, 4, 8 + 4),  # 1F1B's first stage: 8 gradient buffers, 4 outputs awaiting their backward
-    ((2,), 4, 2, (8 - 2) + (8 + 2)),  # a middle one: its 2 alive inputs are the buffers its first layer saves
-    ((3,), 4, 1, 8 - 1),  # the last: no gradient arrives, its output is the loss's (the logits, apart)
-    ((3, 4), 8, 2, (8 - 1) + (8 + 1)),  # ZB-V's turn (p = 4): stage 3 hands its output to stage 4 on the rank
-    ((0, 7), 8, 2, (8 - 1) + (8 + 1)),  # ZB-V's rank 0: the embedding's stage receives nothing, the head's no gradient
-    ((0, 4), 8, 10, (8 - 5) + 2 * (8 + 5)),  # interleaved, p = 4, v = 2: stage 4 receives, both send
+@pytest.mark.parametrize(("ids", "n_stages", "alive", "split_w", "expected"), [
+    # 1F1B, p = 4, m = 8: the first stage, 8 gradient buffers and 4 outputs awaiting their backward
+    ((0,), 4, (4,), False, 8 + 4),
+    # a middle one: its 2 alive inputs are the buffers its first layer saves
+    ((2,), 4, (2,), False, (8 - 2) + (8 + 2)),
+    # the last: no gradient arrives, its output is the loss's (the logits, apart)
+    ((3,), 4, (1,), False, 8 - 1),
+    # ZB-H1's middle stage: the received inputs' gradients stay on them until the next step
+    ((2,), 4, (4,), True, 2 * (8 - 4) + (8 + 4)),
+    # ZB-V's turn (p = 4, rank 3: stages 3 and 4): stage 3 hands its outputs and stage 4 its input gradients
+    # over on the rank, each kept per micro-batch like a buffer, its outputs being stage 4's inputs
+    ((3, 4), 8, (4, 4), True, (8 - 4) + (8 - 4) + 8 + (8 - 4) + (8 + 4)),
+    # ZB-V's rank 0 (stages 0 and 7): the embedding's stage receives nothing, the loss's no gradient
+    ((0, 7), 8, (7, 1), True, (8 + 7) + 2 * (8 - 1)),
+    # interleaved, p = 4, v = 2, rank 0 (stages 0 and 4): stage 4 receives, both send
+    ((0, 4), 8, (7, 4), False, (8 + 7) + (8 - 4) + (8 + 4)),
 ])
-def test_pytorch_pipelining_keeps_a_buffer_per_micro_batch(ids, n_stages, alive, expected):
-    """torch.distributed.pipelining allocates an activation and a gradient buffer per micro-batch (m = 8) for
-    each stage a rank runs that exchanges with another rank, and keeps each output until its backward."""
-    assert mem.pipelining_boundary_tensors(stage_ids=ids, n_stages=n_stages, m=8, alive=alive) == expected
+def test_pytorch_pipelining_keeps_a_buffer_per_micro_batch(ids, n_stages, alive, split_w, expected):
+    """torch.distributed.pipelining keeps an activation and a gradient tensor per micro-batch (m = 8) for
+    each stage a rank runs that has a neighbour, each output until its backward, and under the schedules
+    that split W off each received input's gradient (memory.pipelining_boundary_tensors)."""
+    assert mem.pipelining_boundary_tensors(stage_ids=ids, n_stages=n_stages, m=8, alive=alive,
+                                           split_w=split_w) == expected
+
+
+def test_each_rank_runs_its_stages_and_holds_its_micro_batches_on_them():
+    """The stages a rank runs (interleaved: r + k·p; ZB-V's V: r and 2p - 1 - r) and the micro-batches alive
+    on each at its peak (p = 8: PyTorch's ZB-V order keeps 15 on rank 0's first leg and 1 on the loss's;
+    the interleaved schedule at m = 32, v = 2, 15 and 8 on the first rank, 8 and 1 on the last)."""
+    from meshplan.cost.pipeline import rank_stage_ids, stage_alive
+
+    assert rank_stage_ids("interleaved", 8, 2, 3) == (3, 11)
+    assert rank_stage_ids("zb-v", 8, 2, 3) == (3, 12)
+    assert rank_stage_ids("1f1b", 8, 1, 3) == (3,)
+    kw = {"pp": 8, "vpp": 2, "m": 32, "held": 99.0}
+    assert stage_alive(schedule="zb-v", rank=0, **kw) == (15, 1)
+    assert stage_alive(schedule="zb-v", rank=7, **kw) == (8, 8)
+    assert stage_alive(schedule="interleaved", rank=0, **kw) == (15, 8)
+    assert stage_alive(schedule="interleaved", rank=7, **kw) == (8, 1)
+    assert stage_alive(schedule="1f1b", rank=7, **kw) == (99.0,)
 
 
 def test_only_pytorch_pipelines_pay_for_the_buffers():
@@ -213,13 +241,14 @@ def test_only_pytorch_pipelines_pay_for_the_buffers():
 
     model, cluster = load_model("llama-3-8b"), load_cluster("h100-sxm", nodes=2)
     job = JobSpec(global_batch_tokens=4096 * 64, seq_len=4096, software="torchtitan")
-    layer_input = 4096 * mem.full_recompute_bytes_per_token(hidden=model.hidden, tp=1, sp=False)
 
     def terms(plan: str):
         return evaluate(model, cluster, job, parse_plan(plan, cluster.n_gpus)).memory
 
-    torch_pp = terms("pp=4,dp_shard=4,mbs=1")
-    assert torch_pp.stage == 0  # 64 / 4 = 16 micro-batches: 16 gradient buffers, 4 outputs awaiting backward
-    assert torch_pp.terms["pipelining_buffers"] == pytest.approx((16 + 4) * layer_input)
+    for tp in (1, 2):  # a layer's input: 2D per token, over TP with sequence parallelism
+        layer_input = 4096 * mem.full_recompute_bytes_per_token(hidden=model.hidden, tp=tp, sp=tp > 1)
+        torch_pp = terms(f"pp=4,tp={tp},dp_shard={4 // tp},mbs=1")
+        assert torch_pp.stage == 0  # 64 / (4 / tp) micro-batches: as many gradient buffers, 4 outputs alive
+        assert torch_pp.terms["pipelining_buffers"] == pytest.approx((64 * tp // 4 + 4) * layer_input)
     assert "pipelining_buffers" not in terms("pp=4,dp_shard=4,mbs=1,sharding=megatron").terms
     assert "pipelining_buffers" not in terms("dp_shard=16,mbs=1").terms

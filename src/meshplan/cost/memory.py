@@ -283,26 +283,46 @@ def logits_bytes_per_token(*, vocab: int, tp: int, loss: str = "eager") -> float
     return LOSS_BYTES_PER_LOGIT[loss] * vocab / tp
 
 
-def pipelining_boundary_tensors(*, stage_ids: tuple[int, ...], n_stages: int, m: int, alive: float) -> float:
-    """Stage-boundary tensors (a stage's input or output, one micro-batch's) that torch.distributed.pipelining
-    keeps on a rank beyond its layers' saved tensors, at the activation peak [tensors]. Each stage that
-    receives from another rank allocates one activation buffer per micro-batch, and each that receives
-    gradients from another rank one gradient buffer per micro-batch, once, kept across steps
-    (``PipelineStage._setup_forward_recv_info``, ``_create_grad_recv_info``, torch/distributed/pipelining/
-    stage.py, torch 2.13; pytorch#136380 proposes reusing them, open); a same-rank neighbour (ZB-V's turn)
-    hands its tensor over instead (``set_local_fwd_input``). A received buffer is the stage's input itself,
-    which its first layer saves: for the ``alive`` micro-batches whose activations the rank holds (summed
-    over its ``stage_ids``) that storage is counted with the layers. Each stage that sends on also keeps its
-    output in ``fwd_cache`` until that micro-batch's backward: ``alive`` more, split evenly over the stages.
-    Checked on two CPU ranks under gloo (torch 2.13, Schedule1F1B): the same m buffer addresses in two steps,
-    the forward's input being the buffer's storage. PyTorch of late 2024 (2.6) kept more: every stage's
-    outputs (``output_chunks``) and the received activations' gradients until the next step. The stage that
-    computes the loss keeps its output too, the logits, through the loss's backward: 2 B per logit that
-    eager cross-entropy's working set (LOSS_BYTES_PER_LOGIT), which has freed them, does not count."""
-    per_stage = alive / len(stage_ids)
-    recv = sum(1 for g in stage_ids if g > 0 and g - 1 not in stage_ids)
-    grad = sum(1 for g in stage_ids if g < n_stages - 1 and g + 1 not in stage_ids)
-    return recv * max(0.0, m - per_stage) + grad * (m + per_stage)
+def pipelining_boundary_tensors(*, stage_ids: tuple[int, ...], n_stages: int, m: int, alive: tuple[float, ...],
+                                split_w: bool) -> float:
+    """Stage-boundary tensors (a stage's input or output, or their gradients, one micro-batch's) that
+    torch.distributed.pipelining keeps on a rank beyond its layers' saved tensors, at the activation peak
+    [tensors]; ``alive``: the micro-batches each of its ``stage_ids`` holds then (pipeline.stage_alive).
+    From torch 2.13's torch/distributed/pipelining:
+
+    - a stage that receives allocates one activation buffer per micro-batch, once, and keeps them across
+      steps (``PipelineStage._setup_forward_recv_info``; pytorch#136380 proposes reusing them, open); a
+      same-rank neighbour (ZB-V's turn) hands its output over instead, kept the same way
+      (``set_local_fwd_input``). A buffer is the stage's input itself, which its first layer saves: for
+      the alive micro-batches it is counted with the layers, so m - alive more;
+    - a stage that receives gradients keeps one buffer per micro-batch the same way
+      (``_create_grad_recv_info``; ``set_local_bwd_input``): m;
+    - a stage keeps its output until the micro-batch's backward (``fwd_cache``; until its W under the
+      zero-bubble schedules, ``backward_state``): alive more, where a same-rank neighbour's input buffer is
+      not already that tensor;
+    - under the schedules that split W off (``split_w``), ``stage_backward_input`` leaves each received
+      input's gradient on it (``inp.grad``) until the next step's ``clear_runtime_states``: m - alive
+      more on a stage that receives from another rank (the full backward clears it at once).
+
+    Checked on two CPU ranks under gloo (torch 2.13): the same m buffer addresses in two steps, the forward's
+    input being the buffer's storage, and under ScheduleZBVZeroBubble every receive buffer's gradient
+    still held after the step. The stage that computes the loss keeps its logits too, through the loss's
+    backward: 2 B per logit that eager cross-entropy's working set (LOSS_BYTES_PER_LOGIT), which has freed
+    them, does not count. Assumed: ``step(return_outputs=False)``, as torchtitan calls it now; with the
+    default (True) the last stage keeps every micro-batch's output, the logits, until the next step. Not
+    counted: under GPipe every micro-batch's logits and loss graph until the backward (one is), and under
+    the zero-bubble schedules the logits' gradient the LM head's W keeps until it runs. PyTorch of late
+    2024 (2.6) kept more: every stage's outputs (``output_chunks``) and, under every schedule, the received
+    activations' gradients until the next step."""
+    total = 0.0
+    for g, a in zip(stage_ids, alive, strict=True):
+        if g > 0:
+            total += max(0.0, m - a)
+            if split_w and g - 1 not in stage_ids:
+                total += max(0.0, m - a)
+        if g < n_stages - 1:
+            total += m + (a if g + 1 not in stage_ids else 0.0)
+    return total
 
 
 ZERO3_MAX_LIVE_PARAMETERS = 1e9

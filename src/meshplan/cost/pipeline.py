@@ -34,6 +34,10 @@ src/megatron/bridge/recipes/deepseek/deepseek_v3.py @05d003f; 32 chunks on H100:
 perf_recipes/deepseek/h100/deepseek_v3.py @2e7ec2a)."""
 
 
+ZERO_BUBBLE = ("zb-h1", "zb-v")
+"""Schedules that split the backward's weight-gradient pass W off and defer it into the idle slots."""
+
+
 def mtp_chunk_layers(n_layers: int, mtp_layers: int, chunks: int) -> list[int]:
     """Decoder layers per model chunk of a model with MTP, without a layout: every chunk but the last holds
     k = ceil((L + 3·mtp) / chunks) (MTP_CHUNK_SLOTS), the last what remains; where (chunks - 1)·k exceeds
@@ -108,7 +112,7 @@ def in_flight_microbatches(*, schedule: str, pp: int, m: int, vpp: int, stage: i
         return 1.0 + (1.0 / layers if ep_overlap and m > 1 else 0.0)
     if schedule == "gpipe":
         return float(m)
-    if schedule in ("zb-h1", "zb-v"):
+    if schedule in ZERO_BUBBLE:
         # every stage holds p micro-batches short of their W pass [2]: ZB-H1 holds back s of stage s's W
         # passes (§2.1), PyTorch's ScheduleZBVZeroBubble (torch/distributed/pipelining/schedules.py) runs
         # 2(p - r) - 1 + r first-chunk forwards and r + 1 second-chunk ones before rank r's first W, 2p
@@ -122,22 +126,41 @@ def in_flight_microbatches(*, schedule: str, pp: int, m: int, vpp: int, stage: i
     return interleaved_peak(pp, vpp, m, stage, tuple(sizes), ep_overlap)
 
 
-@functools.lru_cache(maxsize=4096)
 def interleaved_peak(pp: int, vpp: int, m: int, stage: int, sizes: tuple[float, ...], ep_overlap: bool) -> float:
     """The most layers' activations stage ``stage`` of Megatron's interleaved schedule holds at once, in
     units of its layers (``sizes``: the layers of each of its chunks, in order) [micro-batches]: its
     warm-up forwards (one more with the MoE all-to-all overlap, whose forward runs beside the next
     backward), then a forward and a backward by turns (in_flight_microbatches). The live set repeats
     with the period of p·v passes, so two periods past the warm-up bound its peak."""
+    return _interleaved_live(pp, vpp, m, stage, sizes, ep_overlap)[0]
+
+
+def interleaved_chunks_alive(pp: int, vpp: int, m: int, stage: int, sizes: tuple[float, ...], ep_overlap: bool
+                             ) -> tuple[int, ...]:
+    """Micro-batches alive on each model chunk of stage ``stage`` at ``interleaved_peak`` (p = 8, v = 2,
+    m = 32: 15 and 8 on the first rank, 8 and 1 on the last, as PyTorch's Interleaved1F1B runs them too)."""
+    return _interleaved_live(pp, vpp, m, stage, sizes, ep_overlap)[1]
+
+
+@functools.lru_cache(maxsize=4096)
+def _interleaved_live(pp: int, vpp: int, m: int, stage: int, sizes: tuple[float, ...], ep_overlap: bool
+                      ) -> tuple[float, tuple[int, ...]]:
     v, total = vpp, sum(sizes)
     passes = m * v
     warm = min(passes, warmup_forwards(pp, v, stage) + (1 if ep_overlap else 0))
+    counts = [0] * v
+    for i in range(warm):
+        counts[(i // pp) % v] += 1
     live = peak = sum(sizes[(i // pp) % v] for i in range(warm))
+    at_peak = tuple(counts)
     for j, i in enumerate(range(warm, min(passes, warm + 2 * pp * v))):
         live += sizes[(i // pp) % v]
-        peak = max(peak, live)
+        counts[(i // pp) % v] += 1
+        if live > peak:
+            peak, at_peak = live, tuple(counts)
         live -= sizes[v - 1 - (j // pp) % v]
-    return peak / total if total > 0 else min(float(m), (warm + 1) / v)
+        counts[v - 1 - (j // pp) % v] -= 1
+    return (peak / total if total > 0 else min(float(m), (warm + 1) / v)), at_peak
 
 
 def unpaired_microbatches(*, schedule: str, pp: int, m: int, vpp: int, stage: int) -> float:
@@ -257,21 +280,23 @@ def stage_bubbles_s(*, schedule: str, pp: int, vpp: int, m: int, stages: Sequenc
                     passes: Sequence[tuple[float, float, float]]) -> list[float]:
     """Idle time per step of each timed stage of ``stages`` [s], whose ``passes`` are its (t_F, t_B, t_W)
     per micro-batch as ``bubble_time_s`` takes them: the bubble at the mean times of the other ranks
-    (``stand_ins``), not its own. A rank waits in the warm-up and cool-down for the passes of the others:
-    under 1F1B the busiest stage s ends after m·(t_F + t_B)_s + sum over r != s of (t_F + t_B)_r, where
-    charging every rank stage s's times overstates the bubble by (p - 1) times s's excess, the LM head and
-    loss on the last stage. Against the timeline simulator (sim.pipeline) on random pass times, p = 2..16
-    and m = 1..4p, the last stage's t_F and t_B heavier by up to 60 % and its t_W by half as much: exact
-    under 1F1B (each stage's own times overstated the step by 7.5 % on average, and by 54 % at p = 16,
-    m = 1, a last stage 1.6 times as slow); with the first heavier too, by up to 10 %, 0.1 % above on
-    average (at most 4 %); under ZB-H1 1.1 % (at most 7 %; own times 7.6 %) and under ZB-V 3.9 % (at
-    most 14 %; own times 7.7 %), whose forms were derived on uniform stages (tests/test_pipeline.py; at
-    extreme mixes, t_B thirty times t_F, up to 30 % above). Under the zero-bubble schedules it can also
-    fall below the simulated step, by a few per cent where one rank's W alone is lighter (a loss stage of
-    fewer layers, whose head adds to t_B only: -0.3 % on average, -4.5 % at worst in a review's draws, -11 %
-    with its t_W down to 0.6 times), as each stage's own times could; and a longer W on the other ranks
-    alone can shorten it, their forms having negative coefficients on t_W (ZB-H1's (p - 1)(t_F + t_B -
-    t_W)). Adding layers, which lengthens F, B and W together, never does."""
+    (``stand_ins``), not its own, except under the zero-bubble schedules its W: a rank waits in the warm-up
+    and cool-down for the other ranks' forwards and input-gradient passes, and fills what it can of the
+    wait with its own deferred weight-gradient passes. Under 1F1B the busiest stage s ends after
+    m·(t_F + t_B)_s + sum over r != s of (t_F + t_B)_r, where charging every rank stage s's times
+    overstates the bubble by (p - 1) times s's excess, the LM head and loss on the last stage. Against the
+    timeline simulator (sim.pipeline) on random pass times, p = 2..16 and m = 1..4p, the last stage's t_F
+    and t_B heavier by up to 60 % and its t_W by half as much: exact under 1F1B (each stage's own times
+    overstated the step by 7.5 % on average, and by 54 % at p = 16, m = 1, a last stage 1.6 times as
+    slow); with the first heavier too, by up to 10 %, 0.1 % above on average (at most 4 %); under ZB-H1
+    0.7 % (at most 7 %; own times 7.6 %, the other ranks' W as well 1.1 %) and under ZB-V 3.9 % (at most
+    14 %; own times 7.7 %), whose forms were derived on uniform stages (tests/test_pipeline.py; at extreme
+    mixes, t_B thirty times t_F, up to 30 % above). Under the zero-bubble schedules it can also fall a
+    few per cent below the simulated step: where the loss stage's t_W is lighter than its layers' share
+    (its head adds to t_B only), ZB-H1 0.5 % off on average, -4 % at worst (-8 % with the other ranks'
+    W). A stage's own W enters as it would on uniform stages, so a longer W never shortens the step; ZB-V's
+    forms keep negative coefficients on t_B, so a longer t_B on the other ranks alone can, which adding
+    layers (F, B and W together) never does."""
     if pp == 1:
         return [0.0] * len(stages)
     last, middle = len(stages) - 1, _slowest_middle([sum(x) for x in passes])
@@ -284,6 +309,8 @@ def stage_bubbles_s(*, schedule: str, pp: int, vpp: int, m: int, stages: Sequenc
     for s in stages:
         own = passes[0 if s == 0 else last if s == pp - 1 else middle]
         f, b, w = ((total[k] - own[k]) / (pp - 1) for k in range(3))
+        if schedule in ZERO_BUBBLE:
+            w = own[2]  # the deferred W passes that fill a rank's idle slots are its own
         out.append(bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, m=m, t_f_s=f, t_b_s=b, t_w_s=w))
     return out
 
@@ -302,6 +329,21 @@ def rank_stage_ids(schedule: str, pp: int, vpp: int, rank: int) -> tuple[int, ..
     if schedule == "zb-v":
         return (rank, 2 * pp - 1 - rank)
     return (rank,)
+
+
+def stage_alive(*, schedule: str, pp: int, vpp: int, m: int, rank: int, held: float,
+                chunk_layers: tuple[float, ...] = (), ep_overlap: bool = False) -> tuple[float, ...]:
+    """Micro-batches alive (forward run, backward or W not yet) on each stage of ``rank_stage_ids`` at the
+    rank's activation peak, ``held`` being the rank's (in_flight_microbatches): the interleaved schedule's
+    per chunk (interleaved_chunks_alive); under ZB-V min(m, 2p - r - 1) on the V's first leg and min(m,
+    r + 1) on its second, which holds the loss on rank 0 (counted on PyTorch's order, sim.pipeline._zb_v,
+    for p up to 12 and every m and rank); ``held`` on a rank's one stage otherwise."""
+    if pp > 1 and schedule == "interleaved":
+        return tuple(float(n) for n in interleaved_chunks_alive(pp, vpp, m, rank, chunk_layers or (1.0,) * vpp,
+                                                                ep_overlap))
+    if pp > 1 and schedule == "zb-v":
+        return (float(min(m, 2 * pp - rank - 1)), float(min(m, rank + 1)))
+    return (held,)
 
 
 def head_stage(schedule: str, pp: int) -> int:

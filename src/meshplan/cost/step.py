@@ -39,12 +39,14 @@ from meshplan.cost.flops import attention_recomputed, model_flop_per_token, reco
 from meshplan.cost.mesh import Group, axis_groups
 from meshplan.cost.params import ParamCounts, param_counts
 from meshplan.cost.pipeline import (
+    ZERO_BUBBLE,
     bubble_fraction,
     head_stage,
     in_flight_microbatches,
     plan_stage_layers,
     rank_stage_ids,
     round_robin_chunks,
+    stage_alive,
     stage_bubbles_s,
     stage_chunk_layers,
     stage_layers,
@@ -470,15 +472,22 @@ def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, floa
             working = tokens * max(freed[0] if c.n_dense else 0.0, freed[1] if c.n_moe else 0.0)
         if c.plan.offload_layers:
             stored -= tokens * _offloaded_bytes_per_token(c, a_dense, a_moe)
+    plan = c.plan
+    ids = rank_stage_ids(plan.schedule, plan.pp, plan.vpp, c.s)
+    n_stages = plan.pp * len(ids)
+    alive = stage_alive(schedule=plan.schedule, pp=plan.pp, vpp=plan.vpp, m=c.m, rank=c.s, held=held,
+                        chunk_layers=_chunk_layers(c.model, plan, c.s), ep_overlap=plan.ep_overlap)
     pipelined = 0.0
-    if c.plan.torch_pipelined(c.job.software):
-        ids = rank_stage_ids(c.plan.schedule, c.plan.pp, c.plan.vpp, c.s)
+    if plan.torch_pipelined(c.job.software):
         pipelined = tokens * st.full_recompute * mem.pipelining_boundary_tensors(
-            stage_ids=ids, n_stages=c.plan.pp * len(ids), m=c.m, alive=held * len(ids))
+            stage_ids=ids, n_stages=n_stages, m=c.m, alive=alive, split_w=plan.schedule in ZERO_BUBBLE)
         if c.last and c.job.loss_impl(False) == "eager":  # the bf16 logits, kept in fwd_cache
-            pipelined += tokens * 2.0 * c.model.vocab / c.plan.tp
-    # the final norm and the LM head run outside the layers' recomputation: their inputs are kept
-    return held * (stored + tokens * st.head_inputs), working, tokens * st.logits, tokens * st.cp_gather, pipelined
+            pipelined += tokens * 2.0 * c.model.vocab / plan.tp
+    # the final norm and the LM head run outside the layers' recomputation: their inputs are kept, for the
+    # micro-batches alive on the loss's stage
+    head = alive[ids.index(n_stages - 1)] if c.last else 0.0
+    return (held * stored + head * tokens * st.head_inputs, working, tokens * st.logits, tokens * st.cp_gather,
+            pipelined)
 
 
 def _chunk_layers(model: ModelSpec, plan: Plan, stage: int) -> tuple[float, ...]:

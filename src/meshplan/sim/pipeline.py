@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from meshplan.cost.pipeline import ZERO_BUBBLE
+
 
 @dataclass(eq=False, slots=True)
 class Task:
@@ -46,7 +48,7 @@ def schedule_pipeline(*, schedule: str, pp: int, m: int, chunks: int, f_s: list[
     runs = 2 if schedule == "zb-v" else 1
     if chunks != runs:
         raise ValueError(f"{schedule} runs {runs} model chunk(s) a stage, not {chunks}")
-    split_w = schedule in ("zb-h1", "zb-v")
+    split_w = schedule in ZERO_BUBBLE
     route = virtual_route(schedule, pp)
     tasks: list[Task] = []
     for k in range(m):
