@@ -299,19 +299,21 @@ def stage_bubbles_s(*, schedule: str, pp: int, vpp: int, m: int, stages: Sequenc
     layers (F, B and W together) never does."""
     if pp == 1:
         return [0.0] * len(stages)
-    last, middle = len(stages) - 1, _slowest_middle([sum(x) for x in passes])
+    last = len(stages) - 1
+    middle = _slowest_middle([sum(x) for x in passes]) if last > 1 else 0
     ranks = [0] * len(stages)  # how many ranks each timed stage stands for (stand_ins, counted)
     ranks[0] += 1
     ranks[last] += 1
     ranks[middle] += pp - 2
-    total = [sum(n * x[k] for n, x in zip(ranks, passes, strict=True)) for k in range(3)]
+    tf = tb = tw = 0.0
+    for n, (f, b, w) in zip(ranks, passes, strict=True):
+        tf, tb, tw = tf + n * f, tb + n * b, tw + n * w
+    own_w = schedule in ZERO_BUBBLE  # the deferred W passes that fill a rank's idle slots are its own
     out = []
     for s in stages:
-        own = passes[0 if s == 0 else last if s == pp - 1 else middle]
-        f, b, w = ((total[k] - own[k]) / (pp - 1) for k in range(3))
-        if schedule in ZERO_BUBBLE:
-            w = own[2]  # the deferred W passes that fill a rank's idle slots are its own
-        out.append(bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, m=m, t_f_s=f, t_b_s=b, t_w_s=w))
+        f, b, w = passes[0 if s == 0 else last if s == pp - 1 else middle]
+        out.append(bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, m=m, t_f_s=(tf - f) / (pp - 1),
+                                 t_b_s=(tb - b) / (pp - 1), t_w_s=w if own_w else (tw - w) / (pp - 1)))
     return out
 
 
@@ -331,6 +333,7 @@ def rank_stage_ids(schedule: str, pp: int, vpp: int, rank: int) -> tuple[int, ..
     return (rank,)
 
 
+@functools.lru_cache(maxsize=4096)
 def stage_alive(*, schedule: str, pp: int, vpp: int, m: int, rank: int, held: float,
                 chunk_layers: tuple[float, ...] = (), ep_overlap: bool = False) -> tuple[float, ...]:
     """Micro-batches alive (forward run, backward or W not yet) on each stage of ``rank_stage_ids`` at the

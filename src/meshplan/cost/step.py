@@ -323,6 +323,14 @@ class _StaticMemory(NamedTuple):
     cp_gather: float = 0.0
     """Context parallelism's gathered K, V and dK, dV per local token at a layer's backward (KV all-gather
     only; memory.cp_kv_gather_bytes_per_token)."""
+    stage_ids: tuple[int, ...] = (0,)
+    """The pipeline stages the rank runs (pipeline.rank_stage_ids), of ``n_stages``."""
+    n_stages: int = 1
+    boundary: float = 0.0
+    """Bytes per token of a stage-boundary tensor where torch.distributed.pipelining keeps them
+    (memory.pipelining_boundary_tensors; a layer's input), 0 where the pipeline is Megatron-core's or none."""
+    kept_logits: float = 0.0
+    """Bytes per token of the logits PyTorch's pipelining keeps through an eager loss's backward."""
 
     @property
     def fixed_bytes(self) -> tuple[float, float, float]:
@@ -380,9 +388,14 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
     cp_gather = (mem.cp_kv_gather_bytes_per_token(kv_dim=attention_kv_dim(model, job), tp=plan.tp, cp=plan.cp,
                                                   gathered_grads=megatron)
                  if plan.cp > 1 and plan.context_impl == "allgather" and c.n_dense + c.n_moe else 0.0)
-    return _StaticMemory(terms, transient, runtime, *_activation_coefficients(
-        model, job, plan.tp, plan.sequence_parallel, c.n_moe > 0, c.last, plan.expert_tp,
-        plan.sequence_parallel and not megatron, megatron), cp_gather)
+    coefficients = _activation_coefficients(model, job, plan.tp, plan.sequence_parallel, c.n_moe > 0, c.last,
+                                            plan.expert_tp, plan.sequence_parallel and not megatron, megatron)
+    ids = rank_stage_ids(plan.schedule, plan.pp, plan.vpp, c.s)
+    torch_pipelined = plan.torch_pipelined(job.software)
+    return _StaticMemory(terms, transient, runtime, *coefficients, cp_gather, ids, plan.pp * len(ids),
+                         coefficients[2] if torch_pipelined else 0.0,  # full_recompute: a layer's input
+                         2.0 * model.vocab / plan.tp if torch_pipelined and c.last and job.loss_impl(False) == "eager"
+                         else 0.0)
 
 
 @cache_by_identity(n_specs=2)
@@ -472,20 +485,19 @@ def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, floa
             working = tokens * max(freed[0] if c.n_dense else 0.0, freed[1] if c.n_moe else 0.0)
         if c.plan.offload_layers:
             stored -= tokens * _offloaded_bytes_per_token(c, a_dense, a_moe)
-    plan = c.plan
-    ids = rank_stage_ids(plan.schedule, plan.pp, plan.vpp, c.s)
-    n_stages = plan.pp * len(ids)
-    alive = stage_alive(schedule=plan.schedule, pp=plan.pp, vpp=plan.vpp, m=c.m, rank=c.s, held=held,
-                        chunk_layers=_chunk_layers(c.model, plan, c.s), ep_overlap=plan.ep_overlap)
-    pipelined = 0.0
-    if plan.torch_pipelined(c.job.software):
-        pipelined = tokens * st.full_recompute * mem.pipelining_boundary_tensors(
-            stage_ids=ids, n_stages=n_stages, m=c.m, alive=alive, split_w=plan.schedule in ZERO_BUBBLE)
-        if c.last and c.job.loss_impl(False) == "eager":  # the bf16 logits, kept in fwd_cache
-            pipelined += tokens * 2.0 * c.model.vocab / plan.tp
-    # the final norm and the LM head run outside the layers' recomputation: their inputs are kept, for the
-    # micro-batches alive on the loss's stage
-    head = alive[ids.index(n_stages - 1)] if c.last else 0.0
+    pipelined = head = 0.0
+    if st.boundary or st.head_inputs:
+        plan, ids = c.plan, st.stage_ids
+        alive = ((held,) if len(ids) == 1 else
+                 stage_alive(schedule=plan.schedule, pp=plan.pp, vpp=plan.vpp, m=c.m, rank=c.s, held=held,
+                             chunk_layers=_chunk_layers(c.model, plan, c.s), ep_overlap=plan.ep_overlap))
+        if st.boundary:
+            pipelined = tokens * (st.kept_logits + st.boundary * mem.pipelining_boundary_tensors(
+                stage_ids=ids, n_stages=st.n_stages, m=c.m, alive=alive, split_w=plan.schedule in ZERO_BUBBLE))
+        # the final norm and the LM head run outside the layers' recomputation: their inputs are kept, for
+        # the micro-batches alive on the loss's stage
+        if st.head_inputs:
+            head = alive[ids.index(st.n_stages - 1)]
     return (held * stored + head * tokens * st.head_inputs, working, tokens * st.logits, tokens * st.cp_gather,
             pipelined)
 
@@ -890,8 +902,14 @@ def _with_bubbles(details: tuple[StageDetail, ...], plan: Plan, m: int) -> tuple
     """``details`` with each stage's pipeline bubble, from the other ranks' passes (stage_bubbles_s)."""
     bubbles = stage_bubbles_s(schedule=plan.schedule, pp=plan.pp, vpp=plan.vpp, m=m,
                               stages=[d.stage for d in details], passes=[d.passes_s for d in details])
-    return tuple(replace(d, breakdown={**d.breakdown, "pipeline bubble": b}, time_s=d.time_s + b)
-                 for d, b in zip(details, bubbles, strict=True))
+    out = []
+    for d, b in zip(details, bubbles, strict=True):
+        d.breakdown["pipeline bubble"] = b  # the stage's own dict, made by _stage_time; keyed there in order
+        out.append(StageDetail(stage=d.stage, n_layers=d.n_layers, t_f_s=d.t_f_s, t_b_s=d.t_b_s, t_w_s=d.t_w_s,
+                               t_r_s=d.t_r_s, attention_fwd_s=d.attention_fwd_s, head_f_s=d.head_f_s,
+                               head_b_s=d.head_b_s, comm=d.comm, optimizer_s=d.optimizer_s, breakdown=d.breakdown,
+                               time_s=d.time_s + b, passes_s=d.passes_s))  # not dataclasses.replace: 6x faster
+    return tuple(out)
 
 
 @cache_by_identity(n_specs=2, maxsize=1024)
