@@ -191,29 +191,45 @@ def test_fsdp2_gathers_an_moe_layer_and_its_experts_together():
     assert est.memory.terms["fsdp_unsharded_grads"] == pytest.approx(layer * (2.0 + 4.0))  # bf16 + fp32 reduce
 
 
-@pytest.mark.parametrize(("ids", "n_stages", "alive", "split_w", "expected"), [
+@pytest.mark.parametrize(("ids", "n_stages", "alive", "kept", "expected"), [
     # 1F1B, p = 4, m = 8: the first stage, 8 gradient buffers and 4 outputs awaiting their backward
-    ((0,), 4, (4,), False, 8 + 4),
+    ((0,), 4, (4,), None, 8 + 4),
     # a middle one: its 2 alive inputs are the buffers its first layer saves
-    ((2,), 4, (2,), False, (8 - 2) + (8 + 2)),
+    ((2,), 4, (2,), None, (8 - 2) + (8 + 2)),
     # the last: no gradient arrives, its output is the loss's (the logits, apart)
-    ((3,), 4, (1,), False, 8 - 1),
-    # ZB-H1's middle stage: the received inputs' gradients stay on them until the next step
-    ((2,), 4, (4,), True, 2 * (8 - 4) + (8 + 4)),
+    ((3,), 4, (1,), None, 8 - 1),
+    # ZB-H1 (p = 4, m = 8), ranks 1, 2 and 3: the received inputs' gradients stay on them until the next
+    # step, m - (p - 1 - r) by the end; 22, 23 and 12 measured on four gloo ranks
+    ((1,), 4, (4,), (6,), (8 - 4) + 6 + (8 + 4)),
+    ((2,), 4, (4,), (7,), (8 - 4) + 7 + (8 + 4)),
+    ((3,), 4, (4,), (8,), (8 - 4) + 8),
     # ZB-V's turn (p = 4, rank 3: stages 3 and 4): stage 3 hands its outputs and stage 4 its input gradients
-    # over on the rank, each kept per micro-batch like a buffer, its outputs being stage 4's inputs
-    ((3, 4), 8, (4, 4), True, (8 - 4) + (8 - 4) + 8 + (8 - 4) + (8 + 4)),
+    # over on the rank, each kept per micro-batch like a buffer, its outputs being stage 4's inputs (32
+    # measured)
+    ((3, 4), 8, (4, 4), (4, 4), (8 - 4) + 4 + 8 + (8 - 4) + (8 + 4)),
     # ZB-V's rank 0 (stages 0 and 7): the embedding's stage receives nothing, the loss's no gradient
-    ((0, 7), 8, (7, 1), True, (8 + 7) + 2 * (8 - 1)),
+    ((0, 7), 8, (7, 1), (1, 7), (8 + 7) + 2 * (8 - 1)),
     # interleaved, p = 4, v = 2, rank 0 (stages 0 and 4): stage 4 receives, both send
-    ((0, 4), 8, (7, 4), False, (8 + 7) + (8 - 4) + (8 + 4)),
+    ((0, 4), 8, (7, 4), None, (8 + 7) + (8 - 4) + (8 + 4)),
 ])
-def test_pytorch_pipelining_keeps_a_buffer_per_micro_batch(ids, n_stages, alive, split_w, expected):
+def test_pytorch_pipelining_keeps_a_buffer_per_micro_batch(ids, n_stages, alive, kept, expected):
     """torch.distributed.pipelining keeps an activation and a gradient tensor per micro-batch (m = 8) for
     each stage a rank runs that has a neighbour, each output until its backward, and under the schedules
     that split W off each received input's gradient (memory.pipelining_boundary_tensors)."""
     assert mem.pipelining_boundary_tensors(stage_ids=ids, n_stages=n_stages, m=8, alive=alive,
-                                           split_w=split_w) == expected
+                                           grads_kept=kept) == expected
+
+
+def test_zero_bubble_schedules_keep_the_input_gradients_they_have_run():
+    """PyTorch's zero-bubble schedules leave each received input's gradient on it until the next step: by
+    the end of a ZB-H1 step rank r has run m - (p - 1 - r) of them; ZB-V's legs m less those alive."""
+    from meshplan.cost.pipeline import stage_input_grads_kept
+
+    assert [stage_input_grads_kept(schedule="zb-h1", pp=4, m=8, rank=r, alive=(4,)) for r in range(4)] == [
+        (5,), (6,), (7,), (8,)]
+    assert stage_input_grads_kept(schedule="zb-v", pp=4, m=8, rank=0, alive=(7, 1)) == (1, 7)
+    assert stage_input_grads_kept(schedule="1f1b", pp=4, m=8, rank=0, alive=(4,)) is None
+    assert stage_input_grads_kept(schedule="interleaved", pp=4, m=8, rank=0, alive=(7, 4)) is None
 
 
 def test_each_rank_runs_its_stages_and_holds_its_micro_batches_on_them():
@@ -252,3 +268,42 @@ def test_only_pytorch_pipelines_pay_for_the_buffers():
         assert torch_pp.terms["pipelining_buffers"] == pytest.approx((64 * tp // 4 + 4) * layer_input)
     assert "pipelining_buffers" not in terms("pp=4,dp_shard=4,mbs=1,sharding=megatron").terms
     assert "pipelining_buffers" not in terms("dp_shard=16,mbs=1").terms
+
+
+def _stage_memory_terms(plan_str: str, stage: int, m_target: int = 8):
+    """A timed stage's memory terms (cost.step's own stage contexts) for Llama 3 8B on torchtitan, with
+    ``m_target`` micro-batches of one sequence."""
+    from meshplan import JobSpec, load_cluster, parse_plan
+    from meshplan.cost.params import param_counts
+    from meshplan.cost.step import _plan_shared, _stage_ctxs, _stage_memory, batch_split_reasons
+
+    model, cluster = load_model("llama-3-8b"), load_cluster("h100-sxm", nodes=1, gpus_per_node=4)
+    job = JobSpec(global_batch_tokens=4096 * m_target, seq_len=4096, software="torchtitan")
+    plan = parse_plan(plan_str, cluster.n_gpus)
+    counts = param_counts(model)
+    shared = _plan_shared(model, counts, cluster, job, plan)
+    _, m = batch_split_reasons(job, plan)
+    assert m == m_target
+    ctx = next(c for c in _stage_ctxs(model, counts, cluster, job, plan, m, shared) if c.s == stage)
+    return model, _stage_memory(ctx, shared.static[stage]).terms
+
+
+def test_the_loss_stage_holds_the_heads_inputs_for_its_own_micro_batches():
+    """ZB-V puts the loss on rank 0's second leg, where one micro-batch is alive (its W follows its B); the
+    rank holds p micro-batches of layers. Under full recomputation each layer keeps its input (2D per
+    token), the final norm and the LM head theirs (4D), and PyTorch's pipelining its buffers: rank 0 runs
+    stages 0 and 7 of 8, with 7 and 1 micro-batches alive, and has run 1 and 7 input-gradient passes."""
+    model, terms = _stage_memory_terms("pp=4,mbs=1,recompute=full,schedule=zb-v", 0)
+    layer_input = 4096 * 2 * model.hidden
+    assert terms["activations"] == pytest.approx((7 + 1) / 2 * 8 * layer_input + 1 * 2 * layer_input)
+    assert terms["pipelining_buffers"] == pytest.approx((8 + 7) * layer_input + (8 - 1 + 7) * layer_input
+                                                        + 4096 * 2.0 * model.vocab)  # and the bf16 logits
+
+
+def test_zb_h1_keeps_the_input_gradients_of_every_finished_pass():
+    """ZB-H1's last rank (p = 4, m = 8) holds its 4 micro-batches short of W, the LM head's inputs with
+    them, and the 8 input gradients it has run on the buffers they arrived in."""
+    model, terms = _stage_memory_terms("pp=4,mbs=1,recompute=full,schedule=zb-h1", 3)
+    layer_input = 4096 * 2 * model.hidden
+    assert terms["activations"] == pytest.approx(4 * 8 * layer_input + 4 * 2 * layer_input)
+    assert terms["pipelining_buffers"] == pytest.approx(((8 - 4) + 8) * layer_input + 4096 * 2.0 * model.vocab)

@@ -250,3 +250,19 @@ def test_each_stage_waits_for_the_ranks_its_timed_stand_ins_cover():
     bubbles = stage_bubbles_s(schedule="1f1b", pp=6, vpp=1, m=8, stages=stages, passes=passes)
     total = 3.0 + 4 * 5.0 + 6.0
     assert bubbles == pytest.approx([total - 3.0, total - 5.0, total - 5.0, total - 6.0])
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-v"])
+def test_a_zero_bubble_rank_fills_its_slots_with_its_own_w(schedule):
+    """The deferred W passes that fill a zero-bubble rank's idle slots are its own: its bubble takes the
+    other ranks' t_F and t_B and its own t_W (1F1B, whose backward is whole, the other ranks' everything)."""
+    from meshplan.cost.pipeline import stage_bubbles_s
+
+    passes = [(1.0, 1.2, 2.0), (1.0, 1.2, 0.5), (1.5, 1.8, 0.5)]
+    got = stage_bubbles_s(schedule=schedule, pp=6, vpp=1, m=12, stages=[0, 1, 5], passes=passes)
+    others_f = (1.0 * 4 + 1.5) / 5  # stage 0's others: four middle ranks and the last
+    others_b = (1.2 * 4 + 1.8) / 5
+    assert got[0] == pytest.approx(bubble_time_s(schedule=schedule, pp=6, vpp=1, m=12, t_f_s=others_f,
+                                                 t_b_s=others_b, t_w_s=2.0))
+    one = stage_bubbles_s(schedule="1f1b", pp=6, vpp=1, m=12, stages=[0, 1, 5], passes=passes)
+    assert one[0] == pytest.approx(4 * 2.7 + 3.8)  # the others' whole passes

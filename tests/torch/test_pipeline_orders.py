@@ -73,5 +73,4 @@ def test_pipeline_stages_allocate_a_buffer_per_micro_batch():
         finally:
             dist.destroy_process_group()
         assert len({b.untyped_storage().data_ptr() for b in buffers}) == len(buffers)
-        assert len(buffers) == pipelining_boundary_tensors(stage_ids=(s,), n_stages=stages, m=m, alive=(0,),
-                                                           split_w=False), s
+        assert len(buffers) == pipelining_boundary_tensors(stage_ids=(s,), n_stages=stages, m=m, alive=(0,)), s

@@ -284,7 +284,7 @@ def logits_bytes_per_token(*, vocab: int, tp: int, loss: str = "eager") -> float
 
 
 def pipelining_boundary_tensors(*, stage_ids: tuple[int, ...], n_stages: int, m: int, alive: tuple[float, ...],
-                                split_w: bool) -> float:
+                                grads_kept: tuple[float, ...] | None = None) -> float:
     """Stage-boundary tensors (a stage's input or output, or their gradients, one micro-batch's) that
     torch.distributed.pipelining keeps on a rank beyond its layers' saved tensors, at the activation peak
     [tensors]; ``alive``: the micro-batches each of its ``stage_ids`` holds then (pipeline.stage_alive).
@@ -300,9 +300,10 @@ def pipelining_boundary_tensors(*, stage_ids: tuple[int, ...], n_stages: int, m:
     - a stage keeps its output until the micro-batch's backward (``fwd_cache``; until its W under the
       zero-bubble schedules, ``backward_state``): alive more, where a same-rank neighbour's input buffer is
       not already that tensor;
-    - under the schedules that split W off (``split_w``), ``stage_backward_input`` leaves each received
-      input's gradient on it (``inp.grad``) until the next step's ``clear_runtime_states``: m - alive
-      more on a stage that receives from another rank (the full backward clears it at once).
+    - under the schedules that split W off, ``stage_backward_input`` leaves each received input's gradient
+      on it (``inp.grad``) until the next step's ``clear_runtime_states``: ``grads_kept`` more on each stage
+      that receives from another rank, the input-gradient passes it has run at its peak
+      (pipeline.stage_input_grads_kept; the full backward clears them at once: None).
 
     Checked on two CPU ranks under gloo (torch 2.13): the same m buffer addresses in two steps, the forward's
     input being the buffer's storage, and under ScheduleZBVZeroBubble every receive buffer's gradient
@@ -315,11 +316,11 @@ def pipelining_boundary_tensors(*, stage_ids: tuple[int, ...], n_stages: int, m:
     2024 (2.6) kept more: every stage's outputs (``output_chunks``) and, under every schedule, the received
     activations' gradients until the next step."""
     total = 0.0
-    for g, a in zip(stage_ids, alive, strict=True):
+    for i, (g, a) in enumerate(zip(stage_ids, alive, strict=True)):
         if g > 0:
             total += max(0.0, m - a)
-            if split_w and g - 1 not in stage_ids:
-                total += max(0.0, m - a)
+            if grads_kept is not None and g - 1 not in stage_ids:
+                total += grads_kept[i]
         if g < n_stages - 1:
             total += m + (a if g + 1 not in stage_ids else 0.0)
     return total

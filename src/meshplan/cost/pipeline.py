@@ -118,7 +118,11 @@ def in_flight_microbatches(*, schedule: str, pp: int, m: int, vpp: int, stage: i
         # 2(p - r) - 1 + r first-chunk forwards and r + 1 second-chunk ones before rank r's first W, 2p
         # chunks of half its layers. A micro-batch waiting for its W keeps the weight gradients' inputs
         # and output gradients, nearly all of its activations ([2] Table 1: M_W = 32sbh of
-        # M_B = 34sbh + 5as²b), so it counts whole.
+        # M_B = 34sbh + 5as²b), so it counts whole. Under ZB-V with fewer than 2p - 1 micro-batches its legs
+        # hold fewer (stage_alive), each chunk half the stage's layers.
+        if schedule == "zb-v":
+            first, second = stage_alive(schedule=schedule, pp=pp, vpp=2, m=m, rank=stage, held=0.0)
+            return (first + second) / 2.0
         return float(min(m, pp))
     if schedule != "interleaved":
         return float(min(m, pp - stage))
@@ -347,6 +351,21 @@ def stage_alive(*, schedule: str, pp: int, vpp: int, m: int, rank: int, held: fl
     if pp > 1 and schedule == "zb-v":
         return (float(min(m, 2 * pp - rank - 1)), float(min(m, rank + 1)))
     return (held,)
+
+
+def stage_input_grads_kept(*, schedule: str, pp: int, m: int, rank: int, alive: tuple[float, ...]
+                           ) -> tuple[float, ...] | None:
+    """Input-gradient passes each stage of rank ``rank`` has run at its peak, whose gradients PyTorch's
+    zero-bubble schedules leave on the received inputs until the next step
+    (memory.pipelining_boundary_tensors); None for the schedules that run the backward whole. ZB-H1 holds
+    p micro-batches short of their W to the end of the step, by then having run m - (p - 1 - r) input
+    gradients; ZB-V's legs m less those alive (both measured on two and four gloo ranks, torch 2.13, within
+    one tensor)."""
+    if schedule == "zb-h1":
+        return (float(max(0, m - (pp - 1 - rank))),)
+    if schedule == "zb-v":
+        return tuple(max(0.0, m - a) for a in alive)
+    return None
 
 
 def head_stage(schedule: str, pp: int) -> int:

@@ -39,7 +39,6 @@ from meshplan.cost.flops import attention_recomputed, model_flop_per_token, reco
 from meshplan.cost.mesh import Group, axis_groups
 from meshplan.cost.params import ParamCounts, param_counts
 from meshplan.cost.pipeline import (
-    ZERO_BUBBLE,
     bubble_fraction,
     head_stage,
     in_flight_microbatches,
@@ -49,6 +48,7 @@ from meshplan.cost.pipeline import (
     stage_alive,
     stage_bubbles_s,
     stage_chunk_layers,
+    stage_input_grads_kept,
     stage_layers,
     unpaired_microbatches,
 )
@@ -492,8 +492,9 @@ def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, floa
                  stage_alive(schedule=plan.schedule, pp=plan.pp, vpp=plan.vpp, m=c.m, rank=c.s, held=held,
                              chunk_layers=_chunk_layers(c.model, plan, c.s), ep_overlap=plan.ep_overlap))
         if st.boundary:
+            kept = stage_input_grads_kept(schedule=plan.schedule, pp=plan.pp, m=c.m, rank=c.s, alive=alive)
             pipelined = tokens * (st.kept_logits + st.boundary * mem.pipelining_boundary_tensors(
-                stage_ids=ids, n_stages=st.n_stages, m=c.m, alive=alive, split_w=plan.schedule in ZERO_BUBBLE))
+                stage_ids=ids, n_stages=st.n_stages, m=c.m, alive=alive, grads_kept=kept))
         # the final norm and the LM head run outside the layers' recomputation: their inputs are kept, for
         # the micro-batches alive on the loss's stage
         if st.head_inputs:
