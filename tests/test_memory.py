@@ -302,8 +302,10 @@ def test_the_loss_stage_holds_the_heads_inputs_for_its_own_micro_batches():
 
 def test_zb_h1_keeps_the_input_gradients_of_every_finished_pass():
     """ZB-H1's last rank (p = 4, m = 8) holds its 4 micro-batches short of W, the LM head's inputs with
-    them, and the 8 input gradients it has run on the buffers they arrived in."""
+    them and, for the 3 past their input-gradient pass, the logits' gradient the head's W needs; and the 8
+    input gradients it has run on the buffers they arrived in."""
     model, terms = _stage_memory_terms("pp=4,mbs=1,recompute=full,schedule=zb-h1", 3)
     layer_input = 4096 * 2 * model.hidden
+    logits = 4096 * 2.0 * model.vocab
     assert terms["activations"] == pytest.approx(4 * 8 * layer_input + 4 * 2 * layer_input)
-    assert terms["pipelining_buffers"] == pytest.approx(((8 - 4) + 8) * layer_input + 4096 * 2.0 * model.vocab)
+    assert terms["pipelining_buffers"] == pytest.approx(((8 - 4) + 8) * layer_input + logits + 3 * logits)

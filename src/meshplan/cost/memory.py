@@ -311,8 +311,8 @@ def pipelining_boundary_tensors(*, stage_ids: tuple[int, ...], n_stages: int, m:
     backward: 2 B per logit that eager cross-entropy's working set (LOSS_BYTES_PER_LOGIT), which has freed
     them, does not count. Assumed: ``step(return_outputs=False)``, as torchtitan calls it now; with the
     default (True) the last stage keeps every micro-batch's output, the logits, until the next step. Not
-    counted: under GPipe every micro-batch's logits and loss graph until the backward (one is), and under
-    the zero-bubble schedules the logits' gradient the LM head's W keeps until it runs. PyTorch of late
+    counted here: under GPipe every micro-batch's logits and loss graph until the backward (one is); the
+    logits' gradient a zero-bubble LM head's W keeps until it runs is (cost.step). PyTorch of late
     2024 (2.6) kept more: every stage's outputs (``output_chunks``) and, under every schedule, the received
     activations' gradients until the next step."""
     total = 0.0

@@ -331,6 +331,9 @@ class _StaticMemory(NamedTuple):
     (memory.pipelining_boundary_tensors; a layer's input), 0 where the pipeline is Megatron-core's or none."""
     kept_logits: float = 0.0
     """Bytes per token of the logits PyTorch's pipelining keeps through an eager loss's backward."""
+    logit_grads: float = 0.0
+    """Bytes per token of the logits' gradient, on the loss's stage under PyTorch's pipelining: a
+    zero-bubble schedule's deferred W of the LM head keeps it until it runs."""
 
     @property
     def fixed_bytes(self) -> tuple[float, float, float]:
@@ -395,7 +398,8 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
     return _StaticMemory(terms, transient, runtime, *coefficients, cp_gather, ids, plan.pp * len(ids),
                          coefficients[2] if torch_pipelined else 0.0,  # full_recompute: a layer's input
                          2.0 * model.vocab / plan.tp if torch_pipelined and c.last and job.loss_impl(False) == "eager"
-                         else 0.0)
+                         else 0.0,
+                         2.0 * model.vocab / plan.tp if torch_pipelined and c.last else 0.0)
 
 
 @cache_by_identity(n_specs=2)
@@ -487,7 +491,7 @@ def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, floa
             stored -= tokens * _offloaded_bytes_per_token(c, a_dense, a_moe)
     pipelined = head = 0.0
     if st.boundary or st.head_inputs:
-        plan, ids = c.plan, st.stage_ids
+        plan, ids, kept = c.plan, st.stage_ids, None
         alive = ((held,) if len(ids) == 1 else
                  stage_alive(schedule=plan.schedule, pp=plan.pp, vpp=plan.vpp, m=c.m, rank=c.s, held=held,
                              chunk_layers=_chunk_layers(c.model, plan, c.s), ep_overlap=plan.ep_overlap))
@@ -499,6 +503,8 @@ def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, floa
         # the micro-batches alive on the loss's stage
         if st.head_inputs:
             head = alive[ids.index(st.n_stages - 1)]
+            if st.logit_grads and kept is not None:  # all but the one in its passes wait for the head's W
+                pipelined += tokens * st.logit_grads * max(0.0, head - 1.0)
     return (held * stored + head * tokens * st.head_inputs, working, tokens * st.logits, tokens * st.cp_gather,
             pipelined)
 
