@@ -243,7 +243,7 @@ def head_input_bytes_per_token(*, hidden: int, tp: int, sp: bool, gathered: bool
     (torchtitan checkpoints each block; Megatron-core the transformer layers). Without recomputation 0.6-1.3 %
     of a last stage's activations, with full recomputation 10-45 % (eighteenth session's audit,
     docs/crosscheck.md)."""
-    shard = 2.0 * hidden / (tp if sp else 1)
+    shard = full_recompute_bytes_per_token(hidden=hidden, tp=tp, sp=sp)  # a layer's input, as the norm's
     return shard + (2.0 * hidden if gathered else shard)
 
 

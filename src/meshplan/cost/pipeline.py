@@ -155,7 +155,7 @@ def _interleaved_live(pp: int, vpp: int, m: int, stage: int, sizes: tuple[float,
     counts = [0] * v
     for i in range(warm):
         counts[(i // pp) % v] += 1
-    live = peak = sum(sizes[(i // pp) % v] for i in range(warm))
+    live = peak = sum(n * size for n, size in zip(counts, sizes, strict=True))
     at_peak = tuple(counts)
     for j, i in enumerate(range(warm, min(passes, warm + 2 * pp * v))):
         live += sizes[(i // pp) % v]
@@ -272,12 +272,17 @@ def stand_ins(stages: Sequence[int], pp: int, loads: Sequence[float]) -> list[in
     time), or the first where no middle one is timed. The closed form (``stage_bubbles_s``) and the
     simulator (sim.simulate) lay out the pipeline alike."""
     last, middle = len(stages) - 1, _slowest_middle(loads)
-    return [0 if r == 0 else last if r == pp - 1 else middle for r in range(pp)]
+    return [_stand_in(r, pp, last, middle) for r in range(pp)]
 
 
 def _slowest_middle(loads: Sequence[float]) -> int:
     """The position of the timed middle stage of the largest load (stand_ins), 0 where none is timed."""
     return max(range(1, len(loads) - 1), key=loads.__getitem__, default=0)
+
+
+def _stand_in(rank: int, pp: int, last: int, middle: int) -> int:
+    """The position of the timed stage that stands for ``rank`` (stand_ins)."""
+    return 0 if rank == 0 else last if rank == pp - 1 else middle
 
 
 def stage_bubbles_s(*, schedule: str, pp: int, vpp: int, m: int, stages: Sequence[int],
@@ -315,7 +320,7 @@ def stage_bubbles_s(*, schedule: str, pp: int, vpp: int, m: int, stages: Sequenc
     own_w = schedule in ZERO_BUBBLE  # the deferred W passes that fill a rank's idle slots are its own
     out = []
     for s in stages:
-        f, b, w = passes[0 if s == 0 else last if s == pp - 1 else middle]
+        f, b, w = passes[_stand_in(s, pp, last, middle)]
         out.append(bubble_time_s(schedule=schedule, pp=pp, vpp=vpp, m=m, t_f_s=(tf - f) / (pp - 1),
                                  t_b_s=(tb - b) / (pp - 1), t_w_s=w if own_w else (tw - w) / (pp - 1)))
     return out

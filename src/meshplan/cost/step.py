@@ -326,9 +326,9 @@ class _StaticMemory(NamedTuple):
     stage_ids: tuple[int, ...] = (0,)
     """The pipeline stages the rank runs (pipeline.rank_stage_ids), of ``n_stages``."""
     n_stages: int = 1
-    boundary: float = 0.0
-    """Bytes per token of a stage-boundary tensor where torch.distributed.pipelining keeps them
-    (memory.pipelining_boundary_tensors; a layer's input), 0 where the pipeline is Megatron-core's or none."""
+    torch_pipelined: bool = False
+    """Whether torch.distributed.pipelining keeps the stage-boundary tensors (memory.pipelining_boundary_tensors;
+    each a layer's input, ``full_recompute`` per token): Plan.torch_pipelined."""
     kept_logits: float = 0.0
     """Bytes per token of the logits PyTorch's pipelining keeps through an eager loss's backward."""
     logit_grads: float = 0.0
@@ -395,11 +395,9 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
                                             plan.expert_tp, plan.sequence_parallel and not megatron, megatron)
     ids = rank_stage_ids(plan.schedule, plan.pp, plan.vpp, c.s)
     torch_pipelined = plan.torch_pipelined(job.software)
+    logits = 2.0 * model.vocab / plan.tp if torch_pipelined and c.last else 0.0  # bf16, per token
     return _StaticMemory(terms, transient, runtime, *coefficients, cp_gather, ids, plan.pp * len(ids),
-                         coefficients[2] if torch_pipelined else 0.0,  # full_recompute: a layer's input
-                         2.0 * model.vocab / plan.tp if torch_pipelined and c.last and job.loss_impl(False) == "eager"
-                         else 0.0,
-                         2.0 * model.vocab / plan.tp if torch_pipelined and c.last else 0.0)
+                         torch_pipelined, logits if job.loss_impl(False) == "eager" else 0.0, logits)
 
 
 @cache_by_identity(n_specs=2)
@@ -490,14 +488,14 @@ def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, floa
         if c.plan.offload_layers:
             stored -= tokens * _offloaded_bytes_per_token(c, a_dense, a_moe)
     pipelined = head = 0.0
-    if st.boundary or st.head_inputs:
+    if st.torch_pipelined or st.head_inputs:
         plan, ids, kept = c.plan, st.stage_ids, None
         alive = ((held,) if len(ids) == 1 else
                  stage_alive(schedule=plan.schedule, pp=plan.pp, vpp=plan.vpp, m=c.m, rank=c.s, held=held,
                              chunk_layers=_chunk_layers(c.model, plan, c.s), ep_overlap=plan.ep_overlap))
-        if st.boundary:
+        if st.torch_pipelined:
             kept = stage_input_grads_kept(schedule=plan.schedule, pp=plan.pp, m=c.m, rank=c.s, alive=alive)
-            pipelined = tokens * (st.kept_logits + st.boundary * mem.pipelining_boundary_tensors(
+            pipelined = tokens * (st.kept_logits + st.full_recompute * mem.pipelining_boundary_tensors(
                 stage_ids=ids, n_stages=st.n_stages, m=c.m, alive=alive, grads_kept=kept))
         # the final norm and the LM head run outside the layers' recomputation: their inputs are kept, for
         # the micro-batches alive on the loss's stage
