@@ -270,7 +270,7 @@ def test_only_pytorch_pipelines_pay_for_the_buffers():
     assert "pipelining_buffers" not in terms("dp_shard=16,mbs=1").terms
 
 
-def _stage_memory_terms(plan_str: str, stage: int, m_target: int = 8):
+def _stage_memory_terms(plan_str: str, stage: int, m_target: int = 8, loss: str = "auto"):
     """A timed stage's memory terms (cost.step's own stage contexts) for Llama 3 8B on torchtitan, with
     ``m_target`` micro-batches of one sequence."""
     from meshplan import JobSpec, load_cluster, parse_plan
@@ -278,7 +278,7 @@ def _stage_memory_terms(plan_str: str, stage: int, m_target: int = 8):
     from meshplan.cost.step import _plan_shared, _stage_ctxs, _stage_memory, batch_split_reasons
 
     model, cluster = load_model("llama-3-8b"), load_cluster("h100-sxm", nodes=1, gpus_per_node=4)
-    job = JobSpec(global_batch_tokens=4096 * m_target, seq_len=4096, software="torchtitan")
+    job = JobSpec(global_batch_tokens=4096 * m_target, seq_len=4096, software="torchtitan", loss=loss)
     plan = parse_plan(plan_str, cluster.n_gpus)
     counts = param_counts(model)
     shared = _plan_shared(model, counts, cluster, job, plan)
@@ -309,3 +309,20 @@ def test_zb_h1_keeps_the_input_gradients_of_every_finished_pass():
     logits = 4096 * 2.0 * model.vocab
     assert terms["activations"] == pytest.approx(4 * 8 * layer_input + 4 * 2 * layer_input)
     assert terms["pipelining_buffers"] == pytest.approx(((8 - 4) + 8) * layer_input + logits + 3 * logits)
+
+
+@pytest.mark.parametrize(("loss", "saved"), [("eager", 4.0), ("fused", 0.0)])
+def test_gpipe_keeps_every_micro_batchs_logits_and_loss_graph(loss, saved):
+    """PyTorch's GPipe computes each micro-batch's loss after its forward and keeps it, with its graph, until
+    the backward (``_internal_losses``), and the logits in ``fwd_cache``: on the last rank (p = 4, m = 8) the
+    7 micro-batches not in their backward hold 2 B per logit each, and eager cross-entropy's saved fp32
+    log-softmax 4 B more; 1F1B's last rank runs each backward straight after its forward and holds none."""
+    model, gpipe = _stage_memory_terms("pp=4,mbs=1,recompute=full,schedule=gpipe", 3, loss=loss)
+    _, one_f = _stage_memory_terms("pp=4,mbs=1,recompute=full,schedule=1f1b", 3, loss=loss)
+    layer_input = 4096 * 2 * model.hidden
+    logits = 4096 * model.vocab
+    eager = 2.0 if loss == "eager" else 0.0  # the one in its backward: the logits beside the loss's working set
+    assert gpipe["pipelining_buffers"] == pytest.approx((8 - 8) * layer_input + eager * logits
+                                                        + 7 * (2.0 + saved) * logits)
+    assert one_f["pipelining_buffers"] == pytest.approx((8 - 1) * layer_input + eager * logits)
+    assert gpipe["logits_and_loss"] == one_f["logits_and_loss"] > 0

@@ -263,6 +263,18 @@ logit), and its backward writes the gradient over the logits in place: 2 B
 (transformer_engine/pytorch/cross_entropy.py and triton/cross_entropy.py @02965d2).
 Chunked losses are not modelled."""
 
+LOSS_SAVED_BYTES_PER_LOGIT = {"eager": 4.0, "vocab_parallel": 4.0, "fused": 0.0, "te": 0.0}
+"""What a loss keeps per logit from its forward to its backward beyond the logits themselves [bytes] (key:
+JobSpec.loss_impl): eager cross-entropy on the upcast logits saves log_softmax's fp32 output (the upcast
+input is freed once it has run; DTensor's loss_parallel, torch/distributed/tensor/parallel/loss.py, saves
+its log-softmax the same way, and Megatron-core's vocab-parallel loss its fp32 exponentials, both 4). A
+compiled loss saves its bf16 input, the logits, and a few numbers per token (StrongerXi, above: "~0 for just
+fwd"), and so does Transformer Engine's (above): none beyond the logits. Measured with saved_tensors_hooks
+(torch 2.13, CPU, T=512, V=32000): eager ``cross_entropy(logits.float(), y)`` saves one fp32 storage the
+size of the logits (log_softmax's output, which nll_loss saves too); compiled, the bf16 logits themselves
+and three numbers per token. It matters where a loss's forward waits for its backward with others in
+between: GPipe's under torch.distributed.pipelining."""
+
 
 def cp_kv_gather_bytes_per_token(*, kv_dim: int, tp: int, cp: int, gathered_grads: bool,
                                  act_bytes: float = 2.0) -> float:
@@ -281,6 +293,15 @@ def logits_bytes_per_token(*, vocab: int, tp: int, loss: str = "eager") -> float
     """Loss working set per token on the last stage [bytes/token], vocab-parallel over t
     (LOSS_BYTES_PER_LOGIT)."""
     return LOSS_BYTES_PER_LOGIT[loss] * vocab / tp
+
+
+def loss_graph_bytes_per_token(*, vocab: int, tp: int, loss: str = "eager", logits_bytes: float = 2.0) -> float:
+    """What one micro-batch's loss keeps per token on the loss's stage from the forward to the backward
+    under torch.distributed.pipelining [bytes/token], over the vocabulary's t shards: its logits, the
+    stage's output (``fwd_cache``), and the loss's saved tensors (``_internal_losses`` holds the loss and its
+    graph from ``_maybe_compute_loss`` until the backward, LOSS_SAVED_BYTES_PER_LOGIT). The micro-batch at
+    the backward's peak has them in the loss's working set (logits_bytes_per_token) instead."""
+    return (logits_bytes + LOSS_SAVED_BYTES_PER_LOGIT[loss]) * vocab / tp
 
 
 def pipelining_boundary_tensors(*, stage_ids: tuple[int, ...], n_stages: int, m: int, alive: tuple[float, ...],
@@ -311,8 +332,9 @@ def pipelining_boundary_tensors(*, stage_ids: tuple[int, ...], n_stages: int, m:
     backward: 2 B per logit that eager cross-entropy's working set (LOSS_BYTES_PER_LOGIT), which has freed
     them, does not count. Assumed: ``step(return_outputs=False)``, as torchtitan calls it now; with the
     default (True) the last stage keeps every micro-batch's output, the logits, until the next step. Not
-    counted here: under GPipe every micro-batch's logits and loss graph until the backward (one is); the
-    logits' gradient a zero-bubble LM head's W keeps until it runs is (cost.step). PyTorch of late
+    counted here: the logits and loss graph of every further micro-batch alive on the loss's stage (GPipe's
+    m - 1; loss_graph_bytes_per_token) and the logits' gradient a zero-bubble LM head's W keeps until it
+    runs are (cost.step). PyTorch of late
     2024 (2.6) kept more: every stage's outputs (``output_chunks``) and, under every schedule, the received
     activations' gradients until the next step."""
     total = 0.0

@@ -334,6 +334,10 @@ class _StaticMemory(NamedTuple):
     logit_grads: float = 0.0
     """Bytes per token of the logits' gradient, on the loss's stage under PyTorch's pipelining: a
     zero-bubble schedule's deferred W of the LM head keeps it until it runs."""
+    loss_graphs: float = 0.0
+    """Bytes per token each micro-batch alive on the loss's stage under PyTorch's pipelining keeps, but the
+    one whose backward is the peak, where the backward runs whole: its logits and loss graph
+    (memory.loss_graph_bytes_per_token; GPipe holds m)."""
 
     @property
     def fixed_bytes(self) -> tuple[float, float, float]:
@@ -395,9 +399,12 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
                                             plan.expert_tp, plan.sequence_parallel and not megatron, megatron)
     ids = rank_stage_ids(plan.schedule, plan.pp, plan.vpp, c.s)
     torch_pipelined = plan.torch_pipelined(job.software)
-    logits = 2.0 * model.vocab / plan.tp if torch_pipelined and c.last else 0.0  # bf16, per token
+    head = torch_pipelined and c.last
+    logits = 2.0 * model.vocab / plan.tp if head else 0.0  # bf16, per token
+    loss = job.loss_impl(False)
     return _StaticMemory(terms, transient, runtime, *coefficients, cp_gather, ids, plan.pp * len(ids),
-                         torch_pipelined, logits if job.loss_impl(False) == "eager" else 0.0, logits)
+                         torch_pipelined, logits if loss == "eager" else 0.0, logits,
+                         mem.loss_graph_bytes_per_token(vocab=model.vocab, tp=plan.tp, loss=loss) if head else 0.0)
 
 
 @cache_by_identity(n_specs=2)
@@ -501,8 +508,10 @@ def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, floa
         # the micro-batches alive on the loss's stage
         if st.head_inputs:
             head = alive[ids.index(st.n_stages - 1)]
-            if st.logit_grads and kept is not None:  # all but the one in its passes wait for the head's W
+            if kept is not None:  # all but the one in its passes wait for the head's W
                 pipelined += tokens * st.logit_grads * max(0.0, head - 1.0)
+            else:  # the backward runs whole: all but the one in its backward hold their logits and loss
+                pipelined += tokens * st.loss_graphs * max(0.0, head - 1.0)
     return (held * stored + head * tokens * st.head_inputs, working, tokens * st.logits, tokens * st.cp_gather,
             pipelined)
 
