@@ -326,3 +326,25 @@ def test_gpipe_keeps_every_micro_batchs_logits_and_loss_graph(loss, saved):
                                                         + 7 * (2.0 + saved) * logits)
     assert one_f["pipelining_buffers"] == pytest.approx((8 - 1) * layer_input + eager * logits)
     assert gpipe["logits_and_loss"] == one_f["logits_and_loss"] > 0
+
+
+@pytest.mark.parametrize(("loss", "per_logit"), [("vocab_parallel", 2 * 4 + 2), ("te", 2 * 2), ("eager", 4 + 12),
+                                                  ("fused", 2 + 4)])
+def test_each_mtp_loss_keeps_what_it_saves_and_one_runs_its_backward_at_a_time(loss, per_logit):
+    """With one multi-token-prediction depth the last stage computes two losses: Megatron-core's
+    vocab-parallel loss keeps each one's fp32 copy (4 B per logit) and works in one bf16 copy at a time,
+    10 B where two whole working sets would be 12; Transformer Engine's keeps each one's bf16 logits."""
+    assert mem.logits_bytes_per_token(vocab=129280, tp=2, loss=loss, losses=2) == pytest.approx(
+        per_logit * 129280 / 2)
+    assert mem.logits_bytes_per_token(vocab=129280, tp=2, loss=loss) == pytest.approx(
+        mem.LOSS_BYTES_PER_LOGIT[loss] * 129280 / 2)
+
+
+def test_each_mtp_depth_saves_its_norms_concatenation_and_head_input():
+    """Megatron-core's last stage (sequence-parallel shards, 2D/t each) saves the final norm's and the
+    head's inputs; one MTP depth adds its own two, its embedding norm's input and eh_proj's concatenated
+    input (two shards): 2 + 5 shards."""
+    shard = mem.full_recompute_bytes_per_token(hidden=7168, tp=2, sp=True)
+    assert shard == 2 * 7168 / 2
+    assert mem.head_input_bytes_per_token(hidden=7168, tp=2, sp=True, gathered=False) == 2 * shard
+    assert mem.head_input_bytes_per_token(hidden=7168, tp=2, sp=True, gathered=False, mtp_layers=1) == 7 * shard

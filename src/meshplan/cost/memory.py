@@ -235,16 +235,20 @@ def full_recompute_bytes_per_token(*, hidden: int, tp: int, sp: bool) -> float:
     return 2.0 * hidden / (tp if sp else 1)
 
 
-def head_input_bytes_per_token(*, hidden: int, tp: int, sp: bool, gathered: bool) -> float:
+def head_input_bytes_per_token(*, hidden: int, tp: int, sp: bool, gathered: bool, mtp_layers: int = 0) -> float:
     """Bytes per token the last stage saves for the backward beside its layers: the final norm's input (2D,
     /t with sequence parallelism) and the LM head's, which Megatron-core saves as the sequence-parallel shard
     (2D/t, gathered again in the backward) and PyTorch's ColwiseParallel as the all-gather delivered it (2D:
     ``gathered``, as activation_parts_per_token's linears). Neither is under the layers' recomputation
     (torchtitan checkpoints each block; Megatron-core the transformer layers). Without recomputation 0.6-1.3 %
     of a last stage's activations, with full recomputation 10-45 % (eighteenth session's audit,
-    docs/crosscheck.md)."""
+    docs/crosscheck.md). Each of ``mtp_layers`` multi-token-prediction depths (Megatron-core's
+    MultiTokenPredictionLayer) saves as much again for its own final norm and its share of the head's
+    stacked input, and three layer inputs more: its embedding norm's input (the shifted tokens' embedding)
+    and the concatenation of the two normed inputs its eh_proj saves (2 x 2D); its hidden-state norm's
+    input is the previous depth's output, the same storage as that depth's final norm input."""
     shard = full_recompute_bytes_per_token(hidden=hidden, tp=tp, sp=sp)  # a layer's input, as the norm's
-    return shard + (2.0 * hidden if gathered else shard)
+    return (1 + mtp_layers) * (shard + (2.0 * hidden if gathered else shard)) + mtp_layers * 3 * shard
 
 
 LOSS_BYTES_PER_LOGIT = {"eager": 12.0, "vocab_parallel": 6.0, "fused": 4.0, "te": 2.0}
@@ -289,10 +293,20 @@ def cp_kv_gather_bytes_per_token(*, kv_dim: int, tp: int, cp: int, gathered_grad
     return (2 if gathered_grads else 1) * (2 * kv_dim / tp) * act_bytes * cp
 
 
-def logits_bytes_per_token(*, vocab: int, tp: int, loss: str = "eager") -> float:
+LOSS_SAVES_LOGITS = frozenset({"fused", "te"})
+"""The losses that save their bf16 input, the logits, for the backward (LOSS_SAVED_BYTES_PER_LOGIT); the
+others save an fp32 copy instead and the logits are freed."""
+
+
+def logits_bytes_per_token(*, vocab: int, tp: int, loss: str = "eager", losses: int = 1) -> float:
     """Loss working set per token on the last stage [bytes/token], vocab-parallel over t
-    (LOSS_BYTES_PER_LOGIT)."""
-    return LOSS_BYTES_PER_LOGIT[loss] * vocab / tp
+    (LOSS_BYTES_PER_LOGIT), with ``losses`` losses (the main one and each multi-token-prediction depth's):
+    every loss keeps what it saves until the backward, and one at a time runs its backward's working set
+    (the MTP losses' backwards run after the main one's, each on its own logits). Megatron-core's
+    vocab-parallel loss with one MTP depth: (2·4 + 2)·V/t, the two fp32 copies and one bf16 working copy
+    (an audit of megatron/core/tensor_parallel/cross_entropy.py, eighteenth session)."""
+    kept = LOSS_SAVED_BYTES_PER_LOGIT[loss] + (2.0 if loss in LOSS_SAVES_LOGITS else 0.0)
+    return (LOSS_BYTES_PER_LOGIT[loss] + (losses - 1) * kept) * vocab / tp
 
 
 def loss_graph_bytes_per_token(*, vocab: int, tp: int, loss: str = "eager", logits_bytes: float = 2.0) -> float:

@@ -452,10 +452,12 @@ def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, 
     return ((act(False, False), act(True, False)), a_moe,
             mem.full_recompute_bytes_per_token(hidden=model.hidden, tp=tp, sp=sp),
             (mem.sac_activation_bytes_per_token(model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp), sac_m),
-            # the main loss's and each MTP depth's saved logits, all alive until the backward
-            (1 + model.mtp_layers) * mem.logits_bytes_per_token(vocab=model.vocab, tp=tp, loss=job.loss_impl(megatron))
+            # the main loss's and each MTP depth's, all alive until the backward
+            mem.logits_bytes_per_token(vocab=model.vocab, tp=tp, loss=job.loss_impl(megatron),
+                                       losses=1 + model.mtp_layers)
             if last else 0.0,
-            mem.head_input_bytes_per_token(hidden=model.hidden, tp=tp, sp=sp, gathered=gathered) if last else 0.0)
+            mem.head_input_bytes_per_token(hidden=model.hidden, tp=tp, sp=sp, gathered=gathered,
+                                           mtp_layers=model.mtp_layers) if last else 0.0)
 
 
 def _dynamic_memory(c: _StageCtx, st: _StaticMemory) -> tuple[float, float, float, float, float]:
