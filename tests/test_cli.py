@@ -158,9 +158,14 @@ def test_job_spec_file(capsys, tmp_path):
     assert code == 2 and "job.compiled: must be true or false" in err
 
 
+def _catalog_accelerator(name: str) -> str:
+    from importlib import resources
+    return resources.files("meshplan.catalog").joinpath(f"accelerators/{name}.toml").read_text()
+
+
 @pytest.mark.parametrize("args, says", [
-    (["evaluate", "--plan", "tp=0,dp_shard=-1"], "plan.tp: must be a positive integer"),
-    (["evaluate", "--plan", "tp=-2,dp_shard=-1"], "plan.tp: must be a positive integer"),
+    (["evaluate", "--plan", "tp=0,dp_shard=-1"], "plan.tp: must be a whole number of at least 1"),
+    (["evaluate", "--plan", "tp=-2,dp_shard=-1"], "plan.tp: must be a whole number of at least 1"),
     (["evaluate", "--job", "{job}", "--plan", "dp_shard=64"], "job.runtime: must be a table"),
     (["evaluate", "--model", "{binary}", "--plan", "dp_shard=64"], "is not UTF-8 text"),
     (["evaluate", "--profile", "{binary}", "--plan", "dp_shard=64"], "profile: malformed JSON"),
@@ -183,8 +188,8 @@ def test_job_spec_file(capsys, tmp_path):
     (["evaluate", "--plan", "dp_shard=-1", "--nodes", "10000000"], "cluster.nodes: at most"),
     (["evaluate", "--plan", "dp_shard=64", "--inter-node-bandwidth", "1e-320"], "between 0.001 and"),
     (["evaluate", "--plan", "dp_shard=64", "--mfu", "1e-320"], "argument --mfu"),
-    (["evaluate", "--plan", "dp_shard=64", "--job", "{inf_job}"], "job.reduce_dtype_bytes: must be a positive "
-                                                                  "finite number"),
+    (["evaluate", "--plan", "dp_shard=64", "--job", "{inf_job}"], "job.reduce_dtype_bytes: must be a number from 0 "
+                                                                  "to 8, got inf"),
     (["evaluate", "--plan", "dp_shard=64", "--job", "{nan_job}"], "job.moe_routing_imbalance"),
     (["evaluate", "--plan", "dp_shard=64", "--profile", "{profile}"], "profile.gemm_best_flop_per_s"),
     (["evaluate", "--plan", "dp_shard=64", "--profile", "{profile_inf}"], "profile.collective_fits.all_gather@"),
@@ -195,7 +200,30 @@ def test_job_spec_file(capsys, tmp_path):
     (["evaluate", "--plan", "tp=8,dp_shard=8,reshard_after_forward=4"], "(DTensor) parameters to a smaller group"),
     (["evaluate", "--model", "deepseek-v3", "--nodes", "128", "--plan", "pp=16,ep=64,dp_shard=64,schedule=zb-v"],
      "Megatron runs no ZB-V"),
-    (["evaluate", "--job", "{dir}", "--plan", "dp_shard=64"], "(it is a directory)"),
+    (["evaluate", "--job", "{dir}", "--plan", "dp_shard=64"], "is a directory"),
+    # found by the twenty-first session's review (tracebacks, hangs, silent misreadings)
+    (["evaluate", "--model", "{big}", "--plan", "dp_shard=-1"], "model.n_layers: must be a whole number from 1 "
+                                                                "to 100,000, got 1000000000000"),
+    (["evaluate", "--plan", "pp=2,dp_shard=32,layout=(t*99999)*99999"], "expands to more than 1,000,000"),
+    (["evaluate", "--plan", "dp_shard=-1", "--batch-tokens", "1e30"], "job.global_batch_tokens: must be a whole "
+                                                                      "number from 1 to"),
+    (["evaluate", "--plan", "dp_shard=-1", "--job", "{huge_batch}"], "job.global_batch_tokens: must be a whole "
+                                                                     "number from 1 to"),
+    (["evaluate", "--plan", "dp_shard=64,mbs=1" + "0" * 400], "plan.mbs: must be a whole number from 1 to"),
+    (["evaluate", "--model", "mixtral-8x7b", "--nodes", "4", "--plan", "ep=-1,dp_shard=32"], "plan.ep: cannot be -1"),
+    (["evaluate", "--cluster", "{accname}", "--plan", "dp_shard=-1"], "accelerator.name: must be a string"),
+    (["evaluate", "--cluster", "{slownic}", "--plan", "dp_shard=-1"], "cluster.node.nic_gb_per_s: must be a number "
+                                                                      "of at least 0.001"),
+    (["evaluate", "--model", "{deep}", "--plan", "dp_shard=-1"], "nested too deeply"),
+    (["evaluate", "--model", "{json_model}", "--plan", "dp_shard=-1"], "(spec files are TOML, not JSON)"),
+    (["evaluate", "--seq-len", "4095", "--batch-tokens", "4193280", "--plan", "tp=8,dp_shard=8"],
+     "plan.sp: sequence parallelism splits seq_len=4095 over tp=8"),
+    (["sweep", "--vary", "batch-tokens=2M..4M", "--points", "1"], "argument --points: must be from 2 to 200"),
+    (["validate", "{header}", "--cv", "2", "--cv-rounds", "0"], "argument --cv-rounds: must be from 1 to 50"),
+    (["validate", "{dir}"], "is not a regular file"),
+    (["validate", "{twice}", "--cv", "0"], "repeats columns vocab"),
+    (["validate", "{skipped}", "--cv", "0"], "has no row meshplan can model"),
+    (["report", "--out", "", "--no-conditions"], "expected a folder name"),
     (["evaluate", "--plan", "tp=8,pp=8,mbs=1,recompute=full,recompute_layers=100"], "allowed 1..10"),
 ])
 def test_malformed_inputs_name_the_field_and_exit_2_without_a_traceback(capsys, tmp_path, args, says):
@@ -212,6 +240,17 @@ def test_malformed_inputs_name_the_field_and_exit_2_without_a_traceback(capsys, 
         "node3.toml": 'accelerator = "h100-sxm"\nnode = 3\n',
         "profile_inf.json": fit + '"busbw_bytes_per_s": 2e10, "ranks_per_node": 1e999}}}',
         "profile_slow.json": fit + '"busbw_bytes_per_s": 1e-300}}}',
+        "big.toml": 'name = "big"\nn_layers = 1000000000000\nhidden = 256\nn_heads = 4\nn_kv_heads = 4\n'
+                    'ffn_hidden = 1024\nvocab = 1000\n',
+        "huge_batch.toml": 'global_batch_tokens = "1000000G"\n',
+        "accname.toml": _catalog_accelerator("h100-sxm").replace('name = "h100-sxm"', 'name = ["x"]'),
+        "slownic.toml": 'accelerator = "h100-sxm"\n[node]\nnic_gb_per_s = 1e-9\n',
+        "deep.toml": "name = " + "[" * 5000 + "]" * 5000 + "\n",
+        "json_model.toml": '{"name": "x"}',
+        "twice.csv": "model,n_layers,hidden,n_heads,vocab,seq_len,gpu_type,n_gpus,tp,pp,source_group,precision,"
+                     "global_batch_size,tokens_per_sec_per_gpu,vocab\n",
+        "skipped.csv": "model,n_layers,hidden,n_heads,vocab,seq_len,gpu_type,n_gpus,tp,pp,source_group,precision,"
+                       "global_batch_size,tokens_per_sec_per_gpu\nx,2,256,4,1000,128,V100,8,1,1,g,bf16,8,100\n",
     }
     for name, content in files.items():
         (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -222,11 +261,11 @@ def test_malformed_inputs_name_the_field_and_exit_2_without_a_traceback(capsys, 
 
 @pytest.mark.parametrize("text, says", [
     ('accelerator = "h100-sxm"\nnodes = 2\n[node]\nnic_gb_per_s = "fast"\n',
-     "cluster.node.nic_gb_per_s: must be a positive finite number, got 'fast'"),
-    ('accelerator = "h100-sxm"\n[node]\nnic_gb_per_s = -50\n', "cluster.node.nic_gb_per_s: must be a positive "
-                                                               "finite number, got -50"),  # the file's key and value
-    ('accelerator = "h100-sxm"\n[node]\nnvls_min_gpus = "five"\n', "cluster.node.nvls_min_gpus: must be a positive "
-                                                                   "integer"),
+     "cluster.node.nic_gb_per_s: must be a number of at least 0.001, got 'fast'"),
+    ('accelerator = "h100-sxm"\n[node]\nnic_gb_per_s = -50\n', "cluster.node.nic_gb_per_s: must be a number of "
+                                                               "at least 0.001, got -50"),  # the file's key and value
+    ('accelerator = "h100-sxm"\n[node]\nnvls_min_gpus = "five"\n', "cluster.node.nvls_min_gpus: must be a whole "
+                                                                   "number from 1"),
     ('accelerator = "h100-sxm"\n[node]\nnic_efficiency = 1.5\n', "cluster.node.nic_efficiency: must be a number in"),
     ("nodes = 2\n", "cluster.accelerator: is missing"),
 ])

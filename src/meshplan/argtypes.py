@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,6 +48,13 @@ def count(text: str) -> int:
     return int(_checked(text, int, "a whole number", lambda v: v >= 1, "at least 1"))
 
 
+def whole_in(lo: int, hi: int) -> Callable[[str], int]:
+    """A whole number from ``lo`` to ``hi``."""
+    def check(text: str) -> int:
+        return int(_checked(text, int, "a whole number", lambda v: lo <= v <= hi, f"from {lo} to {hi}"))
+    return check
+
+
 def output_file(*suffixes: str) -> Callable[[str], str]:
     """A file the command will write, checked before any work: its folder exists, it is not a folder, and
     its name ends in one of ``suffixes`` (the formats the command writes)."""
@@ -59,6 +67,8 @@ def output_file(*suffixes: str) -> Callable[[str], str]:
             raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file name")
         if not path.parent.is_dir():
             raise argparse.ArgumentTypeError(f"folder {str(path.parent)!r} does not exist")
+        if not os.access(path if path.exists() else path.parent, os.W_OK):
+            raise argparse.ArgumentTypeError(f"{text!r} cannot be written (permission denied)")
         return text
 
     return check
@@ -67,10 +77,14 @@ def output_file(*suffixes: str) -> Callable[[str], str]:
 def output_dir(text: str) -> str:
     """A folder the command will create if missing, checked before any work: it, or the nearest part of its
     path that exists, is a folder."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a folder name, got ''")
     path = Path(text)
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r}: {str(existing)!r} is a file, not a folder")
+    if existing is not None and not os.access(existing, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text!r}: {str(existing)!r} cannot be written (permission denied)")
     return text
 
 

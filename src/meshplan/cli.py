@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from meshplan.argtypes import link_gb_per_s, mfu_fraction, output_dir, output_file, positive_size
+from meshplan.argtypes import link_gb_per_s, mfu_fraction, output_dir, output_file, positive_size, whole_in
 from meshplan.errors import SpecError
 
 DEFAULT_MODEL = "seed-70b"
@@ -342,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scenario(sw)
     sw.add_argument("--vary", required=True, metavar="NAME=LOW..HIGH",
                     help="batch-tokens, inter-node-bandwidth, gpus, seq-len or layers, e.g. batch-tokens=512K..16M")
-    sw.add_argument("--points", type=positive_size, default=9, help="values, geometrically spaced (default 9)")
+    sw.add_argument("--points", type=whole_in(2, 200), default=9,
+                    help="values, geometrically spaced from LOW to HIGH: 2 to 200 (default 9)")
     sw.add_argument("--space", choices=("full", "dp-tp"), default="full")
     sw.add_argument("--plot", type=output_file(".png"), metavar="FILE.png", help="write the sweep chart (PNG)")
     _add_jobs(sw)
@@ -377,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a file the checks before the work could not foresee (a read-only file system)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"meshplan: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

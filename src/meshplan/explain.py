@@ -245,7 +245,7 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
             q1.lines.append("Full sharding cannot run here: " + "; ".join(full.infeasible_reasons) + f". {shown}.")
         if full.plan.recompute != "none":
             bare = _try(model, cluster, job, Plan(dp_shard=n, mbs=1, recompute="none"), mfu)
-            if bare is not None and not bare.feasible:
+            if bare is not None and bare.memory.peak_bytes > bare.memory.capacity_bytes:
                 line = (f"Without recomputation even one sequence per micro-batch needs "
                         f"{format_gib(bare.memory.activation_bytes)} of activations (peak "
                         f"{format_gib(bare.memory.peak_bytes)}): activation checkpointing is required, and it costs "

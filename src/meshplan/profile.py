@@ -53,11 +53,13 @@ SCHEMA = "meshplan.profile/1"
 def load_profile(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
-        raise SpecError("profile", f"file {str(path)!r} not found")
+        raise SpecError("profile", f"file {str(path)!r} " + ("is not a regular file" if p.exists() else "not found"))
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SpecError("profile", f"malformed JSON in {path}: {exc}") from None
+    except RecursionError:
+        raise SpecError("profile", f"malformed JSON in {path}: nested too deeply") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         got = data.get("schema") if isinstance(data, dict) else None
         raise SpecError("profile.schema", f"must be {SCHEMA!r}; got {got!r}")

@@ -7,6 +7,7 @@ also be given as a spec file path with the same keys.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import fields
 from importlib import resources
@@ -24,7 +25,8 @@ from meshplan.specs import (
     RuntimeOverheads,
 )
 from meshplan.specs._validate import fraction, positive_int, positive_number
-from meshplan.units import GB, MICRO, TERA, GiB, parse_size
+from meshplan.specs.hardware import MAX_LATENCY_S, MIN_FLOP_PER_S
+from meshplan.units import GB, MICRO, MIN_LINK_BYTES_PER_S, TERA, GiB, parse_size
 
 _ACCEL_KEYS = {"name", "description", "bf16_dense_tflop_per_s", "fp8_dense_tflop_per_s", "hbm_capacity_gib",
                "hbm_bandwidth_tb_per_s", "gemm_efficiency", "node", "sources"}
@@ -56,7 +58,9 @@ def _read_toml(what: str, ref: str, kind: str) -> tuple[dict[str, Any], str]:
     path = Path(ref)
     if ref.endswith(".toml") or path.exists():
         if not path.is_file():
-            raise SpecError(what, f"spec file {ref!r} not found" + (" (it is a directory)" if path.is_dir() else ""))
+            kind_of = ("a directory" if path.is_dir() else "not a regular file" if path.exists() else "")
+            raise SpecError(what, f"spec file {ref!r} " + (f"is {kind_of}" if kind_of else "not found")
+                            + "; give a .toml spec file or a catalog name")
         try:
             text, origin = path.read_text(encoding="utf-8"), str(path)
         except UnicodeDecodeError as exc:
@@ -71,14 +75,17 @@ def _read_toml(what: str, ref: str, kind: str) -> tuple[dict[str, Any], str]:
     try:
         return tomllib.loads(text), origin
     except tomllib.TOMLDecodeError as exc:
-        raise SpecError(what, f"malformed TOML in {origin}: {exc}") from None
+        hint = " (spec files are TOML, not JSON)" if text.lstrip().startswith("{") else ""
+        raise SpecError(what, f"malformed TOML in {origin}: {exc}{hint}") from None
+    except RecursionError:
+        raise SpecError(what, f"malformed TOML in {origin}: nested too deeply") from None
 
 
 def load_job(path: str | None, *, defaults: dict[str, Any] | None = None, **overrides: Any) -> JobSpec:
     """A job from a TOML spec file with JobSpec's field names (a ``[runtime]`` table for RuntimeOverheads).
     The file wins over ``defaults``; ``overrides`` that are not None win over the file."""
     data: dict[str, Any] = dict(defaults or {})
-    if path:
+    if path is not None:
         if not path.endswith(".toml") and not Path(path).exists():
             raise SpecError("job", f"spec file {path!r} not found")
         spec, _ = _read_toml("job", path, "jobs")
@@ -116,14 +123,17 @@ _ABSENT = object()
 
 
 def _number(what: str, data: dict[str, Any], key: str, scale: float = 1.0, default: Any = _ABSENT, *,
-            check: Any = positive_number) -> Any:
+            check: Any = positive_number, least: float = 0.0, most: float = math.inf) -> Any:
     """``data[key]`` (a number as the file writes it, checked under the file's own key) times ``scale``;
-    ``default`` where absent (required where no default is given)."""
+    ``default`` where absent (required where no default is given). ``least`` and ``most`` bound the scaled
+    value (the specs' physical ranges, specs.hardware), said in the file's units."""
     if key not in data:
         if default is _ABSENT:
             raise SpecError(f"{what}.{key}", "is missing")
         return default
     value = data[key]
+    if least or most < math.inf:
+        positive_number(f"{what}.{key}", value, least=least / scale, most=most / scale)
     check(f"{what}.{key}", value)
     return value * scale if check is positive_int else float(value) * scale
 
@@ -166,10 +176,11 @@ def _accelerator(data: dict[str, Any], origin: str) -> AcceleratorSpec:
         AcceleratorSpec, "accelerator",
         name=_require("accelerator", data, "name"),
         description=data.get("description", ""),
-        bf16_flop_per_s=_number("accelerator", data, "bf16_dense_tflop_per_s", TERA),
-        fp8_flop_per_s=_number("accelerator", data, "fp8_dense_tflop_per_s", TERA, None),
+        bf16_flop_per_s=_number("accelerator", data, "bf16_dense_tflop_per_s", TERA, least=MIN_FLOP_PER_S),
+        fp8_flop_per_s=_number("accelerator", data, "fp8_dense_tflop_per_s", TERA, None,
+                               least=MIN_FLOP_PER_S),
         hbm_capacity_bytes=_number("accelerator", data, "hbm_capacity_gib", GiB),
-        hbm_bytes_per_s=_number("accelerator", data, "hbm_bandwidth_tb_per_s", 1e12),
+        hbm_bytes_per_s=_number("accelerator", data, "hbm_bandwidth_tb_per_s", 1e12, least=MIN_LINK_BYTES_PER_S),
         gemm_efficiency=_number("accelerator", data, "gemm_efficiency", check=fraction),
         sources=sources,
     )
@@ -181,18 +192,19 @@ def _links(node: dict[str, Any]) -> tuple[IntraNodeLink, InterNodeLink]:
     intra = _spec(
         IntraNodeLink, w,
         kind=_require(w, node, "intra_kind"),
-        link_bytes_per_s=_number(w, node, "intra_link_gb_per_s", GB),
-        ring_busbw_bytes_per_s=_number(w, node, "ring_busbw_gb_per_s", GB),
-        nvls_busbw_bytes_per_s=_number(w, node, "nvls_busbw_gb_per_s", GB, None),
+        link_bytes_per_s=_number(w, node, "intra_link_gb_per_s", GB, least=MIN_LINK_BYTES_PER_S),
+        ring_busbw_bytes_per_s=_number(w, node, "ring_busbw_gb_per_s", GB, least=MIN_LINK_BYTES_PER_S),
+        nvls_busbw_bytes_per_s=_number(w, node, "nvls_busbw_gb_per_s", GB, None, least=MIN_LINK_BYTES_PER_S),
         nvls_min_gpus=_number(w, node, "nvls_min_gpus", 1, 5, check=positive_int),
-        p2p_bytes_per_s=_number(w, node, "p2p_gb_per_s", GB, _number(w, node, "intra_link_gb_per_s", GB)),
-        latency_s=_number(w, node, "intra_latency_us", MICRO, 20 * MICRO),
+        p2p_bytes_per_s=_number(w, node, "p2p_gb_per_s", GB, _number(w, node, "intra_link_gb_per_s", GB),
+                                least=MIN_LINK_BYTES_PER_S),
+        latency_s=_number(w, node, "intra_latency_us", MICRO, 20 * MICRO, most=MAX_LATENCY_S),
     )
     inter = _spec(
         InterNodeLink, w,
-        nic_bytes_per_s=_number(w, node, "nic_gb_per_s", GB),
+        nic_bytes_per_s=_number(w, node, "nic_gb_per_s", GB, least=MIN_LINK_BYTES_PER_S),
         efficiency=_number(w, node, "nic_efficiency", 1.0, 0.92, check=fraction),
-        latency_s=_number(w, node, "inter_latency_us", MICRO, 40 * MICRO),
+        latency_s=_number(w, node, "inter_latency_us", MICRO, 40 * MICRO, most=MAX_LATENCY_S),
     )
     return intra, inter
 
@@ -233,7 +245,7 @@ def load_cluster(ref: str, *, nodes: int | None = None, gpus_per_node: int | Non
         gpus_per_node=gpus_per_node if gpus_per_node is not None else _require("cluster.node", node,
                                                                              "gpus_per_node"),
         intra=intra, inter=inter,
-        host_bytes_per_s=_number("cluster.node", node, "host_gb_per_s", GB, None),
+        host_bytes_per_s=_number("cluster.node", node, "host_gb_per_s", GB, None, least=MIN_LINK_BYTES_PER_S),
         host_memory_bytes=_number("cluster.node", node, "host_memory_gib", GiB, None),
         sources=_table("cluster.sources", data, "sources"),
     )

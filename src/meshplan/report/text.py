@@ -103,8 +103,8 @@ def plan_text(a: PlanAnalysis, *, top: int = 10) -> str:
              + (", fused grouped expert MLPs" if a.job.fused_grouped_mlp else ""),
              f"searched {r.n_plans + r.n_pruned:,} plans ({r.n_configurations:,} configurations with micro-batch "
              f"sizes and recompute modes) in {r.elapsed_s:.2f} s: {r.n_plans:,} evaluated, {len(r.feasible):,} of "
-             f"them fit in memory; {r.n_pruned:,} option variants pruned (provably outside the tie band, or "
-             "needing more memory than a default that does not fit)", ""]
+             f"them feasible (fit in memory and split the batch); {r.n_pruned:,} option variants pruned (provably "
+             "outside the tie band, or needing more memory than a default that does not fit)", ""]
     for i, q in enumerate(a.questions, 1):
         lines.append(f"{i}. {q.title}")
         lines += [f"   {line}" for line in q.lines]

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from meshplan.cost.step import offload_offered
-from meshplan.cost.validate import ulysses_fits
+from meshplan.cost.validate import sequence_parallel_fits, ulysses_fits
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.specs.plan import (
     FRAMEWORK_CP,
@@ -102,8 +102,10 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
     """
     per_replica = max(1, job.global_batch_seqs // plan.dp)
     sharded, gpn = plan.sharding == "fsdp" and plan.shard_degree > 1, cluster.gpus_per_node
-    tp_opts: list[tuple[bool | None, bool]] = [(None, False)]
-    if plan.tp > 1 and not (model.is_moe and plan.runs_megatron_layers(job.software)):  # Megatron's MoE: SP with TP
+    tp_opts: list[tuple[bool | None, bool]] = [(plan.sp, False)]
+    if plan.sp is False:  # the sequence does not split over TP (sequence_parallel_fits): no SP, no async TP
+        pass
+    elif plan.tp > 1 and not (model.is_moe and plan.runs_megatron_layers(job.software)):  # Megatron's MoE: SP with TP
         tp_opts.append((False, False))
         if plan.sharding in ("fsdp", "megatron"):
             tp_opts.append((None, True))
@@ -138,7 +140,7 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
                    for overlap in overlaps]
     for (sp, async_tp), cp_impl, (raf, sync), (dispatch, ep_overlap, etp) in itertools.product(
             tp_opts, cp_opts, dp_opts, ep_opts):
-        if (sp is None and not async_tp and cp_impl is None and raf is None and sync is None and dispatch is None
+        if (sp is plan.sp and not async_tp and cp_impl is None and raf is None and sync is None and dispatch is None
                 and not ep_overlap and etp is None):
             continue  # the default plan itself
         yield replace(plan, sp=sp, async_tp=async_tp, cp_impl=cp_impl, reshard_after_forward=raf, grad_sync=sync,
@@ -204,7 +206,7 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space:
     max_tp = space.max_tp or cluster.gpus_per_node
     tps = [t for t in divisors(n) if t <= max_tp and model.n_heads % t == 0 and (model.is_mla or heads % t == 0)]
     pps = [p for p in divisors(n) if p <= model.n_layers] if space.pipeline else [1]
-    cps = [c for c in divisors(n) if job.seq_len % (2 * c) == 0] if space.context else [1]
+    cps = [c for c in divisors(n) if c == 1 or job.seq_len % (2 * c) == 0] if space.context else [1]
     for tp, pp, cp in itertools.product(tps, pps, cps):
         if n % (tp * pp * cp):
             continue
@@ -231,5 +233,10 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space:
                     continue  # each framework runs its own schedules; DeepSpeed pipelines with ZeRO-1 only
                 if cp > 1 and FRAMEWORK_CP[sharding][0] == "a2a" and not ulysses_fits(model, tp, cp):
                     continue
-                yield Plan(dp_replicate=dr, dp_shard=ds, cp=cp, tp=tp, pp=pp, ep=ep, sharding=sharding,
-                           schedule=schedule, vpp=vpp, layout=layout)
+                plan = Plan(dp_replicate=dr, dp_shard=ds, cp=cp, tp=tp, pp=pp, ep=ep, sharding=sharding,
+                            schedule=schedule, vpp=vpp, layout=layout)
+                if tp > 1 and not sequence_parallel_fits(job, tp, cp):  # run without sequence parallelism
+                    if model.is_moe and plan.runs_megatron_layers(job.software):  # which Megatron's MoE needs
+                        continue
+                    plan = replace(plan, sp=False)
+                yield plan

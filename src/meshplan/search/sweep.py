@@ -40,7 +40,7 @@ def parse_range(text: str) -> tuple[str, float, float]:
 
 def geometric(lo: float, hi: float, points: int) -> list[float]:
     if points < 2:
-        return [lo]
+        raise SpecError("sweep.points", f"need at least 2 (LOW and HIGH), got {points}")
     r = (hi / lo) ** (1 / (points - 1))
     return [lo * r**i for i in range(points)]
 
@@ -52,7 +52,10 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, name: str, value
     k = knob(model, cluster, job, name)
     scenarios: dict[float, tuple[ModelSpec, ClusterSpec, JobSpec]] = {}
     for v in (float(round(v)) if k.integer else v for v in values):
-        scenario = k.apply(v)
+        try:
+            scenario = k.apply(v)
+        except SpecError:  # a value the specs refuse (more GPUs than meshplan plans for): not built, as None
+            scenario = None
         if scenario is not None:  # at the value evaluated: apply rounds to whole sequences or nodes
             scenarios.setdefault(k.read(scenario), scenario)
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan.errors import SpecError
-from meshplan.specs._validate import fraction, one_of, positive_int, positive_number
+from meshplan.specs._validate import fraction, one_of, positive_int, positive_number, text
+from meshplan.units import MIN_LINK_BYTES_PER_S
+
+MIN_FLOP_PER_S = 1e9
+"""The slowest accelerator a spec may describe (1 GFLOP/s; a GPU of the last decade does 1e13 and more):
+below it, and below MIN_LINK_BYTES_PER_S for a link or memory, every time would be meaningless."""
+MAX_LATENCY_S = 1.0
+"""The longest fixed latency a link spec may give (real ones are microseconds)."""
 
 MAX_GPUS = 2**21
 """The largest cluster meshplan plans for (2,097,152 GPUs, some ten times the largest announced training
@@ -29,11 +36,14 @@ class AcceleratorSpec:
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        positive_number(f"accelerator[{self.name}].bf16_flop_per_s", self.bf16_flop_per_s)
+        text("accelerator.name", self.name)
+        text(f"accelerator[{self.name}].description", self.description)
+        positive_number(f"accelerator[{self.name}].bf16_flop_per_s", self.bf16_flop_per_s, least=MIN_FLOP_PER_S)
         if self.fp8_flop_per_s is not None:
-            positive_number(f"accelerator[{self.name}].fp8_flop_per_s", self.fp8_flop_per_s)
-        positive_number(f"accelerator[{self.name}].hbm_capacity_bytes", self.hbm_capacity_bytes)
-        positive_number(f"accelerator[{self.name}].hbm_bytes_per_s", self.hbm_bytes_per_s)
+            positive_number(f"accelerator[{self.name}].fp8_flop_per_s", self.fp8_flop_per_s, least=MIN_FLOP_PER_S)
+        positive_number(f"accelerator[{self.name}].hbm_capacity_bytes", self.hbm_capacity_bytes, least=2.0**20)
+        positive_number(f"accelerator[{self.name}].hbm_bytes_per_s", self.hbm_bytes_per_s,
+                        least=MIN_LINK_BYTES_PER_S)
         fraction(f"accelerator[{self.name}].gemm_efficiency", self.gemm_efficiency)
 
     def peak_flop_per_s(self, precision: str) -> float:
@@ -74,9 +84,10 @@ class IntraNodeLink:
 
     def __post_init__(self) -> None:
         one_of("cluster.intra.kind", self.kind, ("nvswitch", "xgmi"))
-        positive_number("cluster.intra.link_bytes_per_s", self.link_bytes_per_s)
-        positive_number("cluster.intra.ring_busbw_bytes_per_s", self.ring_busbw_bytes_per_s)
-        positive_number("cluster.intra.latency_s", self.latency_s)
+        positive_number("cluster.intra.link_bytes_per_s", self.link_bytes_per_s, least=MIN_LINK_BYTES_PER_S)
+        positive_number("cluster.intra.ring_busbw_bytes_per_s", self.ring_busbw_bytes_per_s,
+                        least=MIN_LINK_BYTES_PER_S)
+        positive_number("cluster.intra.latency_s", self.latency_s, most=MAX_LATENCY_S)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,9 +117,9 @@ class InterNodeLink:
     call latency added, is within 25 % of that and on the slow side at small sizes."""
 
     def __post_init__(self) -> None:
-        positive_number("cluster.inter.nic_bytes_per_s", self.nic_bytes_per_s)
+        positive_number("cluster.inter.nic_bytes_per_s", self.nic_bytes_per_s, least=MIN_LINK_BYTES_PER_S)
         fraction("cluster.inter.efficiency", self.efficiency)
-        positive_number("cluster.inter.latency_s", self.latency_s)
+        positive_number("cluster.inter.latency_s", self.latency_s, most=MAX_LATENCY_S)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,7 +148,7 @@ class ClusterSpec:
             raise SpecError("cluster.nodes", f"at most {MAX_GPUS:,} GPUs in all; got {self.n_nodes:,} nodes x "
                                              f"{self.gpus_per_node} GPUs")
         if self.host_bytes_per_s is not None:
-            positive_number("cluster.node.host_gb_per_s", self.host_bytes_per_s)
+            positive_number("cluster.node.host_gb_per_s", self.host_bytes_per_s, least=MIN_LINK_BYTES_PER_S)
         if self.host_memory_bytes is not None:
             positive_number("cluster.node.host_memory_gib", self.host_memory_bytes)
 

@@ -125,13 +125,13 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         positive_int("job.global_batch_tokens", self.global_batch_tokens)
-        positive_int("job.seq_len", self.seq_len)
+        positive_int("job.seq_len", self.seq_len, 1 << 32)
         one_of("job.optimizer", self.optimizer, OPTIMIZERS)
         one_of("job.precision", self.precision, PRECISIONS)
         one_of("job.flop_convention", self.flop_convention, FLOP_CONVENTIONS)
         one_of("job.software", self.software, SOFTWARE)
         one_of("job.loss", self.loss, LOSSES)
-        positive_number("job.reduce_dtype_bytes", self.reduce_dtype_bytes)
+        positive_number("job.reduce_dtype_bytes", self.reduce_dtype_bytes, most=8.0)
         for f in ("fp8_param_gather", "flash_attention", "fp8_attention", "fused_grouped_mlp", "compiled",
                   "cuda_graphs"):
             boolean(f"job.{f}", getattr(self, f))
@@ -144,8 +144,8 @@ class JobSpec:
             raise SpecError("job.fp8_attention", "needs precision='fp8' and flash_attention=true (a fused kernel)")
         if self.fused_grouped_mlp and self.precision != "fp8":
             raise SpecError("job.fused_grouped_mlp", "needs precision='fp8' (an MXFP8 or NVFP4 recipe)")
-        positive_number("job.moe_capacity_factor", self.moe_capacity_factor)
-        positive_number("job.moe_routing_imbalance", self.moe_routing_imbalance)
+        positive_number("job.moe_capacity_factor", self.moe_capacity_factor, most=1e3)
+        positive_number("job.moe_routing_imbalance", self.moe_routing_imbalance, most=1e3)
         if self.moe_routing_imbalance < 1.0:
             raise SpecError("job.moe_routing_imbalance", f"must be >= 1.0, got {self.moe_routing_imbalance}")
         if self.global_batch_tokens % self.seq_len:

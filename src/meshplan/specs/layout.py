@@ -23,6 +23,9 @@ from meshplan.errors import SpecError
 _GROUP = re.compile(r"\(([^()]*)\)\*(\d+)")
 _SYMBOL = re.compile(r"([EtmL])\*(\d+)")
 _SYMBOLS = set("EtmL|")
+MAX_LAYOUT_SYMBOLS = 1_000_000
+"""The longest a layout may be once its repeats are expanded (specs.model.MAX_LAYERS layers and their
+chunk separators fit ten times over)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +42,24 @@ class Chunk:
 def parse_layout(text: str, field: str = "plan.layout") -> tuple[Chunk, ...]:
     """The chunks of a layout string; SpecError naming ``field`` if it is malformed (memoised: every
     Plan with a layout checks it on construction)."""
+    grown = [0]  # symbols the repeats of one pass have added
+
+    def repeat(g: re.Match[str]) -> str:
+        unit, times = g.group(1), g.group(2)
+        if len(times) > 7 or grown[0] + len(unit) * int(times) > MAX_LAYOUT_SYMBOLS:
+            raise SpecError(field, f"{text!r} expands to more than {MAX_LAYOUT_SYMBOLS:,} symbols")
+        grown[0] += len(unit) * int(times)
+        return unit * int(times)
+
     s = text.replace(" ", "").replace(",", "")  # Megatron treats commas as cosmetic
     for _ in range(64):  # innermost groups first
-        expanded = _GROUP.sub(lambda g: g.group(1) * int(g.group(2)), s)
+        grown[0] = len(s)
+        expanded = _GROUP.sub(repeat, s)
         if expanded == s:
             break
         s = expanded
-    s = _SYMBOL.sub(lambda g: g.group(1) * int(g.group(2)), s)
+    grown[0] = len(s)
+    s = _SYMBOL.sub(repeat, s)
     bad = sorted(set(s) - _SYMBOLS)
     if bad or not s:
         raise SpecError(field, f"{text!r} is not a Megatron pipeline layout: use E (embedding), t (decoder "

@@ -9,8 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.errors import SpecError
-from meshplan.specs._validate import boolean, non_negative_int, one_of, positive_int, positive_number
+from meshplan.specs._validate import boolean, non_negative_int, one_of, positive_int, positive_number, text
 from meshplan.specs.layout import embedding_loss_layout
+
+MAX_LAYERS = 100_000
+"""The most decoder layers a model spec may have (the largest trained have a few hundred)."""
+MAX_WIDTH = 1 << 30
+"""The most a model's widths and counts may be (hidden size, heads, vocabulary, experts): beyond any model,
+within floating point's exact integers once multiplied."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,19 +94,23 @@ class ModelSpec:
     """Where the architecture comes from."""
 
     def __post_init__(self) -> None:
+        text("model.source", self.source)
         if not isinstance(self.name, str) or not self.name:
             raise SpecError("model.name", f"must be a non-empty string, got {self.name!r}")
         for f in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab"):
-            positive_int(f"model.{f}", getattr(self, f))
+            positive_int(f"model.{f}", getattr(self, f), MAX_LAYERS if f == "n_layers" else MAX_WIDTH)
         for f in ("learned_pos_emb", "n_experts", "top_k", "expert_ffn_hidden", "n_shared_experts",
                   "n_dense_layers", "n_expert_groups", "topk_groups", "q_lora_rank", "kv_lora_rank",
                   "qk_rope_head_dim", "v_head_dim", "attention_window", "global_attention_every", "mtp_layers"):
-            non_negative_int(f"model.{f}", getattr(self, f))
+            non_negative_int(f"model.{f}", getattr(self, f), MAX_WIDTH)
+        if self.mtp_layers >= self.n_layers or self.n_dense_layers > self.n_layers:
+            raise SpecError("model.mtp_layers" if self.mtp_layers >= self.n_layers else "model.n_dense_layers",
+                            f"must be below n_layers={self.n_layers}")
         one_of("model.norm", self.norm, ("rmsnorm", "layernorm"))
         for f in ("gated_mlp", "tied_embeddings", "linear_bias"):
             boolean(f"model.{f}", getattr(self, f))
         if self.head_dim is not None:
-            positive_int("model.head_dim", self.head_dim)
+            positive_int("model.head_dim", self.head_dim, MAX_WIDTH)
         elif self.hidden % self.n_heads:
             raise SpecError("model.n_heads", f"must divide hidden={self.hidden} (or give head_dim); "
                                              f"got {self.n_heads}")
@@ -120,13 +130,13 @@ class ModelSpec:
             if not 1 <= self.top_k <= self.n_experts:
                 raise SpecError("model.top_k", f"must be in 1..n_experts={self.n_experts} for an MoE model; "
                                                f"got {self.top_k}")
-            positive_int("model.expert_ffn_hidden", self.expert_ffn_hidden)
+            positive_int("model.expert_ffn_hidden", self.expert_ffn_hidden, MAX_WIDTH)
             if self.n_dense_layers >= self.n_layers:
                 raise SpecError("model.n_dense_layers", f"must be below n_layers={self.n_layers}")
         elif self.top_k or self.n_shared_experts:
             raise SpecError("model.n_experts", "top_k and shared experts need n_experts > 0")
         if self.nominal_params is not None:
-            positive_number("model.nominal_params", self.nominal_params)
+            positive_number("model.nominal_params", self.nominal_params, most=1e18)
         if self.global_attention_every and not self.attention_window:
             raise SpecError("model.global_attention_every", "needs attention_window > 0")
         if self.global_attention_every == 1:

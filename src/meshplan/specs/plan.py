@@ -528,6 +528,9 @@ def parse_plan(text: str, world_size: int | None = None) -> Plan:
             raise SpecError(f"plan.{key}", "given twice")
         values[key] = _parse_value(key, raw)
     fill = [k for k in DEGREES if values.get(k) == -1]
+    if "ep" in fill:
+        raise SpecError("plan.ep", "cannot be -1: expert parallelism folds onto tp x cp x dp_shard rather than "
+                                   "taking GPUs of its own; give its degree (a divisor of n_experts)")
     if fill:
         if len(fill) > 1 or world_size is None:
             raise SpecError("plan", "at most one degree may be -1, and only when the GPU count is known")
@@ -536,8 +539,8 @@ def parse_plan(text: str, world_size: int | None = None) -> Plan:
             if k != "ep" and k not in fill:
                 degree = int(values.get(k, 1))  # type: ignore[call-overload]
                 if degree < 1:
-                    raise SpecError(f"plan.{k}", f"must be a positive integer (one degree may be -1, to fill the "
-                                                 f"GPUs), got {degree}")
+                    raise SpecError(f"plan.{k}", f"must be a whole number of at least 1 (one degree may be -1, to "
+                                                 f"fill the GPUs), got {degree}")
                 rest *= degree
         if world_size % rest:
             raise SpecError(f"plan.{fill[0]}", f"cannot fill: {world_size} GPUs is not a multiple of {rest}")

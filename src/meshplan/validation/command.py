@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from meshplan.argtypes import output_file
+from meshplan.argtypes import output_file, whole_in
 from meshplan.calibration import UNSEEN_STACK, catalog_fit, compute_params_for
 from meshplan.errors import SpecError
 from meshplan.validation import calibrate as cal
@@ -29,7 +29,7 @@ def register(sub: Any) -> None:
     p.add_argument("--cv", type=int, default=5, metavar="K",
                    help="k-fold cross-validation: fit on k-1 folds, predict the k-th (0: skip; default 5); the "
                         "catalog's stored fold fits serve where they were made for this data, k and rounds")
-    p.add_argument("--cv-rounds", type=int, default=MAX_ROUNDS,
+    p.add_argument("--cv-rounds", type=whole_in(1, 50), default=MAX_ROUNDS,
                    help=f"most coordinate-descent rounds per fold; each fit stops earlier once a round gains "
                         f"less than {TOLERANCE * 100:.1f} %% (default {MAX_ROUNDS})")
     p.add_argument("--cv-refit", action="store_true",
@@ -276,6 +276,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     results = load_scenarios(read_rows(args.path))
     folds = max(2, args.cv or 5) if args.calibrate else args.cv
     n_modelled = sum(r.scenario is not None for r in results)
+    if not n_modelled:
+        reasons = sorted({r.skipped for r in results if r.skipped})[:3]
+        raise SpecError("validate PATH", f"{args.path} has no row meshplan can model ({len(results)} rows, all "
+                                         f"skipped" + (f"; e.g. {'; '.join(reasons)}" if reasons else "") + ")")
     if folds and folds > n_modelled:
         raise SpecError("validate --cv", f"{folds} folds need at least as many modelled rows; {args.path} has "
                                          f"{n_modelled} (--cv 0 skips cross-validation)")
@@ -357,10 +361,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
             continue
         mape = errors["mape"]  # type: ignore[index]
         if mape is None or not math.isfinite(mape) or mape > threshold:
-            print(f"meshplan: validate: {name} {'none' if mape is None else f'{mape:.1%}'} exceeds {threshold:.1%}",
-                  file=sys.stderr)
+            what = f"{name} {mape:.2%} exceeds" if mape is not None else f"no {name} (no row to judge) against"
+            print(f"meshplan: validate: {what} the threshold {threshold:.2%}", file=sys.stderr)
             return 1
-        print(f"{name} {mape:.2%} <= threshold {threshold:.1%}", file=sys.stderr)
+        print(f"{name} {mape:.2%} <= threshold {threshold:.2%}", file=sys.stderr)
     unfit = fit_sum["predicted_not_to_fit"]
     if args.require_fit and unfit:
         print(f"meshplan: validate: {len(unfit)} measured runs predicted not to fit in memory "

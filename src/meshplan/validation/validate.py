@@ -71,7 +71,8 @@ def _relative_error(predicted: float | None, measured: float | None) -> float | 
 def read_rows(path: str | Path) -> list[dict[str, str]]:
     p = Path(path)
     if not p.is_file():
-        raise SpecError("validate", f"file {str(path)!r} not found")
+        raise SpecError("validate", f"file {str(path)!r} " + ("is not a regular file (give a CSV file)" if p.exists()
+                                                              else "not found"))
     try:
         with p.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
@@ -82,6 +83,9 @@ def read_rows(path: str | Path) -> list[dict[str, str]]:
             if missing:
                 raise SpecError("validate", f"{path} lacks columns {', '.join(missing)} (see shared/data/README.md)")
             rows = list(reader)
+            repeated = sorted({c for c in columns if columns.count(c) > 1})
+            if repeated:
+                raise SpecError("validate", f"{path} repeats columns {', '.join(repeated)}")
     except (UnicodeDecodeError, csv.Error) as exc:
         raise SpecError("validate", f"{path} is not a UTF-8 CSV file: {exc}") from None
     if not rows:
