@@ -311,3 +311,16 @@ def test_expert_tp_may_be_given_as_the_plans_tp(capsys):
     code, out, _ = run(capsys, *args, "ep=8,tp=2,dp_shard=-1,etp=tp,sharding=megatron")
     code2, out2, _ = run(capsys, *args, "ep=8,tp=2,dp_shard=16,etp=2,sharding=megatron")
     assert code == code2 == 0 and json.loads(out)["plan"] == json.loads(out2)["plan"]
+
+
+@pytest.mark.parametrize("plan, says", [
+    ("dp_shard=64,cp_impl=a2a,sharding=megatron", "plan.cp_impl: chooses how context parallelism"),
+    ("dp_shard=64,layout=Et*80L", "plan.layout: applies to a pipeline"),
+    ("dp_shard=64,schedule=gpipe", "plan.schedule: applies to a pipeline"),
+])
+def test_options_of_an_axis_the_plan_does_not_have_are_refused(capsys, plan, says):
+    """A context-parallel exchange without cp, a pipeline schedule or layout without pp: echoed back as if
+    they applied before (a review, twenty-first session). Sequence parallelism at tp=1 stays accepted, as
+    Megatron accepts it (published rows record it so)."""
+    code, _, err = run(capsys, "evaluate", "--plan", plan)
+    assert code == 2 and says in err, err

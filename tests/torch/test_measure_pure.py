@@ -317,3 +317,16 @@ def test_measure_rejects_ignored_flags_and_bad_outputs_before_it_starts(tmp_path
     other = tmp_path / "notes.json"
     other.write_text("{}")
     assert "refusing to overwrite" in err(*step, "--out", str(other))
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"gemm": [5]}, "gemm[0] lacks"),
+    ({"collectives": [5]}, "collectives[0] lacks"),
+    ({"collective_fits": {"all_gather@intra_node": 5}}, "collective_fits[all_gather@intra_node] lacks"),
+    ({"collective_fits": {"all_gather@intra_node": {"alpha_s": "1", "busbw_bytes_per_s": "2", "group_size": 2,
+                                                    "n_points": 3}}}, "busbw must be positive"),
+])
+def test_check_profile_reports_values_of_the_wrong_kind_instead_of_raising(change, says):
+    """Found by a review: these raised TypeError from inside the check."""
+    errors = check_profile(_profile(**change))
+    assert any(says in e for e in errors), errors

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from meshplan.cost.estimate import Estimate, StageDetail
 from meshplan.cost.pipeline import stand_ins
 from meshplan.cost.step import HOST_BOUND, OFFLOAD, STALLS
+from meshplan.errors import SpecError
 from meshplan.sim.build import stage_ops
 from meshplan.sim.engine import Op, run
 from meshplan.sim.pipeline import Task, schedule_pipeline
@@ -138,10 +139,26 @@ def simulate_stage(detail: StageDetail, est: Estimate, slowdown: float) -> Stage
     return StageSim(detail, ops, makespan, chunk_f, chunk_b, tail, terms, chunk_terms, head, tail_key)
 
 
+MAX_PIPELINE_PASSES = 200_000
+"""The most chunk passes (micro-batches x model chunks of the pipeline) the simulator lays out one by one, a
+few seconds' work; beyond them (millions of micro-batches, a batch far past any real one) the closed form
+stands alone."""
+
+
+def simulable(est: Estimate) -> bool:
+    """Whether ``simulate`` times ``est``: it has stage detail and, pipelined, at most MAX_PIPELINE_PASSES."""
+    plan = est.plan
+    return bool(est.stages) and (plan.pp == 1 or est.n_microbatches * plan.pp * plan.vpp <= MAX_PIPELINE_PASSES)
+
+
 def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimResult:
     """The simulated step of ``est`` (an estimate from meshplan.cost.step.evaluate)."""
     if not est.stages:
         raise ValueError("the estimate carries no stage detail (worked-example mode cannot be simulated)")
+    if not simulable(est):
+        raise SpecError("plan", f"{est.n_microbatches:,} micro-batches over {est.plan.pp} pipeline stages are more "
+                                f"than the simulator lays out ({MAX_PIPELINE_PASSES:,} chunk passes); the closed "
+                                f"form times it")
     plan, m = est.plan, est.n_microbatches
     sims = [simulate_stage(d, est, slowdown) for d in est.stages]
     if plan.pp == 1:
@@ -271,6 +288,9 @@ def refine(est: Estimate, *, slowdown: float, step_overhead_s: float) -> Estimat
     itself where its step time is not finite (a rate too small to time anything: nothing to simulate)."""
     if not math.isfinite(est.step_time_s):
         return est
+    if not simulable(est):
+        return replace(est, notes=[*est.notes, f"timed by the closed form only: {est.n_microbatches:,} "
+                                               f"micro-batches are more than the simulator lays out"])
     r = simulate(est, slowdown=slowdown, step_overhead_s=step_overhead_s)
     scale = r.step_time_s / est.step_time_s
     return replace(est, step_time_s=r.step_time_s, time_breakdown=r.breakdown, mfu=est.mfu / scale,

@@ -208,6 +208,12 @@ class Plan:
                                               "recompute=selective with recompute_modules, or full")
         if self.async_tp and self.tp < 2:
             raise SpecError("plan.async_tp", f"overlaps tensor-parallel collectives; needs tp >= 2, got tp={self.tp}")
+        if self.cp_impl is not None and self.cp < 2:
+            raise SpecError("plan.cp_impl", f"chooses how context parallelism exchanges K and V; needs cp >= 2, got "
+                                            f"cp={self.cp}")
+        if self.pp == 1 and (self.schedule != "1f1b" or self.layout):
+            key = "plan.schedule" if self.schedule != "1f1b" else "plan.layout"
+            raise SpecError(key, "applies to a pipeline; needs pp >= 2, got pp=1")
         if self.pp == 1 and self.schedule not in ("1f1b", "gpipe"):
             raise SpecError("plan.schedule", f"{self.schedule} is a pipeline schedule; needs pp >= 2 (without a "
                                              "pipeline leave it at 1f1b)")

@@ -90,7 +90,7 @@ def check_profile(data: dict[str, Any]) -> list[str]:
         if not isinstance(data.get(key), int) or data[key] < 1:
             errors.append(f"{key} must be a positive integer")
     for i, g in enumerate(data.get("gemm") if isinstance(data.get("gemm"), list) else []):
-        missing = [k for k in GEMM_KEYS if k not in g]
+        missing = [k for k in GEMM_KEYS if k not in g] if isinstance(g, dict) else list(GEMM_KEYS)
         if missing:
             errors.append(f"gemm[{i}] lacks {', '.join(missing)}")
     if not isinstance(data.get("gemm"), list):
@@ -111,8 +111,8 @@ def check_profile(data: dict[str, Any]) -> list[str]:
         errors.append("gemm_best_flop_per_s must be a positive number or null")
     if not isinstance(data.get("collectives"), list):
         errors.append("collectives must be a list")
-    for i, c in enumerate(data.get("collectives") or []):
-        missing = [k for k in COLLECTIVE_KEYS if k not in c]
+    for i, c in enumerate(data.get("collectives") if isinstance(data.get("collectives"), list) else []):
+        missing = [k for k in COLLECTIVE_KEYS if k not in c] if isinstance(c, dict) else list(COLLECTIVE_KEYS)
         if missing:
             errors.append(f"collectives[{i}] lacks {', '.join(missing)}")
         elif c["op"] not in OPS or c["link"] not in LINKS:
@@ -120,14 +120,14 @@ def check_profile(data: dict[str, Any]) -> list[str]:
     fits = data.get("collective_fits")
     if not isinstance(fits, dict):
         errors.append("collective_fits must be an object")
-    for key, fit in (fits or {}).items():
+    for key, fit in (fits if isinstance(fits, dict) else {}).items():
         op, _, link = key.partition("@")
         if op not in OPS or link not in LINKS:
             errors.append(f"collective_fits key {key!r} is not 'op@link'")
-        missing = [k for k in FIT_KEYS if k not in fit]
+        missing = [k for k in FIT_KEYS if k not in fit] if isinstance(fit, dict) else list(FIT_KEYS)
         if missing:
             errors.append(f"collective_fits[{key}] lacks {', '.join(missing)}")
-        elif not fit["busbw_bytes_per_s"] > 0 or fit["alpha_s"] < 0:
+        elif not _positive(fit["busbw_bytes_per_s"]) or not (_positive(fit["alpha_s"]) or fit["alpha_s"] == 0):
             errors.append(f"collective_fits[{key}]: busbw must be positive and alpha non-negative")
     for i, g in enumerate(data.get("gemm") if isinstance(data.get("gemm"), list) else []):
         if isinstance(g, dict) and not all(k in g for k in GEMM_KEYS):
@@ -162,6 +162,10 @@ def _step_errors(step: dict[str, Any]) -> list[str]:
     errors = []
     if not isinstance(step.get("plan", ""), str) or not isinstance(step.get("model", ""), str):
         errors.append("step.plan and step.model must be strings")
+    if not isinstance(step.get("cluster", ""), str):
+        errors.append("step.cluster must be a string (an accelerator name or a cluster .toml)")
+    if "mbs" in step and not _whole(step["mbs"]):
+        errors.append("step.mbs must be a positive integer")
     if not isinstance(step.get("model_spec"), dict):
         errors.append("step.model_spec must be an object (the measured model's spec)")
     for key in ("global_batch_tokens", "seq_len"):
