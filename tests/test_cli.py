@@ -224,6 +224,9 @@ def _catalog_accelerator(name: str) -> str:
     (["validate", "{twice}", "--cv", "0"], "repeats columns vocab"),
     (["validate", "{skipped}", "--cv", "0"], "has no row meshplan can model"),
     (["report", "--out", "", "--no-conditions"], "expected a folder name"),
+    (["evaluate", "--plan", "dp_shard=64", "--profile", "{profile_op}"], "op must be one of"),
+    (["evaluate", "--plan", "dp_shard=64", "--profile", "{profile_neg}"], "must be finite, and a bus bandwidth"),
+    (["crosscheck", "--scale-down", "--plan", "dp_shard=1000000"], "up to 4,096 ranks"),
     (["evaluate", "--plan", "tp=8,pp=8,mbs=1,recompute=full,recompute_layers=100"], "allowed 1..10"),
 ])
 def test_malformed_inputs_name_the_field_and_exit_2_without_a_traceback(capsys, tmp_path, args, says):
@@ -240,6 +243,9 @@ def test_malformed_inputs_name_the_field_and_exit_2_without_a_traceback(capsys, 
         "node3.toml": 'accelerator = "h100-sxm"\nnode = 3\n',
         "profile_inf.json": fit + '"busbw_bytes_per_s": 2e10, "ranks_per_node": 1e999}}}',
         "profile_slow.json": fit + '"busbw_bytes_per_s": 1e-300}}}',
+        "profile_op.json": '{"schema": "meshplan.profile/1", "collective_fits": {"frobnicate@warp_link": '
+                           '{"alpha_s": 1e-5, "busbw_bytes_per_s": 2e10}}}',
+        "profile_neg.json": fit + '"busbw_bytes_per_s": -2e10}}}',
         "big.toml": 'name = "big"\nn_layers = 1000000000000\nhidden = 256\nn_heads = 4\nn_kv_heads = 4\n'
                     'ffn_hidden = 1024\nvocab = 1000\n',
         "huge_batch.toml": 'global_batch_tokens = "1000000G"\n',

@@ -43,6 +43,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from meshplan.cost.collectives import COLLECTIVES
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec
 from meshplan.units import GB, MIN_LINK_BYTES_PER_S
@@ -85,7 +86,10 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
             raise SpecError(f"profile.collective_fits.{key}", "needs 'op@link' keys with alpha_s and "
                                                               "busbw_bytes_per_s numbers (and a whole "
                                                               "ranks_per_node)") from None
-        if not (math.isfinite(busbw) and math.isfinite(alpha)) or 0 < busbw < MIN_LINK_BYTES_PER_S:
+        if op not in COLLECTIVES or link not in ("intra_node", "inter_node"):
+            raise SpecError(f"profile.collective_fits.{key}", f"op must be one of {', '.join(COLLECTIVES)} and "
+                                                              "link intra_node or inter_node")
+        if not (math.isfinite(busbw) and math.isfinite(alpha)) or 0 < busbw < MIN_LINK_BYTES_PER_S or busbw < 0:
             raise SpecError(f"profile.collective_fits.{key}", "alpha_s and busbw_bytes_per_s must be finite, and "
                                                               "a bus bandwidth at least 1 MB/s (or 0: unmeasured)")
         alpha = max(0.0, alpha)

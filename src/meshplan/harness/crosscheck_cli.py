@@ -23,6 +23,11 @@ DEFAULT_RUN_SEQ_LEN = 64
 DEFAULT_MICRO_BATCHES = 2
 
 
+MAX_CROSSCHECK_WORLD = 4096
+"""The largest world size ``crosscheck`` builds (a mesh of that many fake ranks, and degrees such as
+dp_shard=4096 that the planner's own plans reach)."""
+
+
 def register(subparsers: Any, add_scenario: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add the ``crosscheck`` subcommand to the meshplan CLI."""
     p = subparsers.add_parser(
@@ -65,6 +70,12 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
     if args.micro_batches < 1:
         raise SpecError("micro_batches", f"must be >= 1; got {args.micro_batches}")
     plan = parse_plan(args.plan)
+    if plan.world_size > MAX_CROSSCHECK_WORLD:
+        raise SpecError("plan", f"world size {plan.world_size:,} (the product of its degrees); the cross-check "
+                                f"builds the plan in one process under a fake process group, up to "
+                                f"{MAX_CROSSCHECK_WORLD:,} ranks")
+    if args.micro_batches > 64:
+        raise SpecError("micro_batches", f"at most 64 on the CPU; got {args.micro_batches}")
     seq_len = args.seq_len or reference_seq_len(model, DEFAULT_RUN_SEQ_LEN)
     result = crosscheck(model, plan, seq_len=seq_len, n_micro=args.micro_batches)
     if args.json:
