@@ -188,8 +188,8 @@ def _catalog_accelerator(name: str) -> str:
     (["evaluate", "--plan", "dp_shard=-1", "--nodes", "10000000"], "cluster.nodes: at most"),
     (["evaluate", "--plan", "dp_shard=64", "--inter-node-bandwidth", "1e-320"], "between 0.001 and"),
     (["evaluate", "--plan", "dp_shard=64", "--mfu", "1e-320"], "argument --mfu"),
-    (["evaluate", "--plan", "dp_shard=64", "--job", "{inf_job}"], "job.reduce_dtype_bytes: must be a number from 0 "
-                                                                  "to 8, got inf"),
+    (["evaluate", "--plan", "dp_shard=64", "--job", "{inf_job}"], "job.reduce_dtype_bytes: must be a positive number "
+                                                                  "of at most 8, got inf"),
     (["evaluate", "--plan", "dp_shard=64", "--job", "{nan_job}"], "job.moe_routing_imbalance"),
     (["evaluate", "--plan", "dp_shard=64", "--profile", "{profile}"], "profile.gemm_best_flop_per_s"),
     (["evaluate", "--plan", "dp_shard=64", "--profile", "{profile_inf}"], "profile.collective_fits.all_gather@"),
@@ -330,3 +330,27 @@ def test_options_of_an_axis_the_plan_does_not_have_are_refused(capsys, plan, say
     Megatron accepts it (published rows record it so)."""
     code, _, err = run(capsys, "evaluate", "--plan", plan)
     assert code == 2 and says in err, err
+
+
+def test_conditions_walk_past_a_depth_the_model_cannot_have(capsys, tmp_path):
+    """A four-layer model with one MTP depth: the conditions' layer walk halves the depth to one layer,
+    which the model spec refuses (MTP depths below the layers); that value cannot be built, and the report
+    goes on (a review found plan and report stopping there with the spec's error)."""
+    spec = tmp_path / "tiny.toml"
+    spec.write_text('name = "tiny-mtp"\nn_layers = 4\nhidden = 1024\nn_heads = 16\nn_kv_heads = 16\n'
+                    'ffn_hidden = 4096\nvocab = 32000\nmtp_layers = 1\n')
+    code, out, err = run(capsys, "plan", "--model", str(spec), "--nodes", "1", "--seq-len", "2048",
+                         "--batch-tokens", "256K", "--jobs", "1")
+    assert code == 0, err
+    assert "When to change the plan" in out
+
+
+def test_the_tp_alternative_runs_without_sequence_parallelism_where_the_sequence_does_not_split(capsys):
+    """Question 3's TP=8 plan at a sequence of 4,100 tokens (not a multiple of 8): sequence parallelism
+    cannot split it, so the plan runs without it, as the search would, rather than leaving the section
+    empty."""
+    code, out, err = run(capsys, "plan", "--model", "llama-3-8b", "--nodes", "2", "--seq-len", "4100",
+                         "--batch-tokens", str(4100 * 64), "--no-conditions", "--jobs", "1")
+    assert code == 0, err
+    section = out.split("3. The 2-D alternative")[1].split("4. ")[0]
+    assert "Predicted tp (intra_node, 8 GPUs)" in section

@@ -173,7 +173,7 @@ def test_the_layer_walk_redoes_megatrons_split_for_each_layer_count():
     layers = knob(model, cluster, job, "layers")
     at_252 = _evaluate_at(layers, 252, base, None)
     assert at_252 is not None and at_252.plan.layout == ""  # 64 chunks divide 252 layers
-    assert _resplit(split, layers.apply(190)[0]).layout == "Et*2|(t*3|)*62t*2L"
+    assert _resplit(split, *layers.apply(190)[::2]).layout == "Et*2|(t*3|)*62t*2L"
     assert _evaluate_at(layers, 63, base, None) is None  # 64 chunks for 63 layers: no such plan
     assert layout_key(split) == layout_key(parse_plan(text))
     assert layout_key(parse_plan(text + ",layout=Et*3|(t*2|)*61t*1|L")) != layout_key(parse_plan(text))
@@ -491,13 +491,18 @@ def test_the_simplified_mode_counts_an_moe_models_active_parameters():
 def test_a_condition_on_depth_keeps_a_candidate_that_recomputed_more_layers_than_a_stage_now_holds():
     """Partial recomputation of 15 layers per stage, at half the depth (10 a stage): recompute them all, as
     the plan did before the check of recompute_layers made the count an error (a reviewer's reproducer)."""
-    from meshplan import load_model
+    from meshplan import JobSpec, load_model
     from meshplan.search.conditions import _resplit
     from meshplan.specs import Plan
     half = replace_layers(load_model("seed-70b"), 40)
     plan = Plan(tp=8, pp=4, dp_shard=2, mbs=1, recompute="full", recompute_layers=15)
-    assert _resplit(plan, half).recompute_layers is None
-    assert _resplit(plan, load_model("seed-70b")).recompute_layers == 15
+    job = JobSpec(global_batch_tokens=4096 * 64, seq_len=4096)
+    assert _resplit(plan, half, job).recompute_layers is None
+    assert _resplit(plan, load_model("seed-70b"), job).recompute_layers == 15
+    # and at a sequence TP does not split, without sequence parallelism (nor the async TP riding on it)
+    odd = _resplit(Plan(tp=8, pp=4, dp_shard=2, async_tp=True), half, JobSpec(global_batch_tokens=4100 * 64,
+                                                                               seq_len=4100))
+    assert odd.sp is False and not odd.async_tp
 
 
 def replace_layers(model, n):
@@ -629,3 +634,29 @@ def test_memory_chart_draws_the_hbm_capacity_and_the_sweep_names_families(monkey
     monkeypatch.setattr(charts, "changes", lambda points: [])
     charts.sweep_chart([point], xlabel="gpus", log_x=False)
     assert labels == ["best FSDP full shard plan", "best pipeline plan", "recommended"]
+
+
+def test_sequence_parallelism_turned_off_is_no_choice_where_the_sequence_cannot_split():
+    """rank.complexity counts sp=false as an option where sequence parallelism could run, not where the
+    sequence does not split over TP (the search then runs every TP plan without it)."""
+    from meshplan import Plan
+    from meshplan.search.rank import complexity
+
+    plan = Plan(tp=8, dp_shard=2, sp=False)
+    assert complexity(plan, 4096) == complexity(Plan(tp=8, dp_shard=2), 4096) + 1
+    assert complexity(plan, 4100) == complexity(Plan(tp=8, dp_shard=2), 4100)
+
+
+def test_the_simulator_counts_zb_vs_two_chunks_per_rank():
+    """simulable counts chunk passes: ZB-V's two model chunks per rank double them."""
+    from dataclasses import replace
+
+    from meshplan import JobSpec, evaluate, load_cluster, load_model, parse_plan
+    from meshplan.sim.simulate import MAX_PIPELINE_PASSES, simulable
+
+    model, cluster = load_model("llama-3-8b"), load_cluster("h100-sxm", nodes=1)
+    job = JobSpec(global_batch_tokens=4096 * 8, seq_len=4096)
+    est = evaluate(model, cluster, job, parse_plan("pp=2,dp_shard=4,mbs=1,schedule=zb-v", 8))
+    m = MAX_PIPELINE_PASSES // 2  # one chunk per rank would fit; ZB-V's two do not
+    assert not simulable(replace(est, n_microbatches=m))
+    assert simulable(replace(est, n_microbatches=m // 2))

@@ -46,6 +46,7 @@ from typing import Any
 from meshplan.cost.collectives import COLLECTIVES
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec
+from meshplan.specs.hardware import MAX_LATENCY_S
 from meshplan.units import GB, MIN_LINK_BYTES_PER_S
 
 SCHEMA = "meshplan.profile/1"
@@ -92,6 +93,9 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
         if not (math.isfinite(busbw) and math.isfinite(alpha)) or 0 < busbw < MIN_LINK_BYTES_PER_S or busbw < 0:
             raise SpecError(f"profile.collective_fits.{key}", "alpha_s and busbw_bytes_per_s must be finite, and "
                                                               "a bus bandwidth at least 1 MB/s (or 0: unmeasured)")
+        if alpha > MAX_LATENCY_S:
+            raise SpecError(f"profile.collective_fits.{key}", f"alpha_s must be at most {MAX_LATENCY_S:g} s (a "
+                                                              f"collective's fixed latency); got {alpha:g}")
         alpha = max(0.0, alpha)
         if busbw <= 0:
             continue

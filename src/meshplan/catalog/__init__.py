@@ -25,7 +25,7 @@ from meshplan.specs import (
     RuntimeOverheads,
 )
 from meshplan.specs._validate import fraction, positive_int, positive_number
-from meshplan.specs.hardware import MAX_LATENCY_S, MIN_FLOP_PER_S
+from meshplan.specs.hardware import MAX_LATENCY_S, MIN_FLOP_PER_S, MIN_HBM_BYTES
 from meshplan.units import GB, MICRO, MIN_LINK_BYTES_PER_S, TERA, GiB, parse_size
 
 _ACCEL_KEYS = {"name", "description", "bf16_dense_tflop_per_s", "fp8_dense_tflop_per_s", "hbm_capacity_gib",
@@ -60,7 +60,8 @@ def _read_toml(what: str, ref: str, kind: str) -> tuple[dict[str, Any], str]:
         if not path.is_file():
             kind_of = ("a directory" if path.is_dir() else "not a regular file" if path.exists() else "")
             raise SpecError(what, f"spec file {ref!r} " + (f"is {kind_of}" if kind_of else "not found")
-                            + "; give a .toml spec file or a catalog name")
+                            + ("; give a .toml spec file" if kind == "jobs" else
+                               "; give a .toml spec file or a catalog name"))
         try:
             text, origin = path.read_text(encoding="utf-8"), str(path)
         except UnicodeDecodeError as exc:
@@ -179,7 +180,7 @@ def _accelerator(data: dict[str, Any], origin: str) -> AcceleratorSpec:
         bf16_flop_per_s=_number("accelerator", data, "bf16_dense_tflop_per_s", TERA, least=MIN_FLOP_PER_S),
         fp8_flop_per_s=_number("accelerator", data, "fp8_dense_tflop_per_s", TERA, None,
                                least=MIN_FLOP_PER_S),
-        hbm_capacity_bytes=_number("accelerator", data, "hbm_capacity_gib", GiB),
+        hbm_capacity_bytes=_number("accelerator", data, "hbm_capacity_gib", GiB, least=MIN_HBM_BYTES),
         hbm_bytes_per_s=_number("accelerator", data, "hbm_bandwidth_tb_per_s", 1e12, least=MIN_LINK_BYTES_PER_S),
         gemm_efficiency=_number("accelerator", data, "gemm_efficiency", check=fraction),
         sources=sources,

@@ -20,9 +20,9 @@ def ulysses_fits(model: ModelSpec, tp: int, cp: int) -> bool:
     return not (model.n_heads // tp % cp or (not model.is_mla and model.n_kv_heads // tp % cp))
 
 
-def sequence_parallel_fits(job: JobSpec, tp: int, cp: int) -> bool:
+def sequence_parallel_fits(seq_len: int, tp: int, cp: int) -> bool:
     """Whether sequence parallelism can split the tokens each CP rank holds of a sequence over ``tp``."""
-    return job.seq_len // cp % tp == 0
+    return seq_len // cp % tp == 0
 
 
 def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan) -> None:
@@ -46,7 +46,7 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
             heads, kv = model.n_heads // plan.tp, (model.n_kv_heads // plan.tp if not model.is_mla else 0)
             raise SpecError("plan.cp", f"Ulysses all-to-all needs cp to divide the heads per TP rank "
                                            f"({heads} query, {kv} KV); got cp={plan.cp}")
-    if plan.sequence_parallel and not sequence_parallel_fits(job, plan.tp, plan.cp):
+    if plan.sequence_parallel and not sequence_parallel_fits(job.seq_len, plan.tp, plan.cp):
         where = f"the {job.seq_len // plan.cp} tokens each CP rank holds" if plan.cp > 1 else \
             f"seq_len={job.seq_len}"
         raise SpecError("plan.sp", f"sequence parallelism splits {where} over tp={plan.tp}, which must divide "

@@ -10,11 +10,15 @@ from dataclasses import dataclass, replace
 
 from meshplan.cost.estimate import Estimate
 from meshplan.cost.pipeline import plan_stage_layers
+from meshplan.cost.validate import sequence_parallel_fits
+from meshplan.errors import SpecError
 from meshplan.parallel import parallel_map
 from meshplan.search.rank import TIE_BAND, rank
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.specs.layout import is_embedding_loss_layout, resplit
 from meshplan.units import GB, format_tokens
+
+Scenario = tuple[ModelSpec, ClusterSpec, JobSpec]
 
 SearchFn = Callable[[ModelSpec, ClusterSpec, JobSpec], list[Estimate]]
 """The feasible plans of a full search of a scenario, ranked as ``plan`` ranks them (with the leading plans
@@ -114,8 +118,6 @@ KNOB_NAMES = {"batch-tokens": "batch_tokens", "inter-node-bandwidth": "inter_nod
 
 def knob(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, name: str) -> _Knob:
     """The condition called ``name`` (CLI spelling, e.g. 'batch-tokens'), around this scenario."""
-    from meshplan.errors import SpecError
-
     key = KNOB_NAMES.get(name, name)
     for k in _knobs(model, cluster, job):
         if k.name == key:
@@ -147,13 +149,24 @@ def _knobs(model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> list[_Knob]:
 
     def layers(v: float) -> tuple[ModelSpec, ClusterSpec, JobSpec] | None:
         n = int(v)
-        if n < 1 or n <= model.n_dense_layers:
+        if n < 1 or n <= model.n_dense_layers or n <= model.mtp_layers:
             return None
         return replace(model, n_layers=n, nominal_params=None), cluster, job
 
     def whole(v: float) -> str:
         return f"{int(v):,}"
 
+    def built(apply: Callable[[float], Scenario | None]) -> Callable[[float], Scenario | None]:
+        """``apply``, None where the specs refuse the value (more GPUs than meshplan plans for, a link
+        below 1 MB/s, fewer layers than the model's MTP depths): a scenario that cannot be built."""
+        def checked(v: float) -> Scenario | None:
+            try:
+                return apply(v)
+            except SpecError:
+                return None
+        return checked
+
+    batch, bandwidth, gpus, seq, layers = (built(f) for f in (batch, bandwidth, gpus, seq, layers))
     return [
         _Knob("batch_tokens", "tokens per step", job.global_batch_tokens, batch, True, True,
               lambda sc: sc[2].global_batch_tokens, format_tokens, "tokens per step"),
@@ -237,10 +250,13 @@ def rescale(plan: Plan, n_gpus: int) -> Plan | None:
     return plan.unfixed(dp_shard=dp)
 
 
-def _resplit(plan: Plan, model: ModelSpec) -> Plan:
+def _resplit(plan: Plan, model: ModelSpec, job: JobSpec) -> Plan:
     """``plan`` for ``model``'s layer count: Megatron's embedding-and-loss split redone for it, and partial
     recomputation of more layers than a stage now holds made full (the plan with its layers changed is
-    the same plan)."""
+    the same plan); and for ``job``'s sequence, without sequence parallelism (nor async TP, which rides on
+    it) where the sequence does not split over TP, as the search runs it there."""
+    if plan.sequence_parallel and not sequence_parallel_fits(job.seq_len, plan.tp, plan.cp):
+        plan = replace(plan, sp=False, async_tp=False)
     layout = resplit(plan.layout, model.n_layers)
     if layout != plan.layout:
         plan = replace(plan, layout=layout)
@@ -308,8 +324,6 @@ def _candidates_at(knob: _Knob, v: float, candidates: list[Plan], mfu: float | N
     """The ``candidates`` that fit at ``v``, ranked (the closed form), and whether any of them can be built
     there at all."""
     from meshplan.cost.step import evaluate
-    from meshplan.errors import SpecError
-
     scenario = knob.apply(v)
     if scenario is None:
         return [], False
@@ -321,7 +335,7 @@ def _candidates_at(knob: _Knob, v: float, candidates: list[Plan], mfu: float | N
         sized = rescale(plan, cluster.n_gpus) if plan.world_size != cluster.n_gpus else plan
         if sized is None:
             continue
-        sized = _resplit(sized, model)
+        sized = _resplit(sized, model, job)
         try:
             ests.append(evaluate(model, cluster, job, sized, mfu=mfu))
         except SpecError:
@@ -447,8 +461,6 @@ def _evaluate_at(knob: _Knob, value: float, base: Estimate, mfu: float | None, t
     """The recommended plan itself, re-evaluated at ``value`` and re-sized to its GPU count (None where it
     cannot be built there); by ``timed`` where given, else by the closed form."""
     from meshplan.cost.step import evaluate
-    from meshplan.errors import SpecError
-
     scenario = knob.apply(value)
     if scenario is None:
         return None
@@ -456,7 +468,7 @@ def _evaluate_at(knob: _Knob, value: float, base: Estimate, mfu: float | None, t
     plan = rescale(base.plan, cluster.n_gpus) if base.plan.world_size != cluster.n_gpus else base.plan.unfixed()
     if plan is None:
         return None
-    plan = _resplit(plan, model)
+    plan = _resplit(plan, model, job)
     if timed is not None:
         return timed(model, cluster, job, plan)
     try:

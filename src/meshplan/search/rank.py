@@ -4,6 +4,7 @@ simpler plan (fewer parallel axes, fewer non-default options) and then more memo
 from __future__ import annotations
 
 from meshplan.cost.estimate import Estimate
+from meshplan.cost.validate import sequence_parallel_fits
 from meshplan.specs import Plan
 
 TIE_BAND = 0.05
@@ -11,12 +12,16 @@ TIE_BAND = 0.05
 (README, Validation), so a smaller gap is no reason to take on another parallel axis."""
 
 
-def complexity(plan: Plan) -> int:
-    """How exotic a plan is: one point per parallel axis in use and per non-default option."""
+def complexity(plan: Plan, seq_len: int | None = None) -> int:
+    """How exotic a plan is: one point per parallel axis in use and per non-default option; sequence
+    parallelism turned off is no choice where ``seq_len`` does not split over TP (search.space runs such
+    plans without it)."""
     axes = sum(1 for d in (plan.dp_shard, plan.dp_replicate, plan.tp, plan.pp, plan.cp, plan.ep) if d > 1)
     options = ((plan.sharding != "fsdp") + (plan.schedule not in ("1f1b",) and plan.pp > 1)
                + len(plan.explicit_options()) + (plan.recompute_layers is not None))
-    return axes + options
+    forced = (plan.sp is False and plan.tp > 1 and seq_len is not None
+              and not sequence_parallel_fits(seq_len, plan.tp, plan.cp))
+    return axes + options - forced
 
 
 def rank(estimates: list[Estimate]) -> list[Estimate]:
@@ -31,7 +36,7 @@ def rank(estimates: list[Estimate]) -> list[Estimate]:
     limit = feasible[0].step_time_s * (1.0 + TIE_BAND)
     ties = [e for e in feasible if e.step_time_s <= limit]
     rest = [e for e in feasible if e.step_time_s > limit]
-    ties.sort(key=lambda e: (complexity(e.plan), -e.memory.headroom_bytes, e.step_time_s))
+    ties.sort(key=lambda e: (complexity(e.plan, e.seq_len), -e.memory.headroom_bytes, e.step_time_s))
     return ties + rest + infeasible
 
 

@@ -235,7 +235,7 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space:
                     continue
                 plan = Plan(dp_replicate=dr, dp_shard=ds, cp=cp, tp=tp, pp=pp, ep=ep, sharding=sharding,
                             schedule=schedule, vpp=vpp, layout=layout)
-                if tp > 1 and not sequence_parallel_fits(job, tp, cp):  # run without sequence parallelism
+                if tp > 1 and not sequence_parallel_fits(job.seq_len, tp, cp):  # run without sequence parallelism
                     if model.is_moe and plan.runs_megatron_layers(job.software):  # which Megatron's MoE needs
                         continue
                     plan = replace(plan, sp=False)

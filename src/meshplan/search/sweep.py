@@ -52,10 +52,7 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, name: str, value
     k = knob(model, cluster, job, name)
     scenarios: dict[float, tuple[ModelSpec, ClusterSpec, JobSpec]] = {}
     for v in (float(round(v)) if k.integer else v for v in values):
-        try:
-            scenario = k.apply(v)
-        except SpecError:  # a value the specs refuse (more GPUs than meshplan plans for): not built, as None
-            scenario = None
+        scenario = k.apply(v)  # None where it cannot be built, the specs refusing the value included
         if scenario is not None:  # at the value evaluated: apply rounds to whole sequences or nodes
             scenarios.setdefault(k.read(scenario), scenario)
 

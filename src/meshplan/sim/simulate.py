@@ -148,7 +148,8 @@ stands alone."""
 def simulable(est: Estimate) -> bool:
     """Whether ``simulate`` times ``est``: it has stage detail and, pipelined, at most MAX_PIPELINE_PASSES."""
     plan = est.plan
-    return bool(est.stages) and (plan.pp == 1 or est.n_microbatches * plan.pp * plan.vpp <= MAX_PIPELINE_PASSES)
+    return bool(est.stages) and (plan.pp == 1 or est.n_microbatches * plan.pp * plan.model_chunks
+                                 <= MAX_PIPELINE_PASSES)
 
 
 def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimResult:

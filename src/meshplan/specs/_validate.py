@@ -35,6 +35,7 @@ def positive_number(field: str, value: object, least: float = 0.0, most: float =
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf \
             or not least <= value <= most:
         bounds = ("a positive finite number" if (least, most) == (0.0, math.inf) else
+                  f"a positive number of at most {most:g}" if not least else
                   f"a number from {least:g} to {most:g}" if most < math.inf else f"a number of at least {least:g}")
         raise SpecError(field, f"must be {bounds}, got {_shown(value)}")
 

@@ -11,6 +11,8 @@ from meshplan.units import MIN_LINK_BYTES_PER_S
 MIN_FLOP_PER_S = 1e9
 """The slowest accelerator a spec may describe (1 GFLOP/s; a GPU of the last decade does 1e13 and more):
 below it, and below MIN_LINK_BYTES_PER_S for a link or memory, every time would be meaningless."""
+MIN_HBM_BYTES = float(2**20)
+"""The smallest memory an accelerator spec may have (1 MiB)."""
 MAX_LATENCY_S = 1.0
 """The longest fixed latency a link spec may give (real ones are microseconds)."""
 
@@ -41,7 +43,7 @@ class AcceleratorSpec:
         positive_number(f"accelerator[{self.name}].bf16_flop_per_s", self.bf16_flop_per_s, least=MIN_FLOP_PER_S)
         if self.fp8_flop_per_s is not None:
             positive_number(f"accelerator[{self.name}].fp8_flop_per_s", self.fp8_flop_per_s, least=MIN_FLOP_PER_S)
-        positive_number(f"accelerator[{self.name}].hbm_capacity_bytes", self.hbm_capacity_bytes, least=2.0**20)
+        positive_number(f"accelerator[{self.name}].hbm_capacity_bytes", self.hbm_capacity_bytes, least=MIN_HBM_BYTES)
         positive_number(f"accelerator[{self.name}].hbm_bytes_per_s", self.hbm_bytes_per_s,
                         least=MIN_LINK_BYTES_PER_S)
         fraction(f"accelerator[{self.name}].gemm_efficiency", self.gemm_efficiency)
