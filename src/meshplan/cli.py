@@ -177,8 +177,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not points:
         raise SpecError("sweep.vary", f"none of the {len(values)} values of {name} from {lo:g} to {hi:g} gives a "
                                       "scenario that can be built (whole sequences per step that the batch splits "
-                                      "into, whole nodes, layers the model can take): widen the range or add "
-                                      "--points")
+                                      "into, whole nodes, layers the model can take, sequences of at least "
+                                      "128 tokens that divide the batch): widen the range or add --points")
     if args.plot:
         from meshplan.report.charts import sweep_chart
 

@@ -361,6 +361,12 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
           timed: TimeFn | None = None) -> _WalkEnd:
     base_key = layout_key(base.plan)
 
+    def key_at(v: float) -> str:
+        """The recommendation's layout key as it runs at ``v``: without sequence parallelism where the
+        sequence no longer splits over TP (_resplit), so that the same plan is not taken for another."""
+        scenario = knob.apply(v)
+        return base_key if scenario is None else layout_key(_resplit(base.plan, scenario[0], scenario[2]))
+
     def held(v: float) -> float:  # as evaluated; the base is the scenario's own value, not rounded
         return knob.base if v == knob.base else knob.applied(v)
 
@@ -380,7 +386,8 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
     def changed(v: float, fitting: list[Estimate], confirming: bool = False) -> bool:
         """Whether a plan of another layout than the recommendation's is more than the tie band faster at
         ``v``, or the recommendation does not fit there while another plan does."""
-        others = [e for e in fitting if layout_key(e.plan) != base_key]
+        mine_key = key_at(v)
+        others = [e for e in fitting if layout_key(e.plan) != mine_key]
         if not others:
             return False
         mine = mine_at(v, confirming)
@@ -418,8 +425,9 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
         if not changed(hi, ranked, confirming=True):  # the full search keeps it at hi; past hi only the
             same = hi  # candidates were seen
             continue
-        other = next((e for e in ranked if layout_key(e.plan) != base_key), ranked[0])  # what plan recommends
-        fastest = min((e for e in ranked if layout_key(e.plan) != base_key), key=lambda e: e.step_time_s)
+        mine_key = key_at(hi)
+        other = next((e for e in ranked if layout_key(e.plan) != mine_key), ranked[0])  # what plan recommends
+        fastest = min((e for e in ranked if layout_key(e.plan) != mine_key), key=lambda e: e.step_time_s)
         base_then = mine_at(hi, True)
         mine_s = base_then.step_time_s if (base_then and base_then.feasible) else float("inf")
         speedup = mine_s / other.step_time_s
