@@ -384,3 +384,21 @@ def test_micro_batch_divisors_are_every_divisor_largest_first(n):
     from meshplan.cost.step import _divisors_descending
 
     assert _divisors_descending(n) == [d for d in range(n, 0, -1) if n % d == 0]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(models(), clusters(nodes=st.sampled_from([1, 2])), st.sampled_from([1000, 1025, 2049, 4095, 4100, 4096]),
+       st.sampled_from([16, 64]))
+def test_the_search_finds_plans_at_any_sequence_length(model, cluster, seq_len, seqs):
+    """Whatever the sequence length (odd, or not a multiple of TP), the search enumerates plans, evaluates
+    them without raising (each passes validate_plan), and finds the data-parallel plans at least: an odd
+    length had emptied it (the review of the twenty-first session)."""
+    from meshplan import JobSpec, Space, search
+
+    job = JobSpec(global_batch_tokens=seqs * seq_len, seq_len=seq_len)
+    result = search(model, cluster, job, Space())
+    assert result.n_plans > 0
+    assert any(e.plan.tp == 1 and e.plan.pp == 1 and e.plan.cp == 1 for e in result.ranked)
+    for e in result.ranked:
+        if e.plan.sequence_parallel:
+            assert (seq_len // e.plan.cp) % e.plan.tp == 0
