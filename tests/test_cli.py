@@ -354,3 +354,10 @@ def test_the_tp_alternative_runs_without_sequence_parallelism_where_the_sequence
     assert code == 0, err
     section = out.split("3. The 2-D alternative")[1].split("4. ")[0]
     assert "Predicted tp (intra_node, 8 GPUs)" in section
+
+
+def test_a_sweep_says_where_its_evaluated_values_leave_the_range(capsys):
+    """GPUs move in whole nodes: gpus=1..7 on 8-GPU nodes evaluates 8, and says so."""
+    code, out, err = run(capsys, "sweep", "--vary", "gpus=1..7", "--points", "2", "--jobs", "1")
+    assert code == 0, err
+    assert "8 lies outside 1..7" in out and "whole nodes of 8" in out

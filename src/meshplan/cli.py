@@ -212,6 +212,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"{fmt(p.value):>14}  no plan fits")
     for a, b, pa, pb in changes(points):
         print(f"between {fmt(a)} and {fmt(b)}: {pa} -> {pb}")
+    outside = [p.value for p in points if not lo * (1 - 1e-9) <= p.value <= hi * (1 + 1e-9)]
+    if outside:
+        steps = {"gpus": f"whole nodes of {cluster.gpus_per_node}", "batch-tokens": "whole sequences",
+                 "layers": "whole layers"}.get(name, "whole units")
+        print(f"note: values are as evaluated ({name} moves in {steps}); {', '.join(fmt(v) for v in outside)} "
+              f"lie{'s' if len(outside) == 1 else ''} outside {fmt(lo)}..{fmt(hi)}")
     return 0
 
 
