@@ -103,9 +103,9 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
     per_replica = max(1, job.global_batch_seqs // plan.dp)
     sharded, gpn = plan.sharding == "fsdp" and plan.shard_degree > 1, cluster.gpus_per_node
     tp_opts: list[tuple[bool | None, bool]] = [(plan.sp, False)]
-    if plan.sp is False:  # the sequence does not split over TP (sequence_parallel_fits): no SP, no async TP
-        pass
-    elif plan.tp > 1 and not (model.is_moe and plan.runs_megatron_layers(job.software)):  # Megatron's MoE: SP with TP
+    # sp=False on a base plan: the sequence does not split over TP (enumerate_plans), so no SP or async-TP
+    # variants; Megatron's MoE layers run TP only with SP
+    if plan.tp > 1 and plan.sp is not False and not (model.is_moe and plan.runs_megatron_layers(job.software)):
         tp_opts.append((False, False))
         if plan.sharding in ("fsdp", "megatron"):
             tp_opts.append((None, True))
