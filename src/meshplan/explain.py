@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from meshplan.cost.estimate import Estimate
 from meshplan.cost.simplified import evaluate_simplified
 from meshplan.cost.step import HOST_BOUND, OFFLOAD, batch_split_reasons, evaluate, offload_offered
-from meshplan.cost.validate import sequence_parallel_fits
+from meshplan.cost.validate import without_unsplit_sp
 from meshplan.errors import SpecError
 from meshplan.search.conditions import Condition, HeldRange, find_conditions
 from meshplan.search.rank import TIE_BAND
@@ -308,7 +308,7 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
     q3 = Question(f"The 2-D alternative: TP={g} inside each node x data parallel across nodes")
     if n % g == 0 and model.n_heads % g == 0 and (model.is_mla or model.n_kv_heads % g == 0) and n > g:
         # without sequence parallelism where the sequence does not split over the node, as the search runs it
-        tp_plan = Plan(tp=g, dp_shard=n // g, sp=None if sequence_parallel_fits(job.seq_len, g, 1) else False)
+        tp_plan = without_unsplit_sp(Plan(tp=g, dp_shard=n // g), job.seq_len)
         tp = _try(model, cluster, job, tp_plan, mfu)
         if tp:
             q3.estimates["tp"] = tp

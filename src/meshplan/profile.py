@@ -90,7 +90,7 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
         if op not in COLLECTIVES or link not in ("intra_node", "inter_node"):
             raise SpecError(f"profile.collective_fits.{key}", f"op must be one of {', '.join(COLLECTIVES)} and "
                                                               "link intra_node or inter_node")
-        if not (math.isfinite(busbw) and math.isfinite(alpha)) or 0 < busbw < MIN_LINK_BYTES_PER_S or busbw < 0:
+        if not (math.isfinite(busbw) and math.isfinite(alpha)) or (busbw != 0 and busbw < MIN_LINK_BYTES_PER_S):
             raise SpecError(f"profile.collective_fits.{key}", "alpha_s and busbw_bytes_per_s must be finite, and "
                                                               "a bus bandwidth at least 1 MB/s (or 0: unmeasured)")
         if alpha > MAX_LATENCY_S:

@@ -127,15 +127,17 @@ def _number(what: str, data: dict[str, Any], key: str, scale: float = 1.0, defau
             check: Any = positive_number, least: float = 0.0, most: float = math.inf) -> Any:
     """``data[key]`` (a number as the file writes it, checked under the file's own key) times ``scale``;
     ``default`` where absent (required where no default is given). ``least`` and ``most`` bound the scaled
-    value (the specs' physical ranges, specs.hardware), said in the file's units."""
+    value (the specs' physical ranges, specs.hardware), said in the file's units; they take the place of
+    ``check``, so give them only with the default one."""
     if key not in data:
         if default is _ABSENT:
             raise SpecError(f"{what}.{key}", "is missing")
         return default
     value = data[key]
-    if least or most < math.inf:
+    if least or most < math.inf:  # the default check, bounded
         positive_number(f"{what}.{key}", value, least=least / scale, most=most / scale)
-    check(f"{what}.{key}", value)
+    else:
+        check(f"{what}.{key}", value)
     return value * scale if check is positive_int else float(value) * scale
 
 

@@ -4,6 +4,8 @@ memory, which are estimates with ``feasible=False``)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from meshplan.cost.pipeline import plan_stage_layers
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
@@ -23,6 +25,15 @@ def ulysses_fits(model: ModelSpec, tp: int, cp: int) -> bool:
 def sequence_parallel_fits(seq_len: int, tp: int, cp: int) -> bool:
     """Whether sequence parallelism can split the tokens each CP rank holds of a sequence over ``tp``."""
     return seq_len // cp % tp == 0
+
+
+def without_unsplit_sp(plan: Plan, seq_len: int) -> Plan:
+    """``plan`` as it can run on sequences of ``seq_len``: without sequence parallelism (nor async TP, which
+    rides on it) where the sequence does not split over TP (sequence_parallel_fits). The search enumerates
+    such plans so, and the conditions and the report re-time the recommendation and the TP alternative so."""
+    if plan.sequence_parallel and not sequence_parallel_fits(seq_len, plan.tp, plan.cp):
+        return replace(plan, sp=False, async_tp=False)
+    return plan
 
 
 def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from meshplan.cost.estimate import Estimate
 from meshplan.cost.pipeline import plan_stage_layers
-from meshplan.cost.validate import sequence_parallel_fits
+from meshplan.cost.validate import without_unsplit_sp
 from meshplan.errors import SpecError
 from meshplan.parallel import parallel_map
 from meshplan.search.rank import TIE_BAND, rank
@@ -255,8 +255,7 @@ def _resplit(plan: Plan, model: ModelSpec, job: JobSpec) -> Plan:
     recomputation of more layers than a stage now holds made full (the plan with its layers changed is
     the same plan); and for ``job``'s sequence, without sequence parallelism (nor async TP, which rides on
     it) where the sequence does not split over TP, as the search runs it there."""
-    if plan.sequence_parallel and not sequence_parallel_fits(job.seq_len, plan.tp, plan.cp):
-        plan = replace(plan, sp=False, async_tp=False)
+    plan = without_unsplit_sp(plan, job.seq_len)
     layout = resplit(plan.layout, model.n_layers)
     if layout != plan.layout:
         plan = replace(plan, layout=layout)

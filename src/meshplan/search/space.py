@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from meshplan.cost.step import offload_offered
-from meshplan.cost.validate import sequence_parallel_fits, ulysses_fits
+from meshplan.cost.validate import ulysses_fits, without_unsplit_sp
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.specs.plan import (
     FRAMEWORK_CP,
@@ -233,10 +233,9 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space:
                     continue  # each framework runs its own schedules; DeepSpeed pipelines with ZeRO-1 only
                 if cp > 1 and FRAMEWORK_CP[sharding][0] == "a2a" and not ulysses_fits(model, tp, cp):
                     continue
-                plan = Plan(dp_replicate=dr, dp_shard=ds, cp=cp, tp=tp, pp=pp, ep=ep, sharding=sharding,
-                            schedule=schedule, vpp=vpp, layout=layout)
-                if tp > 1 and not sequence_parallel_fits(job.seq_len, tp, cp):  # run without sequence parallelism
-                    if model.is_moe and plan.runs_megatron_layers(job.software):  # which Megatron's MoE needs
-                        continue
-                    plan = replace(plan, sp=False)
+                plan = without_unsplit_sp(Plan(dp_replicate=dr, dp_shard=ds, cp=cp, tp=tp, pp=pp, ep=ep,
+                                                sharding=sharding, schedule=schedule, vpp=vpp, layout=layout),
+                                           job.seq_len)
+                if plan.sp is False and model.is_moe and plan.runs_megatron_layers(job.software):
+                    continue  # Megatron's MoE layers run TP only with sequence parallelism
                 yield plan

@@ -103,9 +103,10 @@ class ModelSpec:
                   "n_dense_layers", "n_expert_groups", "topk_groups", "q_lora_rank", "kv_lora_rank",
                   "qk_rope_head_dim", "v_head_dim", "attention_window", "global_attention_every", "mtp_layers"):
             non_negative_int(f"model.{f}", getattr(self, f), MAX_WIDTH)
-        if self.mtp_layers >= self.n_layers or self.n_dense_layers > self.n_layers:
-            raise SpecError("model.mtp_layers" if self.mtp_layers >= self.n_layers else "model.n_dense_layers",
-                            f"must be below n_layers={self.n_layers}")
+        if self.mtp_layers >= self.n_layers:
+            raise SpecError("model.mtp_layers", f"must be below n_layers={self.n_layers}")
+        if self.n_dense_layers > self.n_layers:
+            raise SpecError("model.n_dense_layers", f"must be at most n_layers={self.n_layers}")
         one_of("model.norm", self.norm, ("rmsnorm", "layernorm"))
         for f in ("gated_mlp", "tied_embeddings", "linear_bias"):
             boolean(f"model.{f}", getattr(self, f))

@@ -211,12 +211,11 @@ class Plan:
         if self.cp_impl is not None and self.cp < 2:
             raise SpecError("plan.cp_impl", f"chooses how context parallelism exchanges K and V; needs cp >= 2, got "
                                             f"cp={self.cp}")
-        if self.pp == 1 and (self.schedule != "1f1b" or self.layout):
-            key = "plan.schedule" if self.schedule != "1f1b" else "plan.layout"
-            raise SpecError(key, "applies to a pipeline; needs pp >= 2, got pp=1")
-        if self.pp == 1 and self.schedule not in ("1f1b", "gpipe"):
-            raise SpecError("plan.schedule", f"{self.schedule} is a pipeline schedule; needs pp >= 2 (without a "
-                                             "pipeline leave it at 1f1b)")
+        if self.pp == 1 and self.schedule != "1f1b":
+            raise SpecError("plan.schedule", f"applies to a pipeline; needs pp >= 2, got pp=1 ({self.schedule} is a "
+                                             "pipeline schedule: without a pipeline leave it at 1f1b)")
+        if self.pp == 1 and self.layout:
+            raise SpecError("plan.layout", "applies to a pipeline; needs pp >= 2, got pp=1")
         if self.vpp > 1 and self.schedule != "interleaved":
             raise SpecError("plan.vpp", f"virtual stages need schedule=interleaved; got schedule={self.schedule}")
         if self.schedule == "interleaved" and self.pp > 1 and self.vpp < 2:
