@@ -697,3 +697,31 @@ def test_torchtitan_context_parallelism_passes_k_and_v_at_every_query_head():
         passes[software] = next(e for e in est.comm if e.purpose == "ring attention KV pass (forward)")
     assert passes["torchtitan"].message_bytes == pytest.approx(4 * passes["generic"].message_bytes)
     assert passes["generic"].message_bytes == pytest.approx(65536 / 8 * 2 * m.kv_dim * 2)
+
+
+def test_torchtitan_ddp_all_reduces_every_micro_batch_and_keeps_bucket_copies():
+    """torchtitan's DDP has no no_sync: its default plan all-reduces each micro-batch (m calls per unit where a
+    no_sync loop issues 1), and the search offers it no other sync. PyTorch's DDP buckets hold a second copy
+    of the gradients; Megatron's own DDP reduces its gradient buffer in place."""
+    from meshplan import Space, search
+
+    model, cluster = load_model("llama-3.2-3b"), load_cluster("h100-sxm", nodes=1)
+
+    def est(software: str, plan: str = "dp_replicate=8,mbs=1"):
+        job = JobSpec(global_batch_tokens=64 * 2048, seq_len=2048, software=software)
+        return evaluate(model, cluster, job, parse_plan(plan))
+
+    def ddp_calls(e) -> int:
+        return sum(x.count for x in e.comm if x.axis == "dp_replicate")
+
+    titan, generic = est("torchtitan"), est("generic")
+    assert titan.n_microbatches == generic.n_microbatches == 8
+    assert titan.plan.effective_grad_sync == "every" and generic.plan.effective_grad_sync == "last"
+    assert ddp_calls(titan) == 8 * ddp_calls(generic)
+    assert est("torchtitan", "dp_replicate=8,mbs=1,grad_sync=last").plan.grad_sync == "last"  # as written
+    grads = titan.memory.terms["grads"]
+    assert titan.memory.terms["ddp_gradient_buckets"] == pytest.approx(grads)
+    assert "ddp_gradient_buckets" not in est("megatron").memory.terms
+    job = JobSpec(global_batch_tokens=64 * 2048, seq_len=2048, software="torchtitan")
+    ddp = [e for e in search(model, cluster, job, Space()).ranked if e.plan.dp_replicate == 8 and e.plan.dp_shard == 1]
+    assert ddp and all(e.plan.effective_grad_sync == "every" for e in ddp)

@@ -131,3 +131,44 @@ def test_partial_recomputation_matches(spec, plan):
     memory, follow the number of layers wrapped."""
     result = _run(spec, f"{plan},recompute=full,recompute_layers={spec.n_layers // 2}")
     assert result.passed, [r for r in result.rows if not r.ok] + [m for m in result.memory if not m.ok]
+
+
+def test_ddp_gradient_buckets_are_a_second_copy_of_the_gradients(spec):
+    """PyTorch DDP (gradient_as_bucket_view=False, its default and torchtitan's) keeps buckets as large as every
+    gradient, in storage of their own: meshplan's ``ddp_gradient_buckets`` term, exactly."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from meshplan.harness.crosscheck import _reset_process_group, predict
+    from meshplan.harness.reference_model import build_model
+
+    plan = meshplan.parse_plan("dp_replicate=4")
+    _reset_process_group(plan.world_size)
+    try:
+        torch.manual_seed(0)
+        model = build_model(spec)
+        ddp = DistributedDataParallel(model, bucket_cap_mb=1)
+        buffers = {}
+
+        def keep(state, bucket):  # the fake process group's futures carry no tensor: complete them here
+            buffers[bucket.index()] = bucket.buffer()
+            fut = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+
+        ddp.register_comm_hook(None, keep)
+        for _ in range(2):  # the second backward runs the rebuilt buckets
+            buffers.clear()
+            tokens = torch.randint(0, spec.vocab, (1, 17))
+            F.cross_entropy(ddp(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        bucket_bytes = sum(b.numel() * b.element_size() for b in buffers.values())
+        grad_storages = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+    finally:
+        dist.destroy_process_group()
+    assert len(buffers) > 1
+    assert not grad_storages & {b.untyped_storage().data_ptr() for b in buffers.values()}
+    est = predict(spec, plan, seq_len=16, mbs=1, n_micro=1)
+    assert est.memory.terms["ddp_gradient_buckets"] == pytest.approx(bucket_bytes, rel=1e-9)
+    assert est.memory.terms["ddp_gradient_buckets"] == pytest.approx(est.memory.terms["grads"], rel=1e-9)

@@ -15,6 +15,11 @@ References
     with set_requires_gradient_sync(False) unsharded gradients accumulate in reduce_dtype.
 [4] V. Korthikanti et al., arXiv:2205.05198, Table 2: activation bytes per layer sbh(34 + 5as/h),
     /t with tensor and sequence parallelism; 2sbh per layer with full recomputation.
+[5] PyTorch DistributedDataParallel (torch/nn/parallel/distributed.py, torch 2.13): the reducer allocates
+    its gradient buckets, together as large as every gradient, when it is built and keeps them; with
+    ``gradient_as_bucket_view=False`` (the default, which torchtitan's ``replicate(..., bucket_cap_mb=100)``
+    keeps) ``param.grad`` is a separate tensor that each bucket copies in before its
+    all-reduce and back after.
 """
 
 from __future__ import annotations
@@ -75,6 +80,14 @@ def model_state_bytes(*, n_params: float, shard_degree: int, state: StateBytes) 
         "master_params": n_params * state.master / d,
         "optimizer_state": n_params * state.optimizer / d,
     }
+
+
+def ddp_bucket_bytes(state_terms: dict[str, float]) -> float:
+    """PyTorch DDP's gradient buckets [bytes]: a second copy of every gradient the rank holds (the
+    ``grads`` terms of ``model_state_bytes``, dense and expert), kept for the whole run [5]. Measured under
+    a fake process group on the reference model: the buckets' buffers total the gradients' bytes exactly
+    and share no storage with ``param.grad`` (tests/test_memory.py)."""
+    return sum(v for k, v in state_terms.items() if k.endswith("grads"))
 
 
 def layer_activation_bytes_per_token(model: ModelSpec, *, ffn_hidden: int, tp: int, sp: bool,

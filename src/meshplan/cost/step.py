@@ -55,10 +55,8 @@ from meshplan.cost.pipeline import (
 from meshplan.cost.validate import recompute_module_needs, validate_plan
 from meshplan.memo import cache_by_identity
 from meshplan.specs import AcceleratorSpec, ClusterSpec, JobSpec, ModelSpec, Plan
-from meshplan.specs.plan import recompute_modules_of
+from meshplan.specs.plan import recompute_modules_of, stack_defaults
 from meshplan.units import GB, GiB, MiB, format_gib
-
-DDP_BUCKET_BYTES = 25 * MiB  # torch DDP default bucket_cap_mb=25
 
 
 class _AccelKey(NamedTuple):
@@ -383,8 +381,8 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
             transient["fsdp_kept_after_forward"] = block_params * 2.0 / raf
         if plan.effective_grad_sync == "last" and plan.sharding == "fsdp":
             transient["unsharded_grad_accumulation"] = (dense_params + expert_params) * job.reduce_dtype_bytes
-    elif plan.sharding == "fsdp" and n_d == 1 and plan.dp_replicate > 1:
-        transient["ddp_buckets"] = 2 * DDP_BUCKET_BYTES
+    elif plan.sharding == "fsdp" and n_d == 1 and plan.dp_replicate > 1 and not plan.runs_megatron_layers(job.software):
+        transient["ddp_gradient_buckets"] = mem.ddp_bucket_bytes(terms)
     rt = job.runtime
     n_groups = 1 + sum(1 for a in ("tp", "cp", "dp_shard", "dp_replicate", "pp", "ep") if c.groups[a].size > 1)
     runtime = {"cuda_context": rt.cuda_context_bytes, "nccl_buffers": rt.nccl_bytes_per_group * n_groups}
@@ -1363,6 +1361,7 @@ def _evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, 
               compute: ComputeParams | None, cutoff_s: float | None, time_infeasible: bool = True
               ) -> Estimate | None:
     validate_plan(model, cluster, job, plan)
+    plan = stack_defaults(job.software, plan)
     if compute is None:
         from meshplan.calibration import compute_params_for  # catalog data, loaded lazily once
 

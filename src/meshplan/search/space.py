@@ -87,7 +87,8 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
     - FSDP2 without a pipeline: ``reshard_after_forward`` False, or the node size (a partial reshard),
       each with gradient sync after every micro-batch or only the last;
     - FSDP2 under a pipeline: reshard and reduce per micro-batch instead of keeping the stage gathered;
-    - DDP: all-reduce after every micro-batch instead of ``no_sync``;
+    - DDP: all-reduce after every micro-batch instead of ``no_sync`` (torchtitan's only way,
+      specs.plan.stack_defaults);
     - Megatron MoE: DeepEP dispatch where it sends less than an all-to-all (the expert-parallel group
       spans nodes, or a GPU holds several experts of a token's top-k), the all-to-all
       overlap with another micro-batch (without a pipeline, or with the interleaved schedule), and
@@ -123,8 +124,8 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
         dp_opts = [(r, g) for r in rafs for g in syncs]
     elif sharded:
         dp_opts.append((True, "every"))
-    elif plan.sharding == "fsdp" and plan.dp_replicate > 1 and per_replica > 1:
-        dp_opts.append((None, "every"))
+    elif plan.sharding == "fsdp" and plan.dp_replicate > 1 and per_replica > 1 and job.software != "torchtitan":
+        dp_opts.append((None, "every"))  # torchtitan's DDP has no no_sync: 'every' is its default (stack_defaults)
     ep_opts: list[tuple[str | None, bool, int | None]] = [(None, False, None)]
     if plan.ep > 1 and model.n_experts and "deepep" in FRAMEWORK_EP_DISPATCH[plan.sharding]:
         pairs = per_replica > 1 and (plan.pp == 1 or plan.schedule == "interleaved")  # a micro-batch to pair

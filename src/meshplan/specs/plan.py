@@ -109,8 +109,9 @@ class Plan:
     grad_sync: str | None = None
     """'every': reduce gradients after every micro-batch; 'last': only after the last (DDP no_sync,
     FSDP2 set_requires_gradient_sync(False), which holds unsharded gradients). None: what each
-    implementation does by default: 'every' for FSDP2 and ZeRO-2/3, 'last' for DDP, ZeRO-1 and
-    Megatron's gradient buffer."""
+    implementation does by default: 'every' for FSDP2 and ZeRO-2/3, 'last' for DDP (a loop with
+    ``no_sync``; Megatron's own DDP accumulates so), ZeRO-1 and Megatron's gradient buffer;
+    under job.software 'torchtitan', whose DDP loop has no ``no_sync``, 'every' (stack_defaults)."""
     sp: bool | None = None
     """Megatron sequence parallelism on the tp axis; None: on whenever tp > 1."""
     schedule: str = "1f1b"
@@ -453,6 +454,18 @@ def partial_reshard_blocked(plan: Plan) -> bool:
     supported for DTensor parameters yet", torch/distributed/fsdp/_fully_shard/_fsdp_param.py)."""
     raf = plan.reshard_after_forward
     return raf is not None and not isinstance(raf, bool) and (plan.tp > 1 or plan.ep > 1)
+
+
+def stack_defaults(software: str, plan: Plan) -> Plan:
+    """``plan`` with the options the named stack ``software`` fixes where the plan leaves them to the
+    implementation: torchtitan runs PyTorch's DDP (``replicate(model, bucket_cap_mb=100)``, pure data
+    parallelism only) with gradient accumulation as plain backwards, no ``no_sync`` (torchtitan/trainer.py
+    ``train_step``, @003fe280), so it all-reduces after every micro-batch (grad_sync 'every') where a
+    DDP loop written with ``no_sync`` ('last', ``Plan.effective_grad_sync``) reduces once."""
+    if (software == "torchtitan" and plan.grad_sync is None and plan.sharding == "fsdp" and plan.shard_degree == 1
+            and plan.dp_replicate > 1 and plan.pp == 1):
+        return replace(plan, grad_sync="every")
+    return plan
 
 
 def stack_mismatch(software: str, plan: Plan) -> str | None:
