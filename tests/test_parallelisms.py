@@ -716,12 +716,32 @@ def test_torchtitan_ddp_all_reduces_every_micro_batch_and_keeps_bucket_copies():
 
     titan, generic = est("torchtitan"), est("generic")
     assert titan.n_microbatches == generic.n_microbatches == 8
-    assert titan.plan.effective_grad_sync == "every" and generic.plan.effective_grad_sync == "last"
+    assert titan.grad_sync == "every" and generic.grad_sync == "last"
     assert ddp_calls(titan) == 8 * ddp_calls(generic)
-    assert est("torchtitan", "dp_replicate=8,mbs=1,grad_sync=last").plan.grad_sync == "last"  # as written
+    # the stack's default is not an option the plan chose: same plan, label and tie-break as elsewhere
+    assert titan.plan == generic.plan and titan.plan.grad_sync is None and "sync" not in titan.plan.label()
+    written = est("torchtitan", "dp_replicate=8,mbs=1,grad_sync=last")
+    assert written.grad_sync == written.plan.grad_sync == "last" and ddp_calls(written) == ddp_calls(generic)
     grads = titan.memory.terms["grads"]
     assert titan.memory.terms["ddp_gradient_buckets"] == pytest.approx(grads)
     assert "ddp_gradient_buckets" not in est("megatron").memory.terms
     job = JobSpec(global_batch_tokens=64 * 2048, seq_len=2048, software="torchtitan")
     ddp = [e for e in search(model, cluster, job, Space()).ranked if e.plan.dp_replicate == 8 and e.plan.dp_shard == 1]
-    assert ddp and all(e.plan.effective_grad_sync == "every" for e in ddp)
+    assert ddp and all(e.grad_sync == "every" and e.plan.grad_sync is None for e in ddp)
+
+
+def test_ddp_gradients_keep_the_parameters_fp32_whatever_the_reduce_dtype():
+    """DDP's param.grad (and so its buckets) are fp32 like the parameters; a bf16 reduce dtype is a comm hook's
+    cast copy: it halves the all-reduce, not the gradients. FSDP2's sharded gradients stay in the reduce dtype."""
+    from dataclasses import replace
+
+    model, cluster = load_model("llama-3.2-3b"), load_cluster("h100-sxm", nodes=1)
+    job = JobSpec(global_batch_tokens=64 * 2048, seq_len=2048)
+    fp32, bf16 = (evaluate(model, cluster, replace(job, reduce_dtype_bytes=r), parse_plan("dp_replicate=8,mbs=1"))
+                  for r in (4, 2))
+    assert bf16.memory.terms["grads"] == fp32.memory.terms["grads"] == pytest.approx(fp32.memory.terms["params"])
+    assert bf16.memory.terms["ddp_gradient_buckets"] == pytest.approx(fp32.memory.terms["grads"])
+    ar = [sum(e.count * e.message_bytes for e in x.comm if e.axis == "dp_replicate") for x in (fp32, bf16)]
+    assert ar[1] == pytest.approx(ar[0] / 2)
+    sharded = evaluate(model, cluster, replace(job, reduce_dtype_bytes=2), parse_plan("dp_shard=8,mbs=1"))
+    assert sharded.memory.terms["grads"] == pytest.approx(sharded.memory.terms["params"] / 2)

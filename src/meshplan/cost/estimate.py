@@ -166,6 +166,14 @@ class Estimate:
     """Per-stage detail for the simulator: the stages that bound the step (cost.step.bounding_stages)."""
     closed_form_step_time_s: float | None = None
     """The closed form's step time when ``step_time_s`` comes from the timeline simulator."""
+    stack_grad_sync: str | None = None
+    """The gradient sync the job's stack runs where the plan leaves it and the stack fixes it otherwise
+    than ``Plan.effective_grad_sync`` says (specs.plan.stack_defaults); None elsewhere."""
+
+    @property
+    def grad_sync(self) -> str:
+        """The gradient sync the step runs: 'every' or 'last' micro-batch."""
+        return self.stack_grad_sync or self.plan.effective_grad_sync
 
     @property
     def tokens_per_s(self) -> float:

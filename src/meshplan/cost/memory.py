@@ -55,16 +55,18 @@ def state_bytes_per_param(*, sharding: str, optimizer: str, dp_sharded: bool, re
                           ) -> StateBytes:
     """Bytes per parameter of parameters, gradients, master weights and optimizer state [bytes/param].
 
-    - 'fsdp' (PyTorch FSDP2 full shard; DDP when not sharded): fp32 params (the master copy), fp32
-      gradients, optimizer state; everything sharded over N_d [3]. 4 + 4 + 8 = 16 with AdamW.
+    - 'fsdp' (PyTorch FSDP2 full shard; DDP when not sharded): fp32 params (the master copy), gradients
+      in the reduce dtype (fp32 unsharded: DDP's are the parameters' own [5]), optimizer state; everything
+      sharded over N_d [3]. 4 + 4 + 8 = 16 with AdamW.
     - 'zero1'/'zero2'/'zero3' (DeepSpeed bf16): bf16 params and grads, fp32 master, optimizer [1].
     - 'megatron': bf16 params, a gradient buffer in the reduce dtype (not sharded; fp32 unless
       grad_reduce_in_fp32=False), fp32 main params and optimizer state sharded by the distributed
       optimizer [2]. 18 without sharding with an fp32 buffer, 16 with a bf16 one.
     """
     k = OPTIMIZER_STATE_BYTES[optimizer]
-    if sharding == "fsdp":
-        return StateBytes(4.0, dp_sharded, reduce_dtype_bytes, dp_sharded, 0.0, k)
+    if sharding == "fsdp":  # unsharded (DDP), ``param.grad`` keeps the parameter's fp32; a reduce dtype
+        # is then a comm hook's, casting a copy for the all-reduce
+        return StateBytes(4.0, dp_sharded, reduce_dtype_bytes if dp_sharded else 4.0, dp_sharded, 0.0, k)
     if sharding == "megatron":
         return StateBytes(2.0, False, reduce_dtype_bytes, False, 4.0, k)
     stage = int(sharding[-1])
@@ -86,7 +88,7 @@ def ddp_bucket_bytes(state_terms: dict[str, float]) -> float:
     """PyTorch DDP's gradient buckets [bytes]: a second copy of every gradient the rank holds (the
     ``grads`` terms of ``model_state_bytes``, dense and expert), kept for the whole run [5]. Measured under
     a fake process group on the reference model: the buckets' buffers total the gradients' bytes exactly
-    and share no storage with ``param.grad`` (tests/test_memory.py)."""
+    and share no storage with ``param.grad`` (tests/torch/test_crosscheck.py)."""
     return sum(v for k, v in state_terms.items() if k.endswith("grads"))
 
 

@@ -1361,12 +1361,17 @@ def _evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, 
               compute: ComputeParams | None, cutoff_s: float | None, time_infeasible: bool = True
               ) -> Estimate | None:
     validate_plan(model, cluster, job, plan)
-    plan = stack_defaults(job.software, plan)
     if compute is None:
         from meshplan.calibration import compute_params_for  # catalog data, loaded lazily once
 
         compute = compute_params_for(cluster.accelerator.name, job.software)
-    return _Choice(model, cluster, job, plan, compute, mfu, cutoff_s).choose(time_infeasible=time_infeasible)
+    runs = stack_defaults(job.software, plan)
+    est = _Choice(model, cluster, job, runs, compute, mfu, cutoff_s).choose(time_infeasible=time_infeasible)
+    if est is None or runs is plan:
+        return est
+    # the stack's default is not an option the plan chose: the estimate names the plan as given (its
+    # labels, layout key and tie-break), and says what ran
+    return replace(est, plan=replace(est.plan, grad_sync=plan.grad_sync), stack_grad_sync=runs.grad_sync)
 
 
 def megatron_selective_keys(model: ModelSpec, flash_attention: bool = True,

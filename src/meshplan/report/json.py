@@ -34,7 +34,7 @@ def plan_dict(est: Estimate) -> dict[str, Any]:
     d = {k: v for k, v in asdict(p).items()}
     d["n_microbatches"] = est.n_microbatches
     d["sequence_parallel"] = p.sequence_parallel
-    d["grad_sync"] = p.effective_grad_sync
+    d["grad_sync"] = est.grad_sync
     d["cp_impl"] = p.context_impl if p.cp > 1 else p.cp_impl  # the exchange in effect (ring where unset)
     d["label"] = p.label()
     d["string"] = p.to_string()

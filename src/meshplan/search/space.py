@@ -125,7 +125,9 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
     elif sharded:
         dp_opts.append((True, "every"))
     elif plan.sharding == "fsdp" and plan.dp_replicate > 1 and per_replica > 1 and job.software != "torchtitan":
-        dp_opts.append((None, "every"))  # torchtitan's DDP has no no_sync: 'every' is its default (stack_defaults)
+        # torchtitan runs DDP one way: every micro-batch without a pipeline (its loop has no no_sync;
+        # stack_defaults), once per step with one (torch.distributed.pipelining's own no_sync)
+        dp_opts.append((None, "every"))
     ep_opts: list[tuple[str | None, bool, int | None]] = [(None, False, None)]
     if plan.ep > 1 and model.n_experts and "deepep" in FRAMEWORK_EP_DISPATCH[plan.sharding]:
         pairs = per_replica > 1 and (plan.pp == 1 or plan.schedule == "interleaved")  # a micro-batch to pair

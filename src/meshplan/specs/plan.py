@@ -461,7 +461,9 @@ def stack_defaults(software: str, plan: Plan) -> Plan:
     implementation: torchtitan runs PyTorch's DDP (``replicate(model, bucket_cap_mb=100)``, pure data
     parallelism only) with gradient accumulation as plain backwards, no ``no_sync`` (torchtitan/trainer.py
     ``train_step``, @003fe280), so it all-reduces after every micro-batch (grad_sync 'every') where a
-    DDP loop written with ``no_sync`` ('last', ``Plan.effective_grad_sync``) reduces once."""
+    DDP loop written with ``no_sync`` ('last', ``Plan.effective_grad_sync``) reduces once. Under a pipeline
+    torch.distributed.pipelining runs DDP's ``no_sync`` itself (``backward_maybe_with_nosync``): 'last'.
+    ``evaluate`` runs the plan so, and names it as given (``Estimate.grad_sync`` says what ran)."""
     if (software == "torchtitan" and plan.grad_sync is None and plan.sharding == "fsdp" and plan.shard_degree == 1
             and plan.dp_replicate > 1 and plan.pp == 1):
         return replace(plan, grad_sync="every")
