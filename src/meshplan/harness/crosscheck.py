@@ -9,12 +9,25 @@ mesh). Forward, backward and an AdamW step over ``n_micro`` micro-batches (gradi
 under a fake process group of the plan's world size: only rank 0 runs, nothing is sent, and every
 collective is recorded at the dispatcher (:mod:`meshplan.harness.recorder`).
 
+A plan without sharding (dp_shard = 1, dp_replicate > 1) runs PyTorch's DistributedDataParallel instead,
+as torchtitan applies it (``replicate(model, bucket_cap_mb=100)``: fp32 parameters, bf16 autocast; pure
+data parallelism only), with ``no_sync`` on all but the last micro-batch where the plan's gradient sync is
+'last'. The fake process group's futures carry no tensor, which DDP's reducer needs, so a comm hook issues
+each bucket's all-reduce itself (recorded like any other) and completes the future. Two synced warm-up
+micro-batches, not recorded, let DDP rebuild its buckets in gradient-ready order (its first backward
+reduces everything in one bucket), so the recorded step is a steady one.
+
 Recorded and predicted traffic are compared per (collective, axis): calls per step and the sum of the
-nccl-tests message bytes of those calls. Two differences are deliberate and accounted for exactly:
+nccl-tests message bytes of those calls. Three differences are deliberate and accounted for exactly:
 
 - FSDP2 pads each parameter's dim-0 shard to ceil(d0/N) rows ([2], ``FSDPParam._init_sharded_param``),
   so a unit's all-gather and reduce-scatter buffers are N·Σ ceil(d0/N)·rest elements, not Σ d0·rest. The
   padding is computed from the parameter shapes and reported; the rest must match exactly.
+- DDP reduces per bucket, not per block: a bucket closes once it holds ``bucket_cap_mb`` MiB of
+  gradients, taken in gradient-ready order (the parameters' reverse registration order in these blocks),
+  so a matrix larger than the cap closes the bucket it joins ([4] ``_compute_bucket_assignment_by_size``).
+  The calls are counted from the parameter sizes by that rule (:func:`ddp_bucket_count`); the bytes must
+  match exactly.
 - Collectives on the tp axis whose message is not an activation (T·D elements) are auxiliaries meshplan
   leaves out: loss-parallel reductions of per-token statistics and the all-reduce of sequence-parallel
   norm-weight gradients ([3], ``SequenceParallel``: replicated weights, Partial gradients). They are
@@ -25,10 +38,13 @@ References
 [1] pytorch/torchtitan, torchtitan/models/llama3/infra/parallelize.py (apply_tp, apply_ac, apply_fsdp).
 [2] torch/distributed/fsdp/_fully_shard/_fsdp_param.py and _fsdp_collectives.py (torch 2.13).
 [3] torch/distributed/tensor/parallel/style.py and loss.py (torch 2.13).
+[4] torch/nn/parallel/distributed.py and the reducer (torch 2.13); torchtitan/models/llama3/parallelize.py
+    ``apply_ddp`` (@01db32e9).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
@@ -58,6 +74,8 @@ STATE_BYTES = {"params": 4, "grads": 4, "optimizer_state": 8}  # per parameter, 
 ELEMENT_BYTES = 4  # every recorded state element is fp32 in the recipe
 REL_TOL = 1e-9  # bytes and counts must match exactly once the FSDP2 padding is removed
 CLUSTER = "h100-sxm"
+DDP_BUCKET_CAP_MB = 100.0  # torchtitan's apply_ddp: replicate(model, bucket_cap_mb=100) [4]
+DDP_WARMUP_MICRO = 2  # synced micro-batches before the recorded step: the second runs the rebuilt buckets
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,14 +182,15 @@ def check_supported(model: ModelSpec, plan: Plan) -> None:
             raise SpecError(f"plan.{axis}", f"crosscheck applies dp_replicate, dp_shard and tp only; got {axis}="
                                             f"{getattr(plan, axis)}")
     if plan.sharding != "fsdp":
-        raise SpecError("plan.sharding", f"crosscheck runs PyTorch FSDP2 only; got sharding={plan.sharding}")
+        raise SpecError("plan.sharding", f"crosscheck runs PyTorch FSDP2 and DDP only; got sharding={plan.sharding}")
     if plan.recompute not in (None, "none", "full"):
         raise SpecError("plan.recompute", f"crosscheck applies 'none' or 'full' (checkpoint per block); got "
                                           f"{plan.recompute}")
     if plan.grad_sync is not None and plan.grad_sync != plan.effective_grad_sync:
         raise SpecError("plan.grad_sync", "crosscheck runs each implementation's default gradient sync")
-    if plan.dp_shard == 1 and plan.dp_replicate > 1:
-        raise SpecError("plan.dp_replicate", "crosscheck of pure DDP is not implemented; use dp_shard (FSDP/HSDP)")
+    if is_ddp(plan) and plan.tp > 1:
+        raise SpecError("plan.tp", "crosscheck runs DDP as torchtitan does, without other parallelism; got "
+                                   f"tp={plan.tp} with dp_replicate={plan.dp_replicate}")
     if isinstance(plan.reshard_after_forward, int) and not isinstance(plan.reshard_after_forward, bool):
         raise SpecError("plan.reshard_after_forward", "crosscheck applies true or false")
     if plan.tp > 1:
@@ -179,6 +198,11 @@ def check_supported(model: ModelSpec, plan: Plan) -> None:
             raise SpecError("plan.tp", "crosscheck applies TP to dense rotary GQA models only")
         if model.n_kv_heads % plan.tp or model.n_heads % plan.tp:
             raise SpecError("plan.tp", f"tp={plan.tp} must divide n_kv_heads={model.n_kv_heads}")
+
+
+def is_ddp(plan: Plan) -> bool:
+    """Whether the plan replicates without sharding: PyTorch's DDP."""
+    return plan.dp_shard == 1 and plan.dp_replicate > 1
 
 
 # ---------------------------------------------------------------- applying the plan
@@ -272,6 +296,17 @@ def _unit_shapes(model: nn.Module) -> dict[str, list[tuple[int, ...]]]:
     return units
 
 
+def ddp_bucket_count(grad_bytes: list[int], cap_bytes: float) -> int:
+    """DDP's buckets over gradients of ``grad_bytes`` in the order they become ready: each takes gradients
+    until it holds at least ``cap_bytes`` [4]."""
+    buckets, held = 0, 0
+    for b in grad_bytes:
+        held += b
+        if held >= cap_bytes:
+            buckets, held = buckets + 1, 0
+    return buckets + (held > 0)
+
+
 def padded_elements(shapes: list[tuple[int, ...]], n: int) -> tuple[int, int]:
     """(Σ numel, Σ ceil(d0/n)·rest) of parameters sharded n ways on dim 0 by FSDP2 [2] [elements]."""
     numel = padded = 0
@@ -293,6 +328,20 @@ class Recording:
     unit_shapes: dict[str, list[tuple[int, ...]]]
     state_elements: dict[str, int]
     """Local elements on rank 0 after the step: 'params', 'grads', 'optimizer_state' (m and v)."""
+    ddp: DDPRecord | None = None
+    """What DDP's reducer held and how it bucketed, where the plan ran DDP."""
+
+
+@dataclass(frozen=True, slots=True)
+class DDPRecord:
+    """DDP's gradient buckets on rank 0."""
+
+    bucket_bytes: int
+    """Every bucket's buffer, as the comm hook saw them [bytes]."""
+    ready_grad_bytes: tuple[int, ...]
+    """Each parameter's gradient bytes in reverse registration order, DDP's ready order here [bytes]."""
+    cap_bytes: float
+    """The bucket cap (``bucket_cap_mb`` in MiB) [bytes]."""
 
 
 def _reset_process_group(world_size: int) -> None:
@@ -304,7 +353,7 @@ def _reset_process_group(world_size: int) -> None:
 
 
 def run_parallel_step(model_spec: ModelSpec, plan: Plan, *, seq_len: int = 64, mbs: int = 1, n_micro: int = 2,
-                      seed: int = 0) -> Recording:
+                      seed: int = 0, ddp_bucket_cap_mb: float = DDP_BUCKET_CAP_MB) -> Recording:
     """Apply ``plan`` to the reference model under a fake process group of ``plan.world_size`` ranks and run
     one optimizer step of ``n_micro`` micro-batches of ``mbs`` sequences, recording every collective."""
     check_supported(model_spec, plan)
@@ -318,38 +367,82 @@ def run_parallel_step(model_spec: ModelSpec, plan: Plan, *, seq_len: int = 64, m
         unit_shapes = _unit_shapes(model)
         if plan.recompute == "full":
             apply_ac(model, plan.recompute_layers)
-        fsdp = plan.dp_shard > 1
-        if fsdp:
+        ddp = None
+        if plan.dp_shard > 1:
             dp_axes = ("dp_replicate", "dp_shard") if plan.dp_replicate > 1 else ("dp_shard",)
             apply_fsdp(model, mesh[dp_axes], reshard_after_forward=bool(plan.effective_reshard_after_forward))
+        elif is_ddp(plan):  # fp32 parameters under bf16 autocast, as torchtitan runs DDP
+            ddp = _DDPRun(model, mesh["dp_replicate"].get_group(), ddp_bucket_cap_mb)
         else:
             model.to(torch.bfloat16)  # no FSDP mixed precision: run the bf16 activations meshplan assumes
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
-        recorder = CollectiveRecorder(axis_of_group=axis_names_of_mesh(mesh) if mesh is not None else {})
         gen = torch.Generator().manual_seed(seed)
-        with recorder:
-            for _ in range(n_micro):
-                tokens = torch.randint(0, model_spec.vocab, (mbs, seq_len + 1), generator=gen)
+
+        def micro_batch(last: bool, recorder: CollectiveRecorder | None = None) -> None:
+            tokens = torch.randint(0, model_spec.vocab, (mbs, seq_len + 1), generator=gen)
+            if recorder:
                 recorder.phase = "forward"
-                with _loss_context(plan):
-                    logits = model(tokens[:, :-1])
+            with ddp.sync(plan, last) if ddp else contextlib.nullcontext(), _loss_context(plan):
+                with torch.autocast("cpu", dtype=torch.bfloat16) if ddp else contextlib.nullcontext():
+                    logits = (ddp.module if ddp else model)(tokens[:, :-1])
                     loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten()) / n_micro
+                if recorder:
                     recorder.phase = "backward"
-                    loss.backward()
+                loss.backward()
+
+        if ddp:
+            for _ in range(DDP_WARMUP_MICRO):
+                micro_batch(True)
+            optimizer.zero_grad(set_to_none=False)
+        recorder = CollectiveRecorder(axis_of_group=axis_names_of_mesh(mesh) if mesh is not None else {})
+        with recorder:
+            for i in range(n_micro):
+                micro_batch(i == n_micro - 1, recorder)
             recorder.phase = "step"
             optimizer.step()
         state = {"params": _local_numel(model.parameters()),
                  "grads": _local_numel(p.grad for p in model.parameters() if p.grad is not None),
                  "optimizer_state": _local_numel(v for s in optimizer.state.values() for k, v in s.items()
                                                  if k in ("exp_avg", "exp_avg_sq"))}
-        return Recording(recorder.records, unit_shapes, state)
+        if not ddp:
+            return Recording(recorder.records, unit_shapes, state)
+        ready = tuple(p.numel() * p.element_size() for p in reversed(list(model.parameters())))
+        return Recording(recorder.records, unit_shapes, state,
+                         DDPRecord(ddp.bucket_bytes, ready, ddp_bucket_cap_mb * 1024 * 1024))
     finally:
         dist.destroy_process_group()
 
 
-def _loss_context(plan: Plan) -> Any:
-    import contextlib
+class _DDPRun:
+    """``model`` under PyTorch's DDP on ``group``, its all-reduces issued by a comm hook (module docstring)."""
 
+    def __init__(self, model: nn.Module, group: Any, bucket_cap_mb: float) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.module = DistributedDataParallel(model, process_group=group, bucket_cap_mb=bucket_cap_mb)
+        self.buffers: dict[int, int] = {}
+
+        def all_reduce(state, bucket):  # unannotated: DDP rejects a hook annotated other than it expects
+            del state
+            buf = bucket.buffer()
+            self.buffers[bucket.index()] = buf.numel() * buf.element_size()
+            dist.all_reduce(buf, group=group)
+            fut = torch.futures.Future()
+            fut.set_result(buf)
+            return fut
+
+        self.module.register_comm_hook(None, all_reduce)
+
+    @property
+    def bucket_bytes(self) -> int:
+        return sum(self.buffers.values())
+
+    def sync(self, plan: Plan, last: bool) -> Any:
+        """The micro-batch's forward and backward context: ``no_sync`` unless it reduces."""
+        return self.module.no_sync() if plan.effective_grad_sync == "last" and not last else contextlib.nullcontext()
+
+
+def _loss_context(plan: Plan) -> Any:
     if plan.tp > 1:
         from torch.distributed.tensor.parallel import loss_parallel
 
@@ -427,6 +520,16 @@ def known_differences(model_spec: ModelSpec, plan: Plan, *, seq_len: int, mbs: i
     return []
 
 
+def _ddp_buckets(ddp: DDPRecord, predicted_calls: float, syncs: int) -> KnownDifference:
+    """DDP's all-reduces per bucket against the ledger's per block: the calls ``syncs`` reductions of the
+    buckets ``ddp_bucket_count`` forms issue, less the ledger's; no bytes."""
+    calls = syncs * ddp_bucket_count(list(ddp.ready_grad_bytes), ddp.cap_bytes)
+    return KnownDifference(ALL_REDUCE, "dp_replicate", calls - int(predicted_calls), 0.0,
+                           f"DDP reduces per bucket of at least {ddp.cap_bytes / 2**20:g} MiB in gradient-ready "
+                           f"order ({calls // syncs} per sync), the ledger one block per call: latency only",
+                           "implementation")
+
+
 def known_memory_differences(model_spec: ModelSpec, plan: Plan) -> dict[str, tuple[float, str]]:
     """Memory terms PyTorch holds differently, sized [bytes] with the reason (docs/crosscheck.md)."""
     out: dict[str, tuple[float, str]] = {}
@@ -455,7 +558,11 @@ def compare(model_spec: ModelSpec, plan: Plan, estimate: Any, rec: Recording, *,
         recorded[r.collective, r.axis, aux][1] += r.message_bytes
     padding = _padding_by_key(plan, rec.unit_shapes, n_micro)
     known: dict[tuple[str, str], list[KnownDifference]] = defaultdict(list)
-    for k in known_differences(model_spec, plan, seq_len=seq_len, mbs=mbs, n_micro=n_micro):
+    differences = known_differences(model_spec, plan, seq_len=seq_len, mbs=mbs, n_micro=n_micro)
+    if rec.ddp:
+        differences.append(_ddp_buckets(rec.ddp, predicted[ALL_REDUCE, "dp_replicate"][0],
+                                        n_micro if estimate.grad_sync == "every" else 1))
+    for k in differences:
         known[k.collective, k.axis].append(k)
     rows = []
     for key in sorted(set(predicted) | {(c, a) for c, a, aux in recorded if not aux}):
@@ -480,20 +587,27 @@ def compare(model_spec: ModelSpec, plan: Plan, estimate: Any, rec: Recording, *,
         delta, why = mem_known.get(term, (0.0, ""))
         memory.append(MemoryRow(term, estimate.memory.terms.get(term, 0.0), rec.state_elements[term] * ELEMENT_BYTES,
                                 (padded - numel / n_d) * per_param, delta, why))
+    if rec.ddp:
+        memory.append(MemoryRow("ddp_gradient_buckets", estimate.memory.terms.get("ddp_gradient_buckets", 0.0),
+                                rec.ddp.bucket_bytes, 0.0))
     notes = []
-    if plan.dp_shard == 1:
+    if rec.ddp:
+        notes.append("DDP as torchtitan runs it: fp32 parameters under bf16 autocast, "
+                     f"bucket_cap_mb={rec.ddp.cap_bytes / 2**20:g}, the step after two synced warm-up micro-batches")
+    elif plan.dp_shard == 1:
         notes.append("no FSDP: the model ran in bf16; memory rows count elements at the FSDP2 recipe's fp32 bytes")
     return CrosscheckResult(model=model_spec.name, plan=plan.to_string(), world_size=plan.world_size,
                             n_micro=n_micro, mbs=mbs, seq_len=seq_len, recompute=plan.recompute or "none",
                             rows=rows, memory=memory, n_records=len(rec.records), notes=notes)
 
 
-def crosscheck(model_spec: ModelSpec, plan: Plan, *, seq_len: int = 64, mbs: int = 1, n_micro: int = 2
-               ) -> CrosscheckResult:
+def crosscheck(model_spec: ModelSpec, plan: Plan, *, seq_len: int = 64, mbs: int = 1, n_micro: int = 2,
+               ddp_bucket_cap_mb: float = DDP_BUCKET_CAP_MB) -> CrosscheckResult:
     """Run ``plan`` on the reference model under a fake process group and compare with meshplan."""
     check_supported(model_spec, plan)
     estimate = predict(model_spec, plan, seq_len=seq_len, mbs=mbs, n_micro=n_micro)
-    rec = run_parallel_step(model_spec, plan, seq_len=seq_len, mbs=mbs, n_micro=n_micro)
+    rec = run_parallel_step(model_spec, plan, seq_len=seq_len, mbs=mbs, n_micro=n_micro,
+                            ddp_bucket_cap_mb=ddp_bucket_cap_mb)
     return compare(model_spec, plan, estimate, rec, seq_len=seq_len, mbs=mbs, n_micro=n_micro)
 
 
