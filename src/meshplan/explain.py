@@ -224,9 +224,12 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
         q1.estimates["ddp"] = ddp
         simplified["ddp"] = evaluate_simplified(model, cluster, job, Plan(dp_replicate=n), mfu=simple_mfu)
         verdict = "does not fit" if not ddp.feasible else "fits"
+        buckets = ddp.memory.terms.get("ddp_gradient_buckets", 0.0)
         q1.lines.append(f"DDP (a full replica per GPU) {verdict}: model states alone are "
                         f"{format_gib(ddp.memory.static_bytes)} per GPU against {format_gib(ddp.memory.capacity_bytes)}"
-                        f" (simplified: 16 B x parameters = {simplified['ddp'].memory.static_bytes / GB:,.0f} GB).")
+                        f" (simplified: 16 B x parameters = {simplified['ddp'].memory.static_bytes / GB:,.0f} GB)"
+                        + (f", and PyTorch's DDP keeps its gradient buckets, a second copy of the gradients, beside "
+                           f"them: {format_gib(buckets)} more" if buckets else "") + ".")
     if full:
         q1.estimates["fsdp"] = full
         simplified["fsdp"] = evaluate_simplified(model, cluster, job, Plan(dp_shard=n), mfu=simple_mfu)
