@@ -633,7 +633,7 @@ def test_memory_chart_draws_the_hbm_capacity_and_the_sweep_names_families(monkey
     point = charts.SweepPoint(value=1.0, best=est, by_family={"fsdp": est, "pp": est})
     monkeypatch.setattr(charts, "changes", lambda points: [])
     charts.sweep_chart([point], xlabel="gpus", log_x=False)
-    assert labels == ["best FSDP full shard plan", "best pipeline plan", "recommended"]
+    assert labels == ["best sharded data parallel (FSDP, ZeRO, Megatron) plan", "best pipeline plan", "recommended"]
 
 
 def test_sequence_parallelism_turned_off_is_no_choice_where_the_sequence_cannot_split():
@@ -660,3 +660,30 @@ def test_the_simulator_counts_zb_vs_two_chunks_per_rank():
     m = MAX_PIPELINE_PASSES // 2  # one chunk per rank would fit; ZB-V's two do not
     assert not simulable(replace(est, n_microbatches=m))
     assert simulable(replace(est, n_microbatches=m // 2))
+
+
+def test_full_sharding_that_does_not_fit_is_timed_only_as_if_it_fitted():
+    """From a review: on 8 GPUs a 70B model's full sharding does not fit, yet question 2 printed its step as a
+    prediction, question 3 compared the TP alternative with it, and question 1 quoted its recomputation's share
+    of a step it never runs."""
+    from meshplan import JobSpec, load_cluster, load_model
+    from meshplan.explain import analyse
+
+    q = analyse(load_model("seed-70b"), load_cluster("h100-sxm", nodes=1),
+                JobSpec(global_batch_tokens=2**20, seq_len=4096), space=Space.dp_tp(), with_conditions=False).questions
+    assert "Full sharding cannot run here" in " ".join(q[0].lines)
+    assert "and it costs" not in " ".join(q[0].lines)
+    assert any(line.startswith("Predicted (") and "as if it fitted (it does not" in line for line in q[1].lines)
+    assert "and not enough" in " ".join(q[0].lines)
+
+
+def test_a_moe_models_family_lines_say_they_lack_expert_parallelism():
+    """From a review: on Mixtral 'Best pipeline plan ...: +20.7 %' beside a PP x EP runner-up at +0.3 %: a plan's
+    family is its most distinctive axis, expert parallelism first, so the other families are plans without it."""
+    from meshplan import JobSpec, load_cluster, load_model
+    from meshplan.explain import analyse
+
+    lines = analyse(load_model("mixtral-8x7b"), load_cluster("h100-sxm", nodes=2),
+                    JobSpec(global_batch_tokens=2**20, seq_len=4096), with_conditions=False).questions[3].lines
+    best = [x for x in lines if x.startswith("Best ")]
+    assert best and all("expert parallel plan" in x or "plan without expert parallelism" in x for x in best)

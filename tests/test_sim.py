@@ -276,3 +276,21 @@ def test_schedule_pipeline_names_the_schedules_it_runs():
     with pytest.raises(ValueError, match="interleaved"):
         schedule_pipeline(schedule="interleaved", pp=4, m=8, chunks=2, f_s=[1] * 4, b_s=[1] * 4, w_s=[1] * 4,
                           p2p_s=0.0)
+
+
+def test_a_pipelined_step_is_told_from_its_busiest_rank():
+    """The step ends with the rank that ends last, often the lighter first stage, idle for the imbalance as well
+    as the schedule; the breakdown is the busiest rank's, whose idle time is the pipeline's bubble. The step is
+    the last rank's end whatever rank is shown, and never less than any rank's own work."""
+    m, c = load_model("llama-3.1-405b"), load_cluster("h100-sxm", nodes=64)
+    j = JobSpec(global_batch_tokens=4_194_304, seq_len=8192)
+    est = evaluate(m, c, j, parse_plan("cp=2,tp=8,pp=32,mbs=1,recompute=none,sharding=megatron,"
+                                       "layout=Et*3|(t*4|)*30t*3L", c.n_gpus))
+    r = simulate(est, slowdown=CP.comm_slowdown, step_overhead_s=CP.step_overhead_s)
+    busies = [sum(t.dur_s for t in r.pipeline if t.stage == s) for s in range(32)]
+    ends = [max(t.end_s for t in r.pipeline if t.stage == s) for s in range(32)]
+    assert ends.index(max(ends)) == 0 and busies[0] < max(busies) * 0.8  # stage 0 holds 3 layers, the middle 4
+    assert sum(r.breakdown.values()) == pytest.approx(r.step_time_s)
+    assert r.step_time_s - r.breakdown["pipeline bubble"] >= max(busies)  # the busiest rank's work, all of it
+    assert r.breakdown["pipeline bubble"] < 0.1 * r.step_time_s  # rank 0 idles a quarter of the step
+    assert r.step_time_s >= max(ends)

@@ -129,10 +129,13 @@ def measure_first(best: Estimate, conditions: list[Condition]) -> list[Measureme
             "the node spec's host_gb_per_s and charges "
             f"{format_seconds(best.time_breakdown.get(OFFLOAD, 0.0))} per step for copies the layers' compute does "
             "not hide; a slower link means more waiting, or recomputation instead"))
+    saves = best.plan.recompute not in (None, "none") or bool(best.plan.offload_layers)
     out.append(Measurement(
         "peak memory per rank (torch.cuda.max_memory_allocated)",
-        f"predicted {format_gib(best.memory.peak_bytes)} of {format_gib(best.memory.capacity_bytes)}; with more "
-        "headroom a larger micro-batch or less recomputation would be faster"))
+        f"predicted {format_gib(best.memory.peak_bytes)} of {format_gib(best.memory.capacity_bytes)}; "
+        + ("with more headroom a larger micro-batch or less recomputation would be faster" if saves else
+           "it recomputes and offloads nothing, so the measurement checks the margin: a peak above the "
+           "prediction leaves less room than planned")))
     return out
 
 
@@ -252,8 +255,9 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
             if bare is not None and bare.memory.peak_bytes > bare.memory.capacity_bytes:
                 line = (f"Without recomputation even one sequence per micro-batch needs "
                         f"{format_gib(bare.memory.activation_bytes)} of activations (peak "
-                        f"{format_gib(bare.memory.peak_bytes)}): activation checkpointing is required, and it costs "
-                        f"{full.time_breakdown.get('recompute', 0.0) / full.step_time_s:.0%} of the step")
+                        f"{format_gib(bare.memory.peak_bytes)}): activation checkpointing is required, "
+                        + (f"and it costs {full.time_breakdown.get('recompute', 0.0) / full.step_time_s:.0%} of the "
+                           "step" if full.feasible else "and not enough"))
                 # Megatron can offload activations to host memory instead (as the search offers it)
                 off = (_try(model, cluster, job, Plan(dp_shard=n, offload_layers=None), mfu)
                        if offload_offered(cluster, job, Plan(dp_shard=n)) else None)
@@ -281,7 +285,9 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
                             f"({unsplit_batch[0]}).")
         else:
             q2.lines.append(
-                f"Predicted ({full.compute_source}): {full.flops.model_flop_per_step:.3g} model FLOPs "
+                f"Predicted ({full.compute_source})"
+                + ("" if full.feasible else ", as if it fitted (it does not: question 1)")
+                + f": {full.flops.model_flop_per_step:.3g} model FLOPs "
                 f"({full.flops.convention} convention), step {format_seconds(full.step_time_s)}, MFU {full.mfu:.1%}; "
                 f"FSDP sends {format_gb(b)} per GPU per step over {full.n_microbatches} micro-batch"
                 f"{'es' if full.n_microbatches != 1 else ''}, of which "
@@ -302,7 +308,8 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
                 f"At a {small.global_batch_tokens:,}-token batch: simplified step "
                 f"{format_seconds(s_small.step_time_s)} "
                 f"with the same {format_seconds(s_time)} of traffic; predicted step "
-                f"{format_seconds(e_small.step_time_s)}, {format_seconds(t2)} of FSDP collectives, "
+                f"{format_seconds(e_small.step_time_s)}{'' if e_small.feasible else ' as if it fitted'}, "
+                f"{format_seconds(t2)} of FSDP collectives, "
                 f"{format_seconds(exp2)} exposed.")
         q2.estimates["fsdp"] = full
     questions.append(q2)
@@ -336,7 +343,8 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
             q3.lines.append(f"Step {format_seconds(tp.step_time_s)} (MFU {tp.mfu:.1%}) against "
                             + ("n/a for full sharding; " if not full
                                else "full sharding, which cannot run this batch; " if unsplit_batch
-                               else f"{format_seconds(full.step_time_s)} for full sharding; ")
+                               else f"{format_seconds(full.step_time_s)} for full sharding"
+                               + ("" if full.feasible else " as if it fitted (it does not)") + "; ")
                             + ("feasible." if tp.feasible else "infeasible: " + "; ".join(tp.infeasible_reasons)))
     else:
         why = ("the cluster is a single node: there is no data parallelism across nodes to pair it with"
@@ -370,12 +378,15 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
         runner = next((e for e in result.feasible[1:]), None)
         if runner:
             gap = runner.step_time_s / best.step_time_s - 1
-            q4.lines.append(f"Runner-up: {runner.plan.label()} ({runner.plan.to_string()}), {gap:+.1%} step time"
-                            + (" (faster, but within the tie band)" if gap < 0 else "") + ".")
+            q4.lines.append(f"Runner-up: {runner.plan.label()} ({runner.plan.to_string()}), "
+                            + ("the same step time" if abs(gap) < 5e-4 else f"{gap:+.1%} step time"
+                               + (" (faster, but within the tie band)" if gap < 0 else "")) + ".")
         for fam, e in result.best_by_family().items():
             if e is best or family(best.plan) == fam:
                 continue
-            line = f"Best {FAMILY_NAMES[fam]} plan {e.plan.label()}: {why_not(e, best)}"
+            # a plan's family is its most distinctive axis, expert parallelism first: name what the others lack
+            name = FAMILY_NAMES[fam] + (" plan without expert parallelism" if model.is_moe and fam != "ep" else " plan")
+            line = f"Best {name} {e.plan.label()}: {why_not(e, best)}"
             quickest = min((x for x in result.feasible if family(x.plan) == fam), key=lambda x: x.step_time_s,
                            default=e)
             if e.feasible and quickest.step_time_s < e.step_time_s:  # ranked below it within the tie band

@@ -1068,11 +1068,13 @@ def _excess(n_bytes: float) -> str:
 
 def _memory_reason(report: MemoryReport) -> str:
     t = report.terms
-    return (f"needs {format_gib(report.peak_bytes)} per GPU (model states {format_gib(report.static_bytes)}"
+    # two decimals where one would show the need equal to the capacity
+    gib = (lambda b: f"{b / GiB:,.2f} GiB") if report.peak_bytes - report.capacity_bytes < 0.1 * GiB else format_gib
+    return (f"needs {gib(report.peak_bytes)} per GPU (model states {format_gib(report.static_bytes)}"
             f" + activations {format_gib(report.activation_bytes)} + transient "
             f"{format_gib(report.transient_bytes)} + runtime {format_gib(report.runtime_bytes)}) on "
             f"stage {report.stage}, {_excess(report.peak_bytes - report.capacity_bytes)} over the "
-            f"{format_gib(report.capacity_bytes)} of HBM"
+            f"{gib(report.capacity_bytes)} of HBM"
             + (f"; unsharded gradient accumulation alone is {format_gib(t['unsharded_grad_accumulation'])}"
                if "unsharded_grad_accumulation" in t else ""))
 

@@ -152,7 +152,8 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
         yield replace(plan, offload_layers=None)
 
 
-FAMILY_NAMES = {"ddp": "DDP", "fsdp": "FSDP full shard", "hsdp": "HSDP", "tp": "TP x data parallel",
+FAMILY_NAMES = {"ddp": "DDP", "fsdp": "sharded data parallel (FSDP, ZeRO, Megatron)", "hsdp": "HSDP",
+                "tp": "TP x data parallel",
                 "pp": "pipeline", "cp": "context parallel", "ep": "expert parallel"}
 """What reports call each ``family``."""
 

@@ -190,23 +190,32 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
                                      b_s=b_s, w_s=w_s, p2p_s=p2p_s)
     ends = [max(t.end_s for t in tasks if t.stage == s) for s in range(plan.pp)]
     busies = [sum(t.dur_s for t in tasks if t.stage == s) for s in range(plan.pp)]
-    crit = max(range(plan.pp), key=lambda s: per_stage[s].head_s + ends[s] + per_stage[s].tail_s)
-    sim = per_stage[crit]
-    busy = busies[crit]
-    # The busy time is m steady micro-batches: split it as the steady micro-batch's chunks split; the waits
-    # before the first compute and after the last come once per step, on top.
+    # the step ends with the rank that ends last; it is told from the busiest rank's side, whose idle time is
+    # the pipeline's bubble (a lighter first or last stage, which often ends last, idles for the imbalance too)
+    last = max(range(plan.pp), key=lambda s: per_stage[s].head_s + ends[s] + per_stage[s].tail_s)
+    shown = max(range(plan.pp), key=lambda s: (busies[s], s == last))
+    br, own = _rank_breakdown(per_stage[shown], busies[shown], step_overhead_s)
+    end = per_stage[last].head_s + ends[last] + per_stage[last].tail_s
+    step = max(end + own, sum(br.values()))
+    br["pipeline bubble"] = step - sum(br.values())
+    return SimResult(step, _ordered(br, per_stage[shown].detail, m), sims, tasks)
+
+
+def _rank_breakdown(sim: StageSim, busy: float, step_overhead_s: float) -> tuple[dict[str, float], float]:
+    """One pipeline rank's step without its idle time, attributed, and what it adds after its last backward
+    (the optimizer step, the collectives that block after it, the step overhead) [s]. The busy time is m
+    steady micro-batches: split as the steady micro-batch's chunks split; the waits before the first
+    compute and after the last come once per step, on top."""
     chunk_total = sum(sim.chunk_terms.values())
     br = {k: v * busy / chunk_total for k, v in sim.chunk_terms.items()} if chunk_total > 0 else {}
     for key, wait in [*sim.head.items(), (sim.tail_key, sim.tail_s)]:
         if wait > 0:
             br[key] = br.get(key, 0.0) + wait
-    br["pipeline bubble"] = ends[crit] - busy
     br["optimizer step"] = sim.detail.optimizer_s
     br["step overhead"] = step_overhead_s
     after = _after_step(sim.detail, br)
     _cap_exposed(br, sim.detail)
-    step = sim.head_s + ends[crit] + sim.tail_s + sim.detail.optimizer_s + after + step_overhead_s
-    return SimResult(step, _ordered(br, sim.detail, m), sims, tasks)
+    return br, sim.detail.optimizer_s + after + step_overhead_s
 
 
 LINK_SHARING = "exposed link sharing"
