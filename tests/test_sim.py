@@ -294,3 +294,12 @@ def test_a_pipelined_step_is_told_from_its_busiest_rank():
     assert r.step_time_s - r.breakdown["pipeline bubble"] >= max(busies)  # the busiest rank's work, all of it
     assert r.breakdown["pipeline bubble"] < 0.1 * r.step_time_s  # rank 0 idles a quarter of the step
     assert r.step_time_s >= max(ends)
+    from meshplan.sim.simulate import refine
+
+    refined = refine(est, slowdown=CP.comm_slowdown, step_overhead_s=CP.step_overhead_s)
+    assert est.comm_stage != 0 and refined.comm_stage == r.shown.stage != 0  # a 4-layer stage, not the first
+    assert refined.time_breakdown == r.breakdown
+    for key in {e.breakdown_key for e in refined.comm}:  # the ledger shown is the breakdown's stage's
+        exposed = sum(e.exposed_s for e in refined.comm if e.breakdown_key == key)
+        assert exposed == pytest.approx(min(r.breakdown.get(key, 0.0), sum(e.time_s for e in refined.comm
+                                                                              if e.breakdown_key == key)))

@@ -166,6 +166,9 @@ class Estimate:
     """Per-stage detail for the simulator: the stages that bound the step (cost.step.bounding_stages)."""
     closed_form_step_time_s: float | None = None
     """The closed form's step time when ``step_time_s`` comes from the timeline simulator."""
+    comm_stage: int = 0
+    """The pipeline stage whose ledger ``comm`` is: the slowest in the closed form, the busiest rank's under
+    the simulator (the one ``time_breakdown`` is told from)."""
     stack_grad_sync: str | None = None
     """The gradient sync the job's stack runs where the plan leaves it and the stack fixes it otherwise
     than ``Plan.effective_grad_sync`` says (specs.plan.stack_defaults); None elsewhere."""

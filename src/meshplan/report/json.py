@@ -78,6 +78,7 @@ def estimate_dict(est: Estimate) -> dict[str, Any]:
             "low": est.uncertainty.low, "high": est.uncertainty.high, "rows": est.uncertainty.rows,
             "basis": est.uncertainty.basis},
         "comm": [comm_entry_dict(e) for e in est.comm],
+        "comm_stage": est.comm_stage,
         "notes": list(est.notes),
     }
 

@@ -62,7 +62,8 @@ def estimate_text(est: Estimate) -> str:
         if est.mode == "faithful":
             lines.append("limited by: " + binding_resource(est))
     if est.comm:
-        whose = f" of the slowest of {est.plan.pp} pipeline stages" if est.plan.pp > 1 else ""
+        whose = (f" of pipeline stage {est.comm_stage} of {est.plan.pp}, the one the breakdown is told from"
+                 if est.plan.pp > 1 else "")
         lines += ["", f"communication per step{whose} (bytes: decimal GB; 'per GPU' = sent by one GPU, all calls):"]
         lines += comm_table(est)
     lines += [f"note: {n}" for n in est.notes]

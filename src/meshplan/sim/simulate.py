@@ -43,6 +43,8 @@ class SimResult:
     breakdown: dict[str, float]
     stages: list[StageSim]
     pipeline: list[Task] = field(default_factory=list)
+    shown: StageDetail | None = None
+    """The stage whose rank the breakdown is told from (the busiest one under a pipeline)."""
 
 
 def _blame(op: Op, cursor: float, before: dict[int, Op], terms: dict[str, float]) -> None:
@@ -170,7 +172,7 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
         after = _after_step(s.detail, br)
         _cap_exposed(br, s.detail)
         return SimResult(s.makespan_s + s.detail.optimizer_s + after + step_overhead_s, _ordered(br, s.detail, m),
-                         sims)
+                         sims, shown=s.detail)
     # the first, the last and the slowest middle stage timed (cost.step.bounding_stages) stand for the ranks
     per_stage = [sims[i] for i in stand_ins([d.stage for d in est.stages], plan.pp,
                                             [x.chunk_f_s + x.chunk_b_s for x in sims])]
@@ -198,7 +200,7 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
     end = per_stage[last].head_s + ends[last] + per_stage[last].tail_s
     step = max(end + own, sum(br.values()))
     br["pipeline bubble"] = step - sum(br.values())
-    return SimResult(step, _ordered(br, per_stage[shown].detail, m), sims, tasks)
+    return SimResult(step, _ordered(br, per_stage[shown].detail, m), sims, tasks, per_stage[shown].detail)
 
 
 def _rank_breakdown(sim: StageSim, busy: float, step_overhead_s: float) -> tuple[dict[str, float], float]:
@@ -304,7 +306,8 @@ def refine(est: Estimate, *, slowdown: float, step_overhead_s: float) -> Estimat
     r = simulate(est, slowdown=slowdown, step_overhead_s=step_overhead_s)
     scale = r.step_time_s / est.step_time_s
     return replace(est, step_time_s=r.step_time_s, time_breakdown=r.breakdown, mfu=est.mfu / scale,
-                   hfu=est.hfu / scale, closed_form_step_time_s=est.step_time_s, comm=_exposed_from(r, est),
+                   hfu=est.hfu / scale, closed_form_step_time_s=est.step_time_s, comm=_exposed_from(r),
+                   comm_stage=r.shown.stage if r.shown else est.comm_stage,
                    compute_source=est.compute_source + ", timeline simulator")
 
 
@@ -320,20 +323,22 @@ def refine_fitted(est: Estimate, accelerator: str, software: str) -> Estimate:
     return refine(est, slowdown=cp.comm_slowdown, step_overhead_s=cp.step_overhead_s)
 
 
-def _exposed_from(r: SimResult, est: Estimate) -> list:
-    """The ledger with each entry's exposed time taken from the simulation: the simulated exposure of its
-    collective and axis, shared among the entries of that kind in proportion to their closed-form exposure
-    (or their time, where the closed form hid them all)."""
+def _exposed_from(r: SimResult) -> list:
+    """The ledger of the stage the breakdown is told from, each entry's exposed time taken from the
+    simulation: the simulated exposure of its collective and axis, shared among the entries of that kind in
+    proportion to their closed-form exposure (or their time, where the closed form hid them all)."""
+    assert r.shown is not None
+    comm = r.shown.comm
     groups: dict[str, list[int]] = {}
-    for i, e in enumerate(est.comm):
+    for i, e in enumerate(comm):
         groups.setdefault(e.breakdown_key, []).append(i)
-    out = list(est.comm)
+    out = list(comm)
     for key, idx in groups.items():
         total = r.breakdown.get(key, 0.0)
-        weights = [est.comm[i].exposed_s for i in idx]
+        weights = [comm[i].exposed_s for i in idx]
         if sum(weights) <= 0:
-            weights = [est.comm[i].time_s for i in idx]
+            weights = [comm[i].time_s for i in idx]
         norm = sum(weights) or 1.0
         for i, w in zip(idx, weights, strict=True):
-            out[i] = replace(est.comm[i], exposed_s=min(est.comm[i].time_s, total * w / norm))
+            out[i] = replace(comm[i], exposed_s=min(comm[i].time_s, total * w / norm))
     return out
