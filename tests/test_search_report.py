@@ -673,7 +673,7 @@ def test_full_sharding_that_does_not_fit_is_timed_only_as_if_it_fitted():
                 JobSpec(global_batch_tokens=2**20, seq_len=4096), space=Space.dp_tp(), with_conditions=False).questions
     assert "Full sharding cannot run here" in " ".join(q[0].lines)
     assert "and it costs" not in " ".join(q[0].lines)
-    assert any(line.startswith("Predicted (") and "as if it fitted (it does not" in line for line in q[1].lines)
+    assert any(line.startswith("As if it fitted (it does not: question 1), predicted (") for line in q[1].lines)
     assert "and not enough" in " ".join(q[0].lines)
 
 

@@ -134,8 +134,8 @@ def measure_first(best: Estimate, conditions: list[Condition]) -> list[Measureme
         "peak memory per rank (torch.cuda.max_memory_allocated)",
         f"predicted {format_gib(best.memory.peak_bytes)} of {format_gib(best.memory.capacity_bytes)}; "
         + ("with more headroom a larger micro-batch or less recomputation would be faster" if saves else
-           "it recomputes and offloads nothing, so the measurement checks the margin: a peak above the "
-           "prediction leaves less room than planned")))
+           "it recomputes and offloads nothing: a peak above the prediction leaves less room than planned, "
+           "one well below leaves room for a larger micro-batch")))
     return out
 
 
@@ -285,8 +285,8 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
                             f"({unsplit_batch[0]}).")
         else:
             q2.lines.append(
-                f"Predicted ({full.compute_source})"
-                + ("" if full.feasible else ", as if it fitted (it does not: question 1)")
+                ("" if full.feasible else "As if it fitted (it does not: question 1), p")
+                + ("P" if full.feasible else "") + f"redicted ({full.compute_source})"
                 + f": {full.flops.model_flop_per_step:.3g} model FLOPs "
                 f"({full.flops.convention} convention), step {format_seconds(full.step_time_s)}, MFU {full.mfu:.1%}; "
                 f"FSDP sends {format_gb(b)} per GPU per step over {full.n_microbatches} micro-batch"

@@ -171,3 +171,16 @@ def test_ddp_with_tensor_parallelism_is_refused(spec):
 
     with pytest.raises(SpecError, match=r"plan\.tp"):
         check_supported(spec, meshplan.parse_plan("dp_replicate=2,tp=4"))
+
+
+@pytest.mark.parametrize("model", ["mixtral-8x7b", "deepseek-v3"])
+@pytest.mark.parametrize("plan", ["dp_shard=4", "dp_replicate=2,dp_shard=2,recompute=full", "dp_replicate=4,mbs=2"])
+def test_moe_models_match_under_fsdp_and_ddp(model, plan):
+    """From a review: a MoE block without expert parallelism is one FSDP2 unit (experts and the rest gathered
+    together; the ledger had counted two calls), the expert states count in the memory rows, the plan's
+    micro-batch size is the run's, and the reference model builds no MTP module (predicted without it)."""
+    from meshplan.harness.reference_model import scale_down
+
+    result = _run(scale_down(meshplan.load_model(model)), plan)
+    assert result.passed, [r for r in result.rows if not r.ok] + [m for m in result.memory if not m.ok]
+    assert result.mbs == (2 if "mbs=2" in plan else 1)

@@ -70,6 +70,8 @@ two norms are six all-gathers, each paying a collective's latency, where FSDP2 i
 ZERO_REDUCE_BUCKET_ELEMENTS = 5e8
 """DeepSpeed's default reduce_bucket_size (deepspeed/runtime/zero/config.py, 5e8 elements)."""
 ACT_BYTES = 2.0
+MOE_BLOCK = "MoE block (non-expert)"
+"""The name of an MoE layer's unit without its routed experts (cost.step._units)."""
 FP32_BYTES = 4.0
 
 
@@ -152,7 +154,10 @@ def _data_parallel(led: _Ledger, plan: Plan, job: JobSpec, st: StageTraffic) -> 
     m, sync = st.m, plan.effective_grad_sync
     pb = 1.0 if job.fp8_param_gather else PARAM_DTYPE_BYTES  # FP8 all-gather: "50% parameter all-gather"
     reduce_calls = m if sync == "every" else 1
-    for u in st.units:
+    units = st.units
+    if plan.sharding == "fsdp" and led.groups["edp"].size == led.groups["dp_shard"].size:
+        units = _moe_blocks_whole(units)
+    for u in units:
         shard = led.groups[u.group]
         n = shard.size
         calls = u.count
@@ -204,6 +209,18 @@ def _data_parallel(led: _Ledger, plan: Plan, job: JobSpec, st: StageTraffic) -> 
             led.add(ALL_REDUCE, "dp_replicate", f"{u.name} grads all-reduce (DDP)", "backward",
                     reduce_calls * calls, u.n_params * _grad_bytes(plan, job),
                     "backward" if sync == "every" else "last_backward", edge_calls=reduce_calls)
+
+
+def _moe_blocks_whole(units: tuple[Unit, ...]) -> tuple[Unit, ...]:
+    """``units`` with each MoE block's experts and the rest as one unit: where the experts shard over the
+    block's own ranks (no expert parallelism) FSDP2 wraps the block whole (torchtitan's apply_fsdp gives
+    the experts a ``fully_shard`` of their own only with EP), one all-gather and one reduce-scatter for
+    both; crosscheck records it so."""
+    experts = next((u for u in units if u.group == "edp"), None)
+    if experts is None:
+        return units
+    return tuple(Unit(u.name.replace(" (non-expert)", ""), u.n_params + experts.n_params, u.count, u.group)
+                 if u.name == MOE_BLOCK else u for u in units if u is not experts)
 
 
 def _grad_bytes(plan: Plan, job: JobSpec) -> float:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields, replace
 from typing import NamedTuple
 
 from meshplan.cost import memory as mem
-from meshplan.cost.comm import PARAM_DTYPE_BYTES, StageTraffic, Unit, attention_kv_dim, comm_ledger
+from meshplan.cost.comm import MOE_BLOCK, PARAM_DTYPE_BYTES, StageTraffic, Unit, attention_kv_dim, comm_ledger
 from meshplan.cost.compute import (
     FP8_ATTENTION_SPEEDUP,
     ComputeParams,
@@ -178,7 +178,7 @@ def _units(counts: ParamCounts, t: int, ep: int, etp: int, s: int, head: int, n_
         root += weights / t + counts.final_norm
         if mtp:
             root += mtp * 2 * hidden * hidden / t + (counts.embedding / t if s != 0 else 0.0)
-    units = [Unit(DENSE_BLOCK, dense, n_dense, "dp_shard"), Unit("MoE block (non-expert)", moe, n_moe, "dp_shard"),
+    units = [Unit(DENSE_BLOCK, dense, n_dense, "dp_shard"), Unit(MOE_BLOCK, moe, n_moe, "dp_shard"),
              Unit("experts", experts, n_moe, "edp"), Unit("root (embedding / LM head)", root, 1, "dp_shard",
                                                            root=True)]
     return tuple(u for u in units if u.count and u.n_params)

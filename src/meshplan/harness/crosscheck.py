@@ -458,9 +458,12 @@ def _local_numel(tensors: Any) -> int:
 
 
 def predict(model_spec: ModelSpec, plan: Plan, *, seq_len: int, mbs: int, n_micro: int) -> Any:
-    """meshplan's Estimate for exactly the run: same micro-batch size, count and recompute mode."""
+    """meshplan's Estimate for exactly the run: same micro-batch size, count and recompute mode, and the
+    model as the reference model builds it (without multi-token prediction)."""
     from meshplan.catalog import load_cluster
     from meshplan.cost.step import evaluate
+
+    model_spec = replace(model_spec, mtp_layers=0)
 
     n = plan.world_size
     cluster = load_cluster(CLUSTER, nodes=max(1, n // 8), gpus_per_node=min(n, 8))
@@ -585,7 +588,8 @@ def compare(model_spec: ModelSpec, plan: Plan, estimate: Any, rec: Recording, *,
         numel, padded = numel + u_numel, padded + u_padded
     for term, per_param in STATE_BYTES.items():
         delta, why = mem_known.get(term, (0.0, ""))
-        memory.append(MemoryRow(term, estimate.memory.terms.get(term, 0.0), rec.state_elements[term] * ELEMENT_BYTES,
+        predicted = estimate.memory.terms.get(term, 0.0) + estimate.memory.terms.get("expert_" + term, 0.0)
+        memory.append(MemoryRow(term, predicted, rec.state_elements[term] * ELEMENT_BYTES,
                                 (padded - numel / n_d) * per_param, delta, why))
     if rec.ddp:
         memory.append(MemoryRow("ddp_gradient_buckets", estimate.memory.terms.get("ddp_gradient_buckets", 0.0),
@@ -603,8 +607,10 @@ def compare(model_spec: ModelSpec, plan: Plan, estimate: Any, rec: Recording, *,
 
 def crosscheck(model_spec: ModelSpec, plan: Plan, *, seq_len: int = 64, mbs: int = 1, n_micro: int = 2,
                ddp_bucket_cap_mb: float = DDP_BUCKET_CAP_MB) -> CrosscheckResult:
-    """Run ``plan`` on the reference model under a fake process group and compare with meshplan."""
+    """Run ``plan`` on the reference model under a fake process group and compare with meshplan; the plan's
+    micro-batch size where it sets one."""
     check_supported(model_spec, plan)
+    mbs = plan.mbs or mbs
     estimate = predict(model_spec, plan, seq_len=seq_len, mbs=mbs, n_micro=n_micro)
     rec = run_parallel_step(model_spec, plan, seq_len=seq_len, mbs=mbs, n_micro=n_micro,
                             ddp_bucket_cap_mb=ddp_bucket_cap_mb)

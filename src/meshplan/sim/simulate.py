@@ -192,22 +192,30 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
                                      b_s=b_s, w_s=w_s, p2p_s=p2p_s)
     ends = [max(t.end_s for t in tasks if t.stage == s) for s in range(plan.pp)]
     busies = [sum(t.dur_s for t in tasks if t.stage == s) for s in range(plan.pp)]
-    # the step ends with the rank that ends last; it is told from the busiest rank's side, whose idle time is
-    # the pipeline's bubble (a lighter first or last stage, which often ends last, idles for the imbalance too)
-    last = max(range(plan.pp), key=lambda s: per_stage[s].head_s + ends[s] + per_stage[s].tail_s)
-    shown = max(range(plan.pp), key=lambda s: (busies[s], s == last))
-    br, own = _rank_breakdown(per_stage[shown], busies[shown], step_overhead_s)
-    end = per_stage[last].head_s + ends[last] + per_stage[last].tail_s
-    step = max(end + own, sum(br.values()))
+    # the step ends with the rank that finishes last, its optimizer step and the collectives after it
+    # included (a stage that ends its backward early reduces while the others still work); it is told from the
+    # busiest rank's side, whose idle time is the pipeline's bubble (a lighter first or last stage, which
+    # often ends last, idles for the imbalance too)
+    done = [x.head_s + end + x.tail_s + _after_last_backward_s(x.detail, step_overhead_s)
+            for x, end in zip(per_stage, ends, strict=True)]
+    shown = max(range(plan.pp), key=lambda s: (busies[s], done[s]))
+    br = _rank_breakdown(per_stage[shown], busies[shown], step_overhead_s)
+    step = max(done)
     br["pipeline bubble"] = step - sum(br.values())
     return SimResult(step, _ordered(br, per_stage[shown].detail, m), sims, tasks, per_stage[shown].detail)
 
 
-def _rank_breakdown(sim: StageSim, busy: float, step_overhead_s: float) -> tuple[dict[str, float], float]:
-    """One pipeline rank's step without its idle time, attributed, and what it adds after its last backward
-    (the optimizer step, the collectives that block after it, the step overhead) [s]. The busy time is m
-    steady micro-batches: split as the steady micro-batch's chunks split; the waits before the first
-    compute and after the last come once per step, on top."""
+def _after_last_backward_s(detail: StageDetail, step_overhead_s: float) -> float:
+    """What a rank adds after its last backward: the optimizer step, the collectives that block after it
+    (CommEntry.blocks_after_step) and the step overhead [s]."""
+    return detail.optimizer_s + _after_step(detail, {}) + step_overhead_s
+
+
+def _rank_breakdown(sim: StageSim, busy: float, step_overhead_s: float) -> dict[str, float]:
+    """One pipeline rank's step without its idle time, attributed [s]: its ``busy`` time, the waits before
+    its first compute and after its last, and what follows its last backward (``_after_last_backward_s``).
+    The busy time is m steady micro-batches: split as the steady micro-batch's chunks split; the waits
+    come once per step, on top."""
     chunk_total = sum(sim.chunk_terms.values())
     br = {k: v * busy / chunk_total for k, v in sim.chunk_terms.items()} if chunk_total > 0 else {}
     for key, wait in [*sim.head.items(), (sim.tail_key, sim.tail_s)]:
@@ -215,9 +223,9 @@ def _rank_breakdown(sim: StageSim, busy: float, step_overhead_s: float) -> tuple
             br[key] = br.get(key, 0.0) + wait
     br["optimizer step"] = sim.detail.optimizer_s
     br["step overhead"] = step_overhead_s
-    after = _after_step(sim.detail, br)
+    _after_step(sim.detail, br)
     _cap_exposed(br, sim.detail)
-    return br, sim.detail.optimizer_s + after + step_overhead_s
+    return br
 
 
 LINK_SHARING = "exposed link sharing"
@@ -334,11 +342,31 @@ def _exposed_from(r: SimResult) -> list:
         groups.setdefault(e.breakdown_key, []).append(i)
     out = list(comm)
     for key, idx in groups.items():
-        total = r.breakdown.get(key, 0.0)
         weights = [comm[i].exposed_s for i in idx]
         if sum(weights) <= 0:
             weights = [comm[i].time_s for i in idx]
-        norm = sum(weights) or 1.0
-        for i, w in zip(idx, weights, strict=True):
-            out[i] = replace(comm[i], exposed_s=min(comm[i].time_s, total * w / norm))
+        shares = _share(r.breakdown.get(key, 0.0), weights, [comm[i].time_s for i in idx])
+        for i, x in zip(idx, shares, strict=True):
+            out[i] = replace(comm[i], exposed_s=x)
+    return out
+
+
+def _share(total: float, weights: list[float], caps: list[float]) -> list[float]:
+    """``total`` split in proportion to ``weights``, no share above its cap; what a capped share cannot
+    take goes to the others in the same proportion, so the shares add up to min(total, sum of caps)."""
+    out = [0.0] * len(caps)
+    open_ = [i for i in range(len(caps)) if caps[i] > 0]
+    left = min(total, sum(caps))
+    while left > 1e-15 and open_:
+        norm = sum(weights[i] for i in open_)
+        split = {i: left * (weights[i] / norm if norm > 0 else 1.0 / len(open_)) for i in open_}
+        full = [i for i in open_ if out[i] + split[i] >= caps[i]]
+        if not full:
+            for i in open_:
+                out[i] += split[i]
+            break
+        for i in full:
+            left -= caps[i] - out[i]
+            out[i] = caps[i]
+        open_ = [i for i in open_ if i not in full]
     return out

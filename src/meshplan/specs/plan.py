@@ -458,8 +458,8 @@ def partial_reshard_blocked(plan: Plan) -> bool:
 
 def stack_defaults(software: str, plan: Plan) -> Plan:
     """``plan`` with the options the named stack ``software`` fixes where the plan leaves them to the
-    implementation: torchtitan runs PyTorch's DDP (``replicate(model, bucket_cap_mb=100)``, pure data
-    parallelism only) with gradient accumulation as plain backwards, no ``no_sync`` (torchtitan/trainer.py
+    implementation: torchtitan runs PyTorch's DDP (``replicate(model, bucket_cap_mb=100)``) with gradient
+    accumulation as plain backwards, no ``no_sync`` (torchtitan/trainer.py
     ``train_step``, @003fe280), so it all-reduces after every micro-batch (grad_sync 'every') where a
     DDP loop written with ``no_sync`` ('last', ``Plan.effective_grad_sync``) reduces once. Under a pipeline
     torch.distributed.pipelining runs DDP's ``no_sync`` itself (``backward_maybe_with_nosync``): 'last'.
