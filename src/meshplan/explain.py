@@ -285,9 +285,8 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
                             f"({unsplit_batch[0]}).")
         else:
             q2.lines.append(
-                ("" if full.feasible else "As if it fitted (it does not: question 1), p")
-                + ("P" if full.feasible else "") + f"redicted ({full.compute_source})"
-                + f": {full.flops.model_flop_per_step:.3g} model FLOPs "
+                ("Predicted" if full.feasible else "As if it fitted (it does not: question 1), predicted")
+                + f" ({full.compute_source}): {full.flops.model_flop_per_step:.3g} model FLOPs "
                 f"({full.flops.convention} convention), step {format_seconds(full.step_time_s)}, MFU {full.mfu:.1%}; "
                 f"FSDP sends {format_gb(b)} per GPU per step over {full.n_microbatches} micro-batch"
                 f"{'es' if full.n_microbatches != 1 else ''}, of which "

@@ -219,8 +219,8 @@ def _moe_blocks_whole(units: tuple[Unit, ...]) -> tuple[Unit, ...]:
     experts = next((u for u in units if u.group == "edp"), None)
     if experts is None:
         return units
-    return tuple(Unit(u.name.replace(" (non-expert)", ""), u.n_params + experts.n_params, u.count, u.group)
-                 if u.name == MOE_BLOCK else u for u in units if u is not experts)
+    return tuple(Unit("MoE block", u.n_params + experts.n_params, u.count, u.group) if u.name == MOE_BLOCK else u
+                 for u in units if u is not experts)
 
 
 def _grad_bytes(plan: Plan, job: JobSpec) -> float:

@@ -381,7 +381,7 @@ def _static_memory(c: _StageCtx) -> _StaticMemory:
             transient["fsdp_kept_after_forward"] = block_params * 2.0 / raf
         if plan.effective_grad_sync == "last" and plan.sharding == "fsdp":
             transient["unsharded_grad_accumulation"] = (dense_params + expert_params) * job.reduce_dtype_bytes
-    elif plan.sharding == "fsdp" and n_d == 1 and plan.dp_replicate > 1 and not plan.runs_megatron_layers(job.software):
+    elif plan.is_ddp and not plan.runs_megatron_layers(job.software):
         transient["ddp_gradient_buckets"] = mem.ddp_bucket_bytes(terms)
     rt = job.runtime
     n_groups = 1 + sum(1 for a in ("tp", "cp", "dp_shard", "dp_replicate", "pp", "ep") if c.groups[a].size > 1)

@@ -188,7 +188,7 @@ def check_supported(model: ModelSpec, plan: Plan) -> None:
                                           f"{plan.recompute}")
     if plan.grad_sync is not None and plan.grad_sync != plan.effective_grad_sync:
         raise SpecError("plan.grad_sync", "crosscheck runs each implementation's default gradient sync")
-    if is_ddp(plan) and plan.tp > 1:
+    if plan.is_ddp and plan.tp > 1:
         raise SpecError("plan.tp", "crosscheck runs DDP as torchtitan does, without other parallelism; got "
                                    f"tp={plan.tp} with dp_replicate={plan.dp_replicate}")
     if isinstance(plan.reshard_after_forward, int) and not isinstance(plan.reshard_after_forward, bool):
@@ -198,11 +198,6 @@ def check_supported(model: ModelSpec, plan: Plan) -> None:
             raise SpecError("plan.tp", "crosscheck applies TP to dense rotary GQA models only")
         if model.n_kv_heads % plan.tp or model.n_heads % plan.tp:
             raise SpecError("plan.tp", f"tp={plan.tp} must divide n_kv_heads={model.n_kv_heads}")
-
-
-def is_ddp(plan: Plan) -> bool:
-    """Whether the plan replicates without sharding: PyTorch's DDP."""
-    return plan.dp_shard == 1 and plan.dp_replicate > 1
 
 
 # ---------------------------------------------------------------- applying the plan
@@ -342,6 +337,8 @@ class DDPRecord:
     """Each parameter's gradient bytes in reverse registration order, DDP's ready order here [bytes]."""
     cap_bytes: float
     """The bucket cap (``bucket_cap_mb`` in MiB) [bytes]."""
+    syncs: int
+    """The recorded micro-batches that reduced (not under ``no_sync``)."""
 
 
 def _reset_process_group(world_size: int) -> None:
@@ -371,18 +368,21 @@ def run_parallel_step(model_spec: ModelSpec, plan: Plan, *, seq_len: int = 64, m
         if plan.dp_shard > 1:
             dp_axes = ("dp_replicate", "dp_shard") if plan.dp_replicate > 1 else ("dp_shard",)
             apply_fsdp(model, mesh[dp_axes], reshard_after_forward=bool(plan.effective_reshard_after_forward))
-        elif is_ddp(plan):  # fp32 parameters under bf16 autocast, as torchtitan runs DDP
+        elif plan.is_ddp:  # fp32 parameters under bf16 autocast, as torchtitan runs DDP
             ddp = _DDPRun(model, mesh["dp_replicate"].get_group(), ddp_bucket_cap_mb)
         else:
             model.to(torch.bfloat16)  # no FSDP mixed precision: run the bf16 activations meshplan assumes
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
         gen = torch.Generator().manual_seed(seed)
 
-        def micro_batch(last: bool, recorder: CollectiveRecorder | None = None) -> None:
+        def reduces(i: int) -> bool:  # the plan's gradient sync: after every micro-batch, or the last
+            return plan.effective_grad_sync == "every" or i == n_micro - 1
+
+        def micro_batch(reduce: bool, recorder: CollectiveRecorder | None = None) -> None:
             tokens = torch.randint(0, model_spec.vocab, (mbs, seq_len + 1), generator=gen)
             if recorder:
                 recorder.phase = "forward"
-            with ddp.sync(plan, last) if ddp else contextlib.nullcontext(), _loss_context(plan):
+            with ddp.sync(reduce) if ddp else contextlib.nullcontext(), _loss_context(plan):
                 with torch.autocast("cpu", dtype=torch.bfloat16) if ddp else contextlib.nullcontext():
                     logits = (ddp.module if ddp else model)(tokens[:, :-1])
                     loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten()) / n_micro
@@ -397,7 +397,7 @@ def run_parallel_step(model_spec: ModelSpec, plan: Plan, *, seq_len: int = 64, m
         recorder = CollectiveRecorder(axis_of_group=axis_names_of_mesh(mesh) if mesh is not None else {})
         with recorder:
             for i in range(n_micro):
-                micro_batch(i == n_micro - 1, recorder)
+                micro_batch(reduces(i), recorder)
             recorder.phase = "step"
             optimizer.step()
         state = {"params": _local_numel(model.parameters()),
@@ -408,7 +408,8 @@ def run_parallel_step(model_spec: ModelSpec, plan: Plan, *, seq_len: int = 64, m
             return Recording(recorder.records, unit_shapes, state)
         ready = tuple(p.numel() * p.element_size() for p in reversed(list(model.parameters())))
         return Recording(recorder.records, unit_shapes, state,
-                         DDPRecord(ddp.bucket_bytes, ready, ddp_bucket_cap_mb * 1024 * 1024))
+                         DDPRecord(ddp.bucket_bytes, ready, ddp_bucket_cap_mb * 1024 * 1024,
+                                   sum(map(reduces, range(n_micro)))))
     finally:
         dist.destroy_process_group()
 
@@ -437,9 +438,9 @@ class _DDPRun:
     def bucket_bytes(self) -> int:
         return sum(self.buffers.values())
 
-    def sync(self, plan: Plan, last: bool) -> Any:
-        """The micro-batch's forward and backward context: ``no_sync`` unless it reduces."""
-        return self.module.no_sync() if plan.effective_grad_sync == "last" and not last else contextlib.nullcontext()
+    def sync(self, reduce: bool) -> Any:
+        """A micro-batch's forward and backward context: ``no_sync`` unless it reduces."""
+        return contextlib.nullcontext() if reduce else self.module.no_sync()
 
 
 def _loss_context(plan: Plan) -> Any:
@@ -523,9 +524,10 @@ def known_differences(model_spec: ModelSpec, plan: Plan, *, seq_len: int, mbs: i
     return []
 
 
-def _ddp_buckets(ddp: DDPRecord, predicted_calls: float, syncs: int) -> KnownDifference:
-    """DDP's all-reduces per bucket against the ledger's per block: the calls ``syncs`` reductions of the
+def _ddp_buckets(ddp: DDPRecord, predicted_calls: float) -> KnownDifference:
+    """DDP's all-reduces per bucket against the ledger's per block: the calls the run's reductions of the
     buckets ``ddp_bucket_count`` forms issue, less the ledger's; no bytes."""
+    syncs = ddp.syncs
     calls = syncs * ddp_bucket_count(list(ddp.ready_grad_bytes), ddp.cap_bytes)
     return KnownDifference(ALL_REDUCE, "dp_replicate", calls - int(predicted_calls), 0.0,
                            f"DDP reduces per bucket of at least {ddp.cap_bytes / 2**20:g} MiB in gradient-ready "
@@ -563,8 +565,7 @@ def compare(model_spec: ModelSpec, plan: Plan, estimate: Any, rec: Recording, *,
     known: dict[tuple[str, str], list[KnownDifference]] = defaultdict(list)
     differences = known_differences(model_spec, plan, seq_len=seq_len, mbs=mbs, n_micro=n_micro)
     if rec.ddp:
-        differences.append(_ddp_buckets(rec.ddp, predicted[ALL_REDUCE, "dp_replicate"][0],
-                                        n_micro if estimate.grad_sync == "every" else 1))
+        differences.append(_ddp_buckets(rec.ddp, predicted[ALL_REDUCE, "dp_replicate"][0]))
     for k in differences:
         known[k.collective, k.axis].append(k)
     rows = []

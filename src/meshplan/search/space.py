@@ -124,7 +124,7 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
         dp_opts = [(r, g) for r in rafs for g in syncs]
     elif sharded:
         dp_opts.append((True, "every"))
-    elif plan.sharding == "fsdp" and plan.dp_replicate > 1 and per_replica > 1 and job.software != "torchtitan":
+    elif plan.is_ddp and per_replica > 1 and job.software != "torchtitan":
         # torchtitan runs DDP one way: every micro-batch without a pipeline (its loop has no no_sync;
         # stack_defaults), once per step with one (torch.distributed.pipelining's own no_sync)
         dp_opts.append((None, "every"))

@@ -169,9 +169,9 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
         br = dict(s.breakdown)
         br["optimizer step"] = s.detail.optimizer_s
         br["step overhead"] = step_overhead_s
-        after = _after_step(s.detail, br)
+        _after_step(s.detail, br)
         _cap_exposed(br, s.detail)
-        return SimResult(s.makespan_s + s.detail.optimizer_s + after + step_overhead_s, _ordered(br, s.detail, m),
+        return SimResult(s.makespan_s + _after_last_backward_s(s.detail, step_overhead_s), _ordered(br, s.detail, m),
                          sims, shown=s.detail)
     # the first, the last and the slowest middle stage timed (cost.step.bounding_stages) stand for the ranks
     per_stage = [sims[i] for i in stand_ins([d.stage for d in est.stages], plan.pp,

@@ -314,6 +314,11 @@ class Plan:
         return self.dp_shard * self.cp
 
     @property
+    def is_ddp(self) -> bool:
+        """Data parallelism by replicas alone, nothing sharded (sharding 'fsdp' at shard degree 1): DDP."""
+        return self.sharding == "fsdp" and self.shard_degree == 1 and self.dp_replicate > 1
+
+    @property
     def fsdp_pipelined(self) -> bool:
         """PyTorch FSDP2 under torch.distributed.pipelining: a stage keeps its parameters gathered and its
         gradients unsharded across the micro-batches of a step (set_reshard_after_backward(False),
@@ -464,8 +469,7 @@ def stack_defaults(software: str, plan: Plan) -> Plan:
     DDP loop written with ``no_sync`` ('last', ``Plan.effective_grad_sync``) reduces once. Under a pipeline
     torch.distributed.pipelining runs DDP's ``no_sync`` itself (``backward_maybe_with_nosync``): 'last'.
     ``evaluate`` runs the plan so, and names it as given (``Estimate.grad_sync`` says what ran)."""
-    if (software == "torchtitan" and plan.grad_sync is None and plan.sharding == "fsdp" and plan.shard_degree == 1
-            and plan.dp_replicate > 1 and plan.pp == 1):
+    if software == "torchtitan" and plan.grad_sync is None and plan.is_ddp and plan.pp == 1:
         return replace(plan, grad_sync="every")
     return plan
 
