@@ -14,7 +14,6 @@ from meshplan.economics.settings import Settings, defaults_for
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec
 
-
 MIN_GOODPUT = 1e-6
 """Below this share of wall time training (a million times the failure-free time) a run makes no progress
 worth a figure: its time, GPU-hours, cost and energy are not given."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from meshplan.economics.formulas import JOULES_PER_KWH, SECONDS_PER_DAY, SECONDS_PER_HOUR
 from meshplan.economics.summary import Banded, Summary
 from meshplan.units import format_gb
@@ -46,6 +48,15 @@ def banded(b: Banded, fmt) -> str:
     return fmt(b.value) + ("" if b.low == b.high else f" ({fmt(b.low)} .. {fmt(b.high)})")
 
 
+def short_source(source: str) -> str:
+    """A price's source in a few words: 'CoreWeave on-demand list price, 2026-09-20' from the catalog's
+    sentence (the whole sentence is in the JSON)."""
+    text = source.split(": ", 1)[-1]
+    date = re.search(r"\d{4}-\d{2}(?:-\d{2})?", text)
+    head = text.split(",")[0]
+    return head + (f", {date.group(0)}" if date and date.group(0) not in head else "")
+
+
 def summary_lines(s: Summary) -> list[str]:
     """The summary as lines of text: time, GPU-hours, cost, energy, goodput and what each assumes."""
     g, st = s.goodput, s.settings
@@ -61,9 +72,9 @@ def summary_lines(s: Summary) -> list[str]:
     lines.append(f"  with failures and checkpoints: {banded(s.wall_time_s, format_duration_s)}, "
                  f"{banded(s.gpu_hours, format_gpu_hours)}")
     if s.cost_usd is not None:
-        lines.append(f"  cost: {banded(s.cost_usd, format_usd)} at ${st.price_usd_per_gpu_hour:,.3g} per GPU-hour "
-                     f"({st.sources['price_usd_per_gpu_hour']}; prices vary by provider, commitment and month: "
-                     "--price-per-gpu-hour)")
+        lines.append(f"  cost: {banded(s.cost_usd, format_usd)} at ${st.price_usd_per_gpu_hour:,.4g} per GPU-hour "
+                     f"({short_source(st.sources['price_usd_per_gpu_hour'])}; prices vary by provider, commitment "
+                     "and month: --price-per-gpu-hour)")
     else:
         lines.append("  cost: no price for this accelerator (--price-per-gpu-hour)")
     if s.energy_j is not None:
