@@ -149,7 +149,8 @@ FLAGS = {"--model": ["llama-3-8b", "mixtral-8x7b", "nope", ""], "--cluster": ["h
                                                     "pp=2,dp_shard=-1,schedule=zb-v", "bogus"]}
 
 
-@settings(max_examples=max(40, EXAMPLES // 4), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=max(40, EXAMPLES // 4), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.dictionaries(st.sampled_from(list(FLAGS)), st.integers(0, 10), max_size=5))
 def test_any_evaluate_command_line_works_or_exits_2_with_one_line(capsys, picks):
     argv = ["evaluate", "--json", "--plan", "dp_shard=-1"]

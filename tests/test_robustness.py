@@ -147,7 +147,7 @@ def test_a_bad_write_names_the_path_and_leaves_the_old_file(tmp_path):
     try:
         if os.access(tmp_path, os.W_OK):  # root ignores the mode
             pytest.skip("this user can write to a read-only folder")
-        with pytest.raises(WriteError, match="keep.json: cannot write"):
+        with pytest.raises(WriteError, match=r"keep\.json: cannot write"):
             atomic_write_text(target, "NEW")
     finally:
         os.chmod(tmp_path, 0o700)
