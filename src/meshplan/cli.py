@@ -173,6 +173,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from meshplan.report.json import estimate_dict
     from meshplan.search.sweep import changes, geometric, log_ticks, parse_range, sweep
 
+    if args.plot:
+        from meshplan.extras import require
+
+        require("matplotlib", "plot", "sweep --plot")
     model, cluster, job = _scenario(args)
     name, lo, hi = parse_range(args.vary)
     values = geometric(lo, hi, args.points)
