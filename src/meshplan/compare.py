@@ -10,11 +10,8 @@ comparison asks about. Where the tie band recommends another plan, the row shows
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import io
 import itertools
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -304,17 +301,6 @@ def _split(text: str, parse: Callable[[str], Any], flag: str) -> list[Any]:
         raise argparse.ArgumentTypeError(f"{exc} (in {flag} {text})") from None
 
 
-def _progress() -> Progress:
-    start = time.perf_counter()
-
-    def report(done: int, total: int) -> None:
-        if sys.stderr.isatty() and time.perf_counter() - start > 1.0:
-            print(f"\rcomparing: {done}/{total} scenarios", end="" if done < total else "\n", file=sys.stderr,
-                  flush=True)
-
-    return report
-
-
 def register(sub: Any, add_scenario: Callable[[argparse.ArgumentParser], None],
              make_job: Callable[[argparse.Namespace], JobSpec], default_nodes: int) -> None:
     """Add the ``compare`` subcommand: the scenario flags (``add_scenario``), with --cluster, --nodes and
@@ -342,8 +328,10 @@ def register(sub: Any, add_scenario: Callable[[argparse.ArgumentParser], None],
         from meshplan.catalog import load_cluster, load_model
         from meshplan.fileio import atomic_write_bytes, strict_json
 
-        if args.plot and importlib.util.find_spec("matplotlib") is None:
-            raise SpecError("compare --plot", "needs matplotlib: pip install 'meshplan[plot]'")
+        if args.plot:
+            from meshplan.extras import require
+
+            require("matplotlib", "plot", "compare --plot")
         model, job = load_model(args.model), make_job(args)
         items = scenarios(args.cluster or ["h100-sxm"], args.nodes or [None], args.inter_node_bandwidth or [None])
 
@@ -354,8 +342,12 @@ def register(sub: Any, add_scenario: Callable[[argparse.ArgumentParser], None],
         for s in items:  # bad names and economics flags fail here, in one line, before any search
             settings_from_args(args, load(s))
         space = Space.dp_tp() if args.space == "dp-tp" else Space()
-        rows = compare(model, job, items, load=load, settings_for=lambda c: settings_from_args(args, c), space=space,
-                       mfu=args.mfu, progress=_progress(), workers=args.jobs)
+        from meshplan.progress import Progress
+
+        with Progress(label="meshplan compare").running() as line:
+            rows = compare(model, job, items, load=load, settings_for=lambda c: settings_from_args(args, c),
+                           space=space, mfu=args.mfu, progress=line.counter("searching", "scenarios"),
+                           workers=args.jobs)
         if args.plot:
             varies = _varies(rows)
             atomic_write_bytes(args.plot, chart(rows, [r.scenario.label(varies) for r in rows]))
