@@ -26,7 +26,8 @@ def attention_params(model: ModelSpec) -> int:
     """Attention projections of one layer [count], biases included.
 
     GQA: D·(h_q + 2·h_kv) + h_q·D, with the biases, query/key norms (2·H) and sink logits (N) the model
-    has (Hugging Face's Qwen2, Qwen3 and GPT-OSS attention; tests/frameworks/test_hf.py). MLA [2]: query down/up projections (with their RMSNorm), the joint
+    has (Hugging Face's Qwen2, Qwen3 and GPT-OSS attention; tests/frameworks/test_hf.py). MLA [2]: query
+    down/up projections (with their RMSNorm), the joint
     KV down-projection with the rotary key part, its RMSNorm, the KV up-projection and the output.
     """
     D, N = model.hidden, model.n_heads

@@ -81,7 +81,8 @@ def load_hf_config(path: str | Path) -> ModelSpec:
                          source=f"Hugging Face config.json read from {p}")
 
 
-def model_from_hf(data: dict[str, Any], *, name: str = "hf-model", source: str = "Hugging Face config.json") -> ModelSpec:
+def model_from_hf(data: dict[str, Any], *, name: str = "hf-model",
+                  source: str = "Hugging Face config.json") -> ModelSpec:
     """A ModelSpec from the dict of a config.json (see the module docstring for the architectures)."""
     kind = data.get("model_type")
     if kind == "gemma3" and isinstance(data.get("text_config"), dict):  # the multimodal wrapper: its text model
