@@ -53,7 +53,7 @@ def titan():
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_config_manager_reads_back_the_plan(titan, name):
     ConfigManager, ParallelDims, pipeline_metadata = titan
-    model, cluster, job = scenario(name)
+    _model, cluster, job = scenario(name)
     checked = exports(name)
     assert checked, "the search returned no plan torchtitan runs"
     for plan, ex in checked:
@@ -74,7 +74,7 @@ def test_config_manager_reads_back_the_plan(titan, name):
             assert p.pipeline_parallel_microbatch_size == plan.mbs and accumulation == 1
             micro = t.local_batch_size // p.pipeline_parallel_microbatch_size
             assert micro * plan.mbs * plan.dp == job.global_batch_seqs
-            stages, layers, *_ = pipeline_metadata(dims, p, c.model_spec.model)
+            stages, _layers, *_ = pipeline_metadata(dims, p, c.model_spec.model)
             assert stages == plan.pp * plan.model_chunks
         else:
             assert t.local_batch_size == plan.mbs

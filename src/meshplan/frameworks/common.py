@@ -49,6 +49,8 @@ class Export:
     """The command-line arguments of the training program (script and args forms)."""
     assumptions: tuple[str, ...] = ()
     """What meshplan assumed that the framework decides for itself."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment variables the launch needs (the script form exports them)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -316,7 +316,7 @@ def read(source: str, world_size: int | None = None, n_layers: int | None = None
     interleaved pipeline's chunks under a config function meshplan does not know."""
     cmd = split_command(read_source(source), ("torchtitan.train", "train.py", "run_train.sh"))
     world = cmd.world_size or world_size
-    subcommands = [t for t in cmd.program if ":" in t and not t.startswith("-")]  # tyro's, e.g. activation_checkpoint:full
+    subcommands = [t for t in cmd.program if ":" in t and not t.startswith("-")]  # tyro's: activation_checkpoint:full
     pairs = flag_pairs([t for t in cmd.program if t not in subcommands])
     flags = {k: v for k, v in pairs if k}
     bare = subcommands + [v[0] for k, v in pairs if not k]
