@@ -8,7 +8,8 @@ MEGATRON_LM_SOURCE names a checkout, against Megatron-LM's own parse_args and va
 (test_megatron_parser.py). Run:
 
     MEGATRON_LM_SOURCE=/path/to/Megatron-LM MEGATRON_BRIDGE_SOURCE=/path/to/Megatron-Bridge \
-        python tests/frameworks/dump_megatron_flags.py COMMIT_LM COMMIT_BRIDGE
+        MEGATRON_DEEPSPEED_SOURCE=/path/to/Megatron-DeepSpeed \
+        python tests/frameworks/dump_megatron_flags.py COMMIT_LM COMMIT_BRIDGE COMMIT_MEGATRON_DEEPSPEED
 
 Megatron-LM's training package uses Python 3.12's typing.override; on 3.11 it is taken from
 typing_extensions for the import.
@@ -103,12 +104,32 @@ def bridge_fields(lm_source: str, bridge_source: str) -> dict[str, list[str]]:
     }
 
 
+def megatron_deepspeed_flags(source: str) -> dict[str, dict]:
+    """Megatron-DeepSpeed's flags (megatron/arguments.py, literal add_argument calls read from the source: it
+    imports a Megatron of its own, which this checkout's would shadow), DeepSpeed's --deepspeed and
+    --deepspeed_config (deepspeed.add_config_arguments) added."""
+    tree = ast.parse((Path(source) / "megatron/arguments.py").read_text())
+    out = {"--deepspeed": {"kind": "store_true"}, "--deepspeed_config": {"kind": "store"}}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            opts = [a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")]
+            kw = {k.arg: k.value for k in node.keywords}
+            action = kw.get("action")
+            kind = action.value if isinstance(action, ast.Constant) else "store"
+            for opt in opts:
+                out[opt] = {"kind": kind}
+    return out
+
+
 def main() -> None:
     lm, bridge = os.environ["MEGATRON_LM_SOURCE"], os.environ["MEGATRON_BRIDGE_SOURCE"]
-    commit_lm, commit_bridge = sys.argv[1], sys.argv[2]
+    mds = os.environ["MEGATRON_DEEPSPEED_SOURCE"]
+    commit_lm, commit_bridge, commit_mds = sys.argv[1], sys.argv[2], sys.argv[3]
     table = {"megatron_lm": {"source": f"NVIDIA/Megatron-LM@{commit_lm}", "flags": megatron_lm_flags(lm)},
              "bridge": {"source": f"NVIDIA-NeMo/Megatron-Bridge@{commit_bridge} with megatron-core from "
-                                  f"NVIDIA/Megatron-LM@{commit_lm}", "sections": bridge_fields(lm, bridge)}}
+                                  f"NVIDIA/Megatron-LM@{commit_lm}", "sections": bridge_fields(lm, bridge)},
+             "megatron_deepspeed": {"source": f"deepspeedai/Megatron-DeepSpeed@{commit_mds}",
+                                    "flags": megatron_deepspeed_flags(mds)}}
     OUT.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     print(f"wrote {OUT}: {len(table['megatron_lm']['flags'])} flags")
 

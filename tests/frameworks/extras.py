@@ -34,6 +34,7 @@ def scenario(name: str):
         "moe-megatron": ("mixtral-8x7b", 4, 2_097_152, 4096, "megatron"),
         "moe-generic": ("mixtral-8x7b", 4, 2_097_152, 4096, "generic"),
         "long-torchtitan": ("llama-3-8b", 2, 1_048_576, 32768, "torchtitan"),
+        "small-generic": ("llama-3-8b", 2, 1_048_576, 4096, "generic"),
     }[name]
     job = load_job(None, defaults={"global_batch_tokens": tokens, "seq_len": seq}, software=software)
     return load_model(model), load_cluster("h100-sxm", nodes=nodes), job

@@ -127,3 +127,41 @@ def test_megatron_lm_parse_and_validate(name, monkeypatch, capsys):
         assert args.expert_model_parallel_size == plan.ep
         assert args.sequence_parallel == plan.sequence_parallel
         assert (args.virtual_pipeline_model_parallel_size or 1) == plan.model_chunks
+
+
+@pytest.mark.parametrize("fmt", ["script", "bridge"])
+def test_plan_export_on_the_default_scenario_is_megatron_s_own(fmt, capsys, monkeypatch):
+    """`meshplan plan --export megatron` on the default scenario prints Megatron-LM's own flags (and, with
+    MEGATRON_LM_SOURCE, arguments its parse_args and validate_args accept for 64 GPUs), or Bridge fields."""
+    from meshplan.cli import main
+    from meshplan.frameworks.common import split_command
+
+    assert main(["plan", "--export", "megatron", "--format", fmt, "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    if fmt == "bridge":
+        items = [i for i in split_command(out, ("run_recipe.py",)).program if "=" in i]
+        assert items
+        for item in items:
+            key, _, value = item.partition("=")
+            section, _, field = key.partition(".")
+            assert (value in SECTIONS["mixed_precision"]) if not field else field in SECTIONS[section], item
+        return
+    cmd = split_command(out, ("pretrain_gpt.py",))
+    for key, values in flag_pairs(cmd.program):
+        check_flag(key, values)
+    if os.environ.get("MEGATRON_LM_SOURCE"):
+        arguments = _megatron_lm()
+        import torch
+
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+        monkeypatch.setenv("WORLD_SIZE", str(cmd.world_size))
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+        for line in out.splitlines():  # the script's exports
+            if line.startswith("export "):
+                key, _, value = line[len("export "):].partition("=")
+                monkeypatch.setenv(key, value)
+        monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *cmd.program])
+        args = arguments.parse_args()
+        arguments.validate_args(args)
+        assert args.world_size == 64

@@ -78,3 +78,17 @@ def test_config_manager_reads_back_the_plan(titan, name):
             assert stages == plan.pp * plan.model_chunks
         else:
             assert t.local_batch_size == plan.mbs
+
+
+def test_plan_export_on_the_default_scenario_is_parsed(titan, capsys):
+    """`meshplan plan --export torchtitan` on the default scenario (timed on torchtitan's stack) prints a command
+    torchtitan's config manager and ParallelDims accept for the 64 GPUs it names."""
+    from meshplan.cli import main
+    from meshplan.frameworks.common import split_command
+
+    ConfigManager, ParallelDims, _ = titan
+    assert main(["plan", "--export", "torchtitan", "--jobs", "1"]) == 0
+    cmd = split_command(capsys.readouterr().out, ("torchtitan.train",))
+    c = ConfigManager().parse_args(cmd.program)
+    dims = ParallelDims.from_config(c.parallelism, cmd.world_size)
+    assert dims.dp_replicate * dims.dp_shard * dims.cp * dims.tp * dims.pp == 64

@@ -65,7 +65,7 @@ def _checks(model: ModelSpec, job: JobSpec, plan: Plan) -> None:
     if plan.recompute == "sac":
         refuse(STACK, "Megatron-core has no op-level selective checkpointing (sac); use recompute=selective with "
                       "recompute_modules, or full")
-    fsdp = plan.sharding == "fsdp" and plan.dp_shard > 1
+    fsdp = plan.sharding == "fsdp" and plan.shard_degree > 1
     if plan.is_ddp:
         refuse(STACK, "Megatron's data parallelism without sharding is its own DDP (one gradient buffer), which "
                       "meshplan estimates as sharding=megatron, not PyTorch's DDP: export that plan")
@@ -184,7 +184,7 @@ def _parallel_args(model: ModelSpec, plan: Plan) -> list[str]:
     a += ["--pipeline-model-parallel-layout", layout] if layout else []
     if plan.cp > 1:
         a += ["--cp-comm-type", CP_COMM[plan.context_impl]]
-    if plan.sharding == "fsdp" and plan.dp_shard > 1:
+    if plan.sharding == "fsdp" and plan.shard_degree > 1:
         a += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]
         a += ["--torch-fsdp2-no-reshard-after-forward"] if plan.reshard_after_forward is False else []
     elif plan.shard_degree > 1:
@@ -246,7 +246,7 @@ def export(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, fmt
         return overrides(model, cluster, job, plan, args, assumptions)
     # Hopper and before: TP or CP need one CUDA connection, FSDP2 and the MoE overlap more (validate_args)
     env = (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),) if (plan.tp > 1 or plan.cp > 1) and not (
-        (plan.sharding == "fsdp" and plan.dp_shard > 1) or plan.ep_overlap) else ()
+        (plan.sharding == "fsdp" and plan.shard_degree > 1) or plan.ep_overlap) else ()
     if fmt == "args":
         text = " ".join(args + data)
     else:
@@ -340,7 +340,7 @@ def _plan(flags: dict[str, list[str]], world: int) -> Plan:
     instances = _int(flags, "--num-distributed-optimizer-instances", 1)
     items = [f"tp={tp}", f"pp={pp}", f"cp={cp}"]
     if fsdp:
-        items += [f"dp_shard={dp}", "sharding=fsdp"]
+        items += [f"dp_shard={dp}", "sharding=fsdp"]  # with dp 1, FSDP2 shards over the cp ranks
     elif distopt:
         items += [f"dp_replicate={instances}", f"dp_shard={dp // instances}", "sharding=megatron"]
     else:
@@ -462,6 +462,8 @@ def round_trip(plan: Plan, model: ModelSpec) -> Plan:
     """The plan as Megatron runs it (common.as_run), for comparing an import with its export: a layout that is
     meshplan's own split of ``model`` (what an export writes where Megatron's even split differs) reads as none."""
     plan = as_run(plan, STACK)
+    if plan.sharding == "fsdp" and plan.shard_degree == 1 and plan.dp == 1:
+        plan = replace(plan, sharding="megatron")  # no data parallelism: nothing for either to do
     if plan.layout and plan.layout == _layout(model, replace(plan, layout="")):
         plan = replace(plan, layout="")
     return plan
