@@ -155,7 +155,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_plan_frameworks(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> int:
     """plan --from and/or --export: what meshplan would change in an existing configuration, and the
     recommendation as a framework's settings."""
-    from meshplan.search.search import search
+    from meshplan.search.search import REFINE_TOP, search
     from meshplan.search.space import Space
 
     imported, current = None, None
@@ -166,7 +166,7 @@ def cmd_plan_frameworks(args: argparse.Namespace, model: ModelSpec, cluster: Clu
     if args.export:
         job = stack_job(args.export, job)
     result = search(model, cluster, job, Space.dp_tp() if args.space == "dp-tp" else Space(), mfu=args.mfu,
-                    workers=args.jobs)
+                    refine_top=REFINE_TOP, workers=args.jobs)  # ranked as meshplan plan ranks them
     if not result.feasible:
         raise SpecError("plan", "no plan fits this scenario (meshplan plan lists why)")
     best, ex, refused = (result.ranked[0], None, [])
@@ -176,14 +176,17 @@ def cmd_plan_frameworks(args: argparse.Namespace, model: ModelSpec, cluster: Clu
         except SpecError:
             if args.export:
                 raise
-    lines = _comparison(imported, current, best, result.ranked[0], refused, stack) if imported else []
+    if best.closed_form_step_time_s is None and best is not result.ranked[0]:  # past the simulator's re-timing
+        best = _evaluate(model, cluster, job, best.plan)
+    overall = result.ranked[0]
+    lines = _comparison(imported, current, best, overall, refused, stack) if imported else []
     if args.json:
         print(json.dumps(_json(imported, current, best, ex, lines), indent=2))
         return 0
     written = write_export(args, ex) if (ex and args.export) else None
     text = "\n".join(lines + ([written] if written else []))
     if ex and args.export and not written:
-        head = [] if imported else [_headline(best, result.ranked[0], refused, args.export)]
+        head = [] if imported else [_headline(best, overall, refused, args.export)]
         text = "\n".join([*([text, ""] if text else []), *head, ex.text.rstrip("\n")])
     elif not args.export and not imported:
         text = "nothing to do"
@@ -239,8 +242,8 @@ def _comparison(imported: Imported, current: Any, best: Any, overall: Any, refus
         out.append("  change: your configuration does not fit; this one does")
     out += [f"  {line}" for line in _changes(current.plan, best.plan)]
     if best is not overall:
-        out.append(f"  the overall recommendation, {overall.plan.label()}, does not run on {stack}: {refused[0]}"
-                   if refused else "")
+        out.append(f"  the overall recommendation, {overall.plan.label()}, does not run on {stack}: "
+                   f"{refused[0].split(': ', 1)[-1]}" if refused else "")
     return [line for line in out if line]
 
 
