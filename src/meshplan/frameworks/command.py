@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 from typing import Any
 
 from meshplan.errors import SpecError
+from meshplan.fileio import strict_json
 from meshplan.frameworks.common import FORMATS, STACKS, VERSIONS, Export, Imported
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 
@@ -181,7 +181,7 @@ def cmd_plan_frameworks(args: argparse.Namespace, model: ModelSpec, cluster: Clu
     overall = result.ranked[0]
     lines = _comparison(imported, current, best, overall, refused, stack) if imported else []
     if args.json:
-        print(json.dumps(_json(imported, current, best, ex, lines), indent=2))
+        print(strict_json(_json(imported, current, best, ex, lines)))
         return 0
     written = write_export(args, ex) if (ex and args.export) else None
     text = "\n".join(lines + ([written] if written else []))
@@ -301,7 +301,7 @@ def evaluated_frameworks(args: argparse.Namespace, est: Any, imported: Imported 
         if ex is not None:
             out["export"] = {"stack": ex.stack, "format": ex.format, "text": ex.text, "args": list(ex.args),
                              "assumptions": list(ex.assumptions), "version": VERSIONS[ex.stack]}
-        print(json.dumps(out, indent=2))
+        print(strict_json(out))
         return 0
     if ex is not None and not args.out:
         print(ex.text, end="")

@@ -18,6 +18,7 @@ import re
 from dataclasses import replace
 
 from meshplan.errors import SpecError
+from meshplan.fileio import strict_json
 from meshplan.frameworks.common import (
     Export,
     Imported,
@@ -142,7 +143,7 @@ def export(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, fmt
     cfg = ds_config(plan, job)
     b = batch_of(STACK, plan, job)
     assumptions = _assumptions(plan, b)
-    body = json.dumps(cfg, indent=2)
+    body = strict_json(cfg)
     if fmt == "json":
         return Export(stack=STACK, format=fmt, text=body + "\n", assumptions=tuple(assumptions))
     if uses_megatron_deepspeed(plan):
