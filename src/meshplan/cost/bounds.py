@@ -72,7 +72,7 @@ def traffic_floors(ctxs: list[StageCtx], compute: ComputeParams) -> TrafficFloor
 
 
 def compute_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, compute: ComputeParams,
-                     mbs: int, recompute: str, recompute_layers: int | None = None) -> float:
+                    mbs: int, recompute: str, recompute_layers: int | None = None) -> float:
     """The compute, recomputation and bubble of the busiest stage of ``plan`` (of ``bounding_stages``) at
     micro-batch size ``mbs`` and ``recompute``, the fixed step overhead and the communication no compute
     hides (``critical_comm_s``) [s]: every term of the step time except the hideable communication,
@@ -86,7 +86,7 @@ def compute_bound_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
 
 
 def critical_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, mbs: int, m: int,
-                     recompute: str, recompute_layers: int | None) -> float:
+                    recompute: str, recompute_layers: int | None) -> float:
     """The in-layer communication no compute hides (window 'none': tensor parallelism without async TP,
     Ulysses all-to-alls, expert all-to-alls without overlap; not ZeRO-1/2's blocking all-gather after the
     optimizer step, which only adds to the step) of the lightest of the bounding stages at

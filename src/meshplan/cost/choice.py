@@ -155,7 +155,7 @@ class Choice:
     def probe(self, rc: str, b: int, n: int | None = None) -> Probe:
         if (rc, b, n) not in self._probes:
             self._probes[rc, b, n] = probe(self.model, self.counts, self.cluster, self.job, self.variant(rc, b, n),
-                                            self.shared)
+                                           self.shared)
         return self._probes[rc, b, n]
 
     def fits(self, rc: str, b: int, n: int | None = None) -> bool:
@@ -164,8 +164,8 @@ class Choice:
     def at(self, rc: str, b: int, n: int | None = None, *, timed: bool = True) -> Estimate:
         if (rc, b, n) not in self._timed:
             self._timed[rc, b, n] = evaluate_fixed(self.model, self.counts, self.cluster, self.job,
-                                                    self.variant(rc, b, n), self.compute, self.mfu,
-                                                    shared=self.shared, timed=timed)
+                                                   self.variant(rc, b, n), self.compute, self.mfu,
+                                                   shared=self.shared, timed=timed)
         return self._timed[rc, b, n]
 
     def floors(self, b: int) -> TrafficFloors:
@@ -175,7 +175,7 @@ class Choice:
         if b not in self._floors:
             plan = self.variant(self.recomputes[0], b)
             ctxs = stage_ctxs(self.model, self.counts, self.cluster, self.job, plan,
-                               micro_batches(self.job, plan.dp, b), self.shared)
+                              micro_batches(self.job, plan.dp, b), self.shared)
             self._floors[b] = traffic_floors(ctxs, self.compute)
         return self._floors[b]
 
@@ -237,7 +237,7 @@ class Choice:
         key = (rc, b, n)
         if key not in self._bounds:
             self._bounds[key] = compute_bound_s(self.model, self.cluster, self.job, self.plan, self.compute,
-                                                 b, rc, n)
+                                                b, rc, n)
         return self._bounds[key]
 
     def consider(self, rc: str, b: int, n: int | None = None) -> None:

@@ -39,7 +39,7 @@ implementation's own prefetching hides (``set_exposure``) and what ZeRO-3's coll
 
 
 def set_exposure(entries: list[CommEntry], windows: dict[str, float], overlap: float,
-                  dp_overlap: float | None = None) -> None:
+                 dp_overlap: float | None = None) -> None:
     """Set ``exposed_s`` on each entry. The traffic of each window on a link hides behind that window's
     compute (times ``overlap``, or ``dp_overlap`` for data-parallel traffic: an implementation's own
     prefetching) less what traffic of an overlapping window on the same link already hid there

@@ -24,7 +24,7 @@ from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 
 @cache_by_identity(n_specs=2, maxsize=1024)
 def step_flops(model: ModelSpec, counts: ParamCounts, seq_len: int, convention: str, recompute: str,
-           flash_attention: bool, tokens: int, recomputed_fraction: float, megatron: bool) -> FlopReport:
+               flash_attention: bool, tokens: int, recomputed_fraction: float, megatron: bool) -> FlopReport:
     """FLOPs per step in both conventions, and with recomputation (memoised: plan-independent)."""
     causal = convention == "causal"
     f_palm = model_flop_per_token(model, counts, seq_len=seq_len, causal=False)
@@ -49,7 +49,7 @@ class PlanShared(NamedTuple):
 
 
 def plan_shared(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan
-                 ) -> PlanShared:
+                ) -> PlanShared:
     groups = axis_groups(plan, cluster)
     layout = plan_stage_layers(model, plan)
     head = head_stage(plan.schedule, plan.pp)
@@ -62,7 +62,7 @@ def plan_shared(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job
 
 
 def stage_ctxs(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan, m: int,
-                shared: PlanShared) -> list[StageCtx]:
+               shared: PlanShared) -> list[StageCtx]:
     """The stages that bound the step (bounding_stages)."""
     return [StageCtx(model, counts, cluster, job, plan, shared.groups, s, *shared.layout[s], m, shared.units[s])
             for s in sorted(shared.units)]
@@ -82,7 +82,7 @@ class Probe(NamedTuple):
 
 
 def probe(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan,
-           shared: PlanShared) -> Probe:
+          shared: PlanShared) -> Probe:
     reasons, m = batch_split_reasons(job, plan)
     ctxs = stage_ctxs(model, counts, cluster, job, plan, m, shared)
     if plan.offload_layers:
@@ -92,8 +92,8 @@ def probe(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobS
 
 
 def evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, job: JobSpec, plan: Plan,
-                    compute: ComputeParams, mfu: float | None, *, shared: PlanShared | None = None,
-                    timed: bool = True) -> Estimate:
+                   compute: ComputeParams, mfu: float | None, *, shared: PlanShared | None = None,
+                   timed: bool = True) -> Estimate:
     """Memory, FLOPs and (if ``timed`` or the plan fits) the step time of a plan whose micro-batch size
     and recomputation are set; an untimed infeasible estimate has NaN times and no ledger."""
     reasons, m = batch_split_reasons(job, plan)
@@ -104,7 +104,7 @@ def evaluate_fixed(model: ModelSpec, counts: ParamCounts, cluster: ClusterSpec, 
         fraction = sum(sum(recomputed_layers("full", plan.recompute_layers, *lay)) for lay in shared.layout
                        ) / sum(d + e for d, e in shared.layout)  # MTP layers counted on both sides
     flops = step_flops(model, counts, job.seq_len, job.flop_convention, plan.recompute_key, job.flash_attention,
-                   tokens, fraction, plan.runs_megatron_layers(job.software))
+                       tokens, fraction, plan.runs_megatron_layers(job.software))
     peak = cluster.accelerator.peak_flop_per_s(job.precision)
     ctxs = stage_ctxs(model, counts, cluster, job, plan, m, shared)
     if plan.offload_layers:

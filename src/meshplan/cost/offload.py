@@ -25,7 +25,7 @@ def offload_offered(cluster: ClusterSpec, job: JobSpec, plan: Plan) -> bool:
 
 
 def offload_reasons(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, ctxs: list[StageCtx],
-                     static: dict[int, StaticMemory]) -> list[str]:
+                    static: dict[int, StaticMemory]) -> list[str]:
     """Why ``plan``'s activation offloading cannot run here (empty if it can): it is Megatron-core's (TE's
     offload context under Megatron's transformer block); Megatron offloads at most the decoder layers less
     one (cpu_offloading_num_layers < num_layers, MTP layers not counted); the host link's rate must be known

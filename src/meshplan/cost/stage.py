@@ -63,7 +63,7 @@ def recomputed_layers(recompute: str | None, recompute_layers: int | None, n_den
 
 
 def local_units(model: ModelSpec, counts: ParamCounts, plan: Plan, s: int, n_dense: int, n_moe: int,
-                  tied_copy: bool) -> tuple[Unit, ...]:
+                tied_copy: bool) -> tuple[Unit, ...]:
     """FSDP units of stage ``s`` with their parameters on one rank (matrices split by TP, experts by EP)."""
     mtp = (model.mtp_layers, model.hidden) if model.mtp_layers else (0, 0)
     return _units(counts, plan.tp, plan.ep, plan.expert_tp, s, head_stage(plan.schedule, plan.pp), n_dense, n_moe,

@@ -77,16 +77,16 @@ def stage_compute(c: StageCtx, compute: ComputeParams) -> tuple[float, ...]:
     and the LM head's forward and backward (0 except on the last stage)."""
     plan = c.plan
     return stage_compute_times(c.model, c.cluster.accelerator, compute, c.job, c.tokens, plan.tp, plan.cp,
-                                plan.ep, plan.expert_tp, plan.sequence_parallel, plan.context_impl != "a2a",
-                                c.n_dense, c.n_moe, c.last, c.recompute, c.recomputed,
-                                loss_of(c.job, plan) if c.last else "", plan.runs_megatron_layers(c.job.software))
+                               plan.ep, plan.expert_tp, plan.sequence_parallel, plan.context_impl != "a2a",
+                               c.n_dense, c.n_moe, c.last, c.recompute, c.recomputed,
+                               loss_of(c.job, plan) if c.last else "", plan.runs_megatron_layers(c.job.software))
 
 
 @cache_by_identity(n_specs=4)
 def stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute: ComputeParams, job: JobSpec,
-                         tokens: float, tp: int, cp: int, ep: int, etp: int, sp: bool, cp_chunked: bool, n_dense: int,
-                         n_moe: int, last: bool, recompute: str, recomputed: tuple[int, int], loss: str,
-                         megatron: bool) -> tuple[float, ...]:
+                        tokens: float, tp: int, cp: int, ep: int, etp: int, sp: bool, cp_chunked: bool, n_dense: int,
+                        n_moe: int, last: bool, recompute: str, recomputed: tuple[int, int], loss: str,
+                        megatron: bool) -> tuple[float, ...]:
     """``stage_compute`` on the values it reads (``loss``: JobSpec.loss_impl on the last stage, '' on the
     others, which run no loss; ``megatron``: Plan.runs_megatron_layers), memoised: plans that differ only in
     their communication options, and the search's bounds, share it."""

@@ -122,8 +122,8 @@ def static_memory(c: StageCtx) -> StaticMemory:
     logits = 2.0 * model.vocab / plan.tp if head else 0.0  # bf16, per token
     loss = job.loss_impl(False)
     return StaticMemory(terms, transient, runtime, *coefficients, cp_gather, ids, plan.pp * len(ids),
-                         torch_pipelined, logits if loss == "eager" else 0.0, logits,
-                         mem.loss_graph_bytes_per_token(vocab=model.vocab, tp=plan.tp, loss=loss) if head else 0.0)
+                        torch_pipelined, logits if loss == "eager" else 0.0, logits,
+                        mem.loss_graph_bytes_per_token(vocab=model.vocab, tp=plan.tp, loss=loss) if head else 0.0)
 
 
 @cache_by_identity(n_specs=2)

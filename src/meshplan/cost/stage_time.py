@@ -114,7 +114,7 @@ def stage_time(c: StageCtx, compute: ComputeParams, times: tuple[float, ...], st
         "pipeline": whole, OTHER_MICROBATCH: whole, "none": 0.0,
     }
     set_exposure(ledger, windows, compute.overlap_efficiency,
-                  compute.zero3_overlap_efficiency if plan.sharding == "zero3" else None)
+                 compute.zero3_overlap_efficiency if plan.sharding == "zero3" else None)
     # the warm-up and cool-down micro-batches stall on the layers' unhidden collectives as the steady
     # ones do (the expert all-to-all without ep_overlap, TP without async TP, Ulysses)
     # (not the once-a-step TP all-reduce after the backward, comm._sequence_parallel_grads)
