@@ -51,13 +51,17 @@ def _add_scenario(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mfu", type=mfu_fraction, default=None,
                    help="assume this MFU for compute instead of the kernel model")
     g.add_argument("--json", action="store_true", help="write JSON (schema in the README)")
+    from meshplan.economics.flags import add_job_flags
+
+    add_job_flags(g)
 
 
 def _job(args: argparse.Namespace) -> Any:
     from meshplan.catalog import load_job
+    from meshplan.economics.flags import job_overrides
 
     return load_job(args.job, defaults={"global_batch_tokens": DEFAULT_BATCH_TOKENS, "seq_len": DEFAULT_SEQ_LEN},
-                    global_batch_tokens=args.batch_tokens, seq_len=args.seq_len)
+                    global_batch_tokens=args.batch_tokens, seq_len=args.seq_len, **job_overrides(args))
 
 
 def _scenario(args: argparse.Namespace) -> tuple[Any, Any, Any]:
@@ -101,6 +105,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     model, cluster, job = _scenario(args)
     plan = parse_plan(args.plan, world_size=cluster.n_gpus)
+    from meshplan.economics.flags import plan_with_job_recompute
+
+    plan = plan_with_job_recompute(plan, job)
     if args.assumptions == "worked-example":
         from meshplan.cost.simplified import unmodelled_settings
 
@@ -142,7 +149,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         est = replace(est, notes=[*est.notes, mismatch])
     if args.profile_notes:
         est = replace(est, notes=[*est.notes, *args.profile_notes])
-    print(strict_json(estimate_dict(est)) if args.json else estimate_text(est))
+    from meshplan.economics.flags import evaluate_economics
+
+    econ = evaluate_economics(args, est, model, cluster, job)  # with --train-tokens
+    if args.json:
+        print(strict_json({**estimate_dict(est), **({"economics": econ.to_dict()} if econ else {})}))
+    else:
+        from meshplan.economics import summary_lines
+
+        print("\n".join([estimate_text(est), *(summary_lines(econ) if econ else [])]))
     return 0
 
 
@@ -345,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     from meshplan.validation.command import register as register_validate
 
     register_validate(sub)
+    from meshplan.compare import register as register_compare
+
+    register_compare(sub, _add_scenario, _job, DEFAULT_NODES)
     _register_harness(sub)
     ca = sub.add_parser("catalog", help="list accelerators and models with their sources, or show one")
     ca.add_argument("--model", default=None, metavar="NAME|FILE",
