@@ -26,7 +26,7 @@ LAYERS = (
     ("search", {"search"}),
     ("analysis", {"explain", "validation", "economics", "frameworks"}),
     ("reports", {"report"}),
-    ("commands", {"cli", "compare", "web", "harness"}),
+    ("commands", {"cli", "commands", "compare", "web", "harness"}),
 )
 """The layers of docs/architecture.md, bottom to top."""
 
