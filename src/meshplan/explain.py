@@ -170,6 +170,11 @@ class PlanAnalysis:
     """Whether the conditions of change were computed (an empty ``conditions`` then means none found)."""
     held_ranges: list[HeldRange] = field(default_factory=list)
     """Per condition, the range checked around the scenario over which the recommendation holds."""
+    stacks: list = field(default_factory=list)
+    """For a job that names no software stack: each stack's best plan (stacks.StackLeader), fastest first;
+    the analysis is of the one the recommendation assumes (``job.software``)."""
+    stack_note: str = ""
+    """Why the recommendation assumes its stack (stacks.assumed_stack)."""
 
 
 @dataclass(slots=True)
@@ -234,14 +239,15 @@ def _fsdp_traffic(est: Estimate) -> tuple[float, float, float, float]:
 
 def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Space | None = None,
             mfu: float | None = None, with_conditions: bool = True, progress: Progress | None = None,
-            workers: int | None = None) -> PlanAnalysis:
+            workers: int | None = None, result: SearchResult | None = None) -> PlanAnalysis:
     """Search, recommend, and answer the worked example's four questions for this scenario (the simulator's
     re-timing and the conditions of change on up to ``workers`` cores, default all); ``progress`` shows
-    each phase on the terminal."""
+    each phase on the terminal. ``result``: this scenario's search, where the caller has run it already."""
     space = space or Space()
     progress = progress or Progress(enabled=False)
-    result = search(model, cluster, job, space, mfu=mfu, progress=progress.counter("searching", "plans"),
-                    refine_top=REFINE_TOP, workers=workers)
+    if result is None:
+        result = search(model, cluster, job, space, mfu=mfu, progress=progress.counter("searching", "plans"),
+                        refine_top=REFINE_TOP, workers=workers)
     progress.phase("answering the four questions")
     sc = _Scenario(model, cluster, job, mfu)
     n = cluster.n_gpus

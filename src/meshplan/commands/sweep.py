@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from meshplan.argtypes import output_file, whole_in
-from meshplan.commands.common import add_jobs, add_scenario, add_space, progress, scenario, space
+from meshplan.commands.common import add_jobs, add_scenario, add_space, names_no_stack, progress, scenario, space
 from meshplan.errors import SpecError
 from meshplan.fileio import atomic_write_bytes, strict_json
 
@@ -36,7 +36,13 @@ def run(args: argparse.Namespace) -> int:
     model, cluster, job = scenario(args)
     name, lo, hi = parse_range(args.vary)
     values = geometric(lo, hi, args.points)
+    note = ""
     with progress(args, "meshplan sweep").running() as line:
+        if names_no_stack(args, job):
+            from meshplan.stacks import with_assumed_stack
+
+            job, note = with_assumed_stack(model, cluster, job, space(args), mfu=args.mfu, workers=args.jobs,
+                                           progress=line)
         points = sweep(model, cluster, job, name, values, space=space(args), mfu=args.mfu, workers=args.jobs,
                        progress=line.counter(f"searching at each value of {name}", "values"))
     if not points:
@@ -50,9 +56,9 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_bytes(args.plot, sweep_chart(points, xlabel=name, log_x=log_ticks([p.value for p in points])))
     unit = knob(model, cluster, job, name).unit
     if args.json:
-        print(strict_json(_json(name, unit, points)))
+        print(strict_json({**_json(name, unit, points), "software": job.software, "stack_note": note}))
     else:
-        print(_text(name, unit, lo, hi, points, model, cluster))
+        print(_text(name, unit, lo, hi, points, model, cluster) + (f"\nsearched on {note}" if note else ""))
     return 0
 
 
