@@ -52,7 +52,7 @@ def test_the_default_plan_names_its_stack_and_shows_each_stacks_leader(capsys):
     d = json.loads(capsys.readouterr().out)
     assert d["assumed_stack"]["stack"] in ("megatron", "torchtitan", "deepspeed")
     assert d["scenario"]["software"] == d["assumed_stack"]["stack"]
-    assert [s["stack"] for s in d["stacks"]][0] == min(d["stacks"], key=lambda s: s["best"]["step_time_s"])["stack"]
+    assert d["stacks"][0]["stack"] == min(d["stacks"], key=lambda s: s["best"]["step_time_s"])["stack"]
     assert d["n_plans_listed"] == 3 and d["n_plans_left_out"] > 0
 
 
