@@ -366,6 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_validate(sub)
     _register_harness(sub)
+    from meshplan.web import register as register_serve
+    register_serve(sub, _add_scenario)
     ca = sub.add_parser("catalog", help="list accelerators and models with their sources")
     ca.add_argument("--json", action="store_true")
     ca.set_defaults(func=cmd_catalog)
