@@ -139,3 +139,18 @@ def timeline_chart(trace: dict[str, Any]) -> dict[str, Any]:
                  "steady state repeats)" if any(n.startswith("pipeline") for n in processes.values()) else
                  "the streams of the first micro-batches; the steady state repeats"),
     }
+
+
+def simulated_timeline(est: Estimate, accelerator: str, software: str) -> dict[str, Any] | None:
+    """``est``'s step as the timeline simulator lays it out (with the fitted parameters of ``accelerator``
+    and ``software``, as ``plan`` and ``evaluate`` re-time a plan), as a timeline chart; None for a plan
+    that was not timed or that the simulator does not lay out (too many pipeline passes)."""
+    from meshplan.calibration import compute_params_for
+    from meshplan.sim.simulate import simulable, simulate
+    from meshplan.sim.trace import chrome_trace
+
+    if _finite(est.step_time_s) is None or not est.feasible or not simulable(est):
+        return None
+    cp = compute_params_for(accelerator, software)
+    return timeline_chart(chrome_trace(est, simulate(est, slowdown=cp.comm_slowdown,
+                                                     step_overhead_s=cp.step_overhead_s)))

@@ -76,17 +76,8 @@ def plan_row(rank: int, e: Estimate) -> dict[str, Any]:
 
 
 def timeline(b: Built, est: Estimate) -> dict[str, Any] | None:
-    """The simulated step of ``est`` as a timeline chart (chartdata.timeline_chart); None where the
-    simulator does not lay it out (a plan that was not timed, or too many pipeline passes)."""
-    from meshplan.calibration import compute_params_for
-    from meshplan.sim.simulate import simulable, simulate
-    from meshplan.sim.trace import chrome_trace
-
-    if _num(est.step_time_s) is None or not simulable(est):
-        return None
-    cp = compute_params_for(b.cluster.accelerator.name, b.job.software)
-    sim = simulate(est, slowdown=cp.comm_slowdown, step_overhead_s=cp.step_overhead_s)
-    return chartdata.timeline_chart(chrome_trace(est, sim))
+    """The simulated step of ``est`` as a timeline chart (chartdata.simulated_timeline)."""
+    return chartdata.simulated_timeline(est, b.cluster.accelerator.name, b.job.software)
 
 
 def detail(b: Built, est: Estimate) -> dict[str, Any]:
@@ -100,7 +91,7 @@ def detail(b: Built, est: Estimate) -> dict[str, Any]:
         "band": est.uncertainty.sentence("the prediction") if est.uncertainty else None,
         "memory_chart": chartdata.memory_chart([(est.plan.label(), est)]),
         "time_chart": chartdata.time_chart([(est.plan.label(), est)]),
-        "timeline": timeline(b, est) if est.feasible else None,
+        "timeline": timeline(b, est),
     }
 
 

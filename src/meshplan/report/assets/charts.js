@@ -206,7 +206,8 @@
     option.grid = {left: 8, right: 24, top: 40, bottom: 64, containLabel: true};
     option.xAxis = {type: data.log_x ? "log" : "value", name: data.x_title, nameLocation: "middle", nameGap: 26,
       scale: true, splitLine: {lineStyle: {color: "#eef"}}};
-    option.yAxis = {type: "value", name: data.y_title, nameLocation: "middle", nameGap: 50, scale: true,
+    option.yAxis = {type: "value", name: data.y_title, nameLocation: "middle", nameGap: 44, scale: true,
+      axisLabel: {formatter: function (v) { return v >= 1e4 ? +(v / 1e3).toPrecision(3) + "k" : v; }},
       splitLine: {lineStyle: {color: "#eef"}}};
     option.dataZoom = [{type: "inside", xAxisIndex: 0, filterMode: "none"}];
     option.series = series;
