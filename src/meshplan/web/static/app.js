@@ -254,11 +254,16 @@
     S.timer = setTimeout(plan, 350);
   }
 
-  async function plan() {
+  async function plan(force) {
     clearTimeout(S.timer);
     var s = readControls();
     var bad = checkControls(s);
     if (bad) { showError(bad); status("fix the highlighted value", "error"); return; }
+    if (force !== true && S.current && !S.controller && JSON.stringify(S.current.request) === JSON.stringify(s)) {
+      showError(null);  // nothing changed (a field left without a new value): the answer stands
+      status($("status").textContent, "ready");
+      return;
+    }
     if (S.controller) S.controller.abort();
     var controller = S.controller = new AbortController();
     var seq = ++S.seq;
@@ -267,6 +272,7 @@
     try {
       var result = await post("/api/plan", {scenario: s}, controller);
       if (seq !== S.seq) return;
+      S.controller = null;
       showError(null);
       var same = S.current && JSON.stringify(S.current.request) === JSON.stringify(s);
       if (S.current && !same) S.previous = S.current;
@@ -285,6 +291,7 @@
     } catch (e) {
       if (e && e.name === "AbortError") return;
       if (seq !== S.seq) return;
+      S.controller = null;
       showError(e);
       status("the last change was not planned (see the message)", "error");
     }
@@ -514,7 +521,8 @@
     var shown = rows.slice(0, S.shown);
     $("plans").querySelector("tbody").innerHTML = shown.map(function (p) {
       var cls = (p.plan === rec ? "recommended " : "") + (p.plan === S.selected ? "selected" : "");
-      return "<tr class='" + cls + "' data-plan='" + esc(p.plan) + "' data-rank='" + p.rank + "' data-step='" +
+      return "<tr class='" + cls + "' data-plan='" + esc(p.plan) + "' data-rank='" + p.rank + "' data-family='" +
+        esc(p.family) + "' data-stack='" + esc(p.stack) + "' data-step='" +
         (p.step_time_s === null ? "" : p.step_time_s) + "'>" +
         "<td class='num'>" + p.rank + "</td>" +
         "<td class='wrap'><b>" + esc(p.label) + "</b></td>" +
@@ -596,6 +604,7 @@
     var e = d.estimate;
     var isRec = S.current.recommended && e.plan.string === S.current.recommended.estimate.plan.string;
     $("selected-title").textContent = (isRec ? "Recommended plan" : "Selected plan") + ": " + e.plan.label;
+    $("selected-title").dataset.plan = e.plan.string;
     var parts = ["<span class='mono'>" + esc(e.plan.string) + "</span>"];
     if (e.feasible) {
       parts.push("step <b>" + C.formatSeconds(e.step_time_s) + "</b>, MFU " + pct(e.mfu) + ", peak " +
@@ -680,7 +689,7 @@
 
   // ---- wiring -------------------------------------------------------------------------------------------------
   function wire() {
-    $("scenario").addEventListener("submit", function (ev) { ev.preventDefault(); plan(); });
+    $("scenario").addEventListener("submit", function (ev) { ev.preventDefault(); plan(true); });
     ["model", "accelerator", "optimizer", "precision", "software", "space"].forEach(function (id) {
       $(id).addEventListener("change", function () { syncSliders(); schedule(); });
     });
