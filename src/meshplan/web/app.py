@@ -147,12 +147,16 @@ class Answers:
         self._waiters: dict[str, int] = {}
         self.hits = 0
 
-    async def get(self, key: str, compute: Callable[[], Awaitable[Any]], *, abandon: bool = False) -> bytes:
+    async def get(self, key: str, compute: Callable[[], Awaitable[Any]], *, abandon: bool = False
+                  ) -> tuple[bytes, str]:
+        """The answer's JSON and how it came: 'hit' (cached), 'shared' (another request's computation under
+        way) or 'miss' (computed for this request)."""
         if key in self._done:
             self._done.move_to_end(key)
             self.hits += 1
-            return self._done[key]
+            return self._done[key], "hit"
         task = self._running.get(key)
+        how = "shared" if task is not None else "miss"
         if task is None:
             async def run() -> bytes:
                 try:
@@ -168,7 +172,7 @@ class Answers:
         self._waiters[key] = self._waiters.get(key, 0) + 1
         try:
             # shielded: a client that goes away does not cancel the others' computation
-            return await asyncio.shield(task)
+            return await asyncio.shield(task), how
         finally:
             self._waiters[key] -= 1
             if not self._waiters[key]:
@@ -307,7 +311,7 @@ async def _computed(request: Request, kind: str, args: tuple[Any, ...], key: str
     answer = asyncio.ensure_future(st.answers.get(f"{kind}:{key}", lambda: pool.run(kind, args, limit_s),
                                                   abandon=slow))
     if not slow:
-        return _json(await answer)
+        return _answer(*(await answer))
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -318,7 +322,13 @@ async def _computed(request: Request, kind: str, args: tuple[Any, ...], key: str
         with contextlib.suppress(asyncio.CancelledError):
             await answer
         return Response(status_code=499)  # nobody reads it
-    return _json(answer.result())
+    return _answer(*answer.result())
+
+
+def _answer(body: bytes, how: str) -> Response:
+    response = _json(body)
+    response.headers["x-meshplan-cache"] = how
+    return response
 
 
 async def plan(request: Request, body: dict[str, Any]) -> Response:
@@ -465,7 +475,7 @@ def create_app(config: Config | None = None) -> Starlette:
     ]
     middleware = [Middleware(SecurityHeaders),
                   Middleware(HostCheck, allowed=config.allowed_hosts),
-                  Middleware(GZipMiddleware, minimum_size=1024)]
+                  Middleware(GZipMiddleware, minimum_size=1024, compresslevel=6)]
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                     exception_handlers={HTTPException: http_error, Exception: server_error})
     app.state.meshplan = State(config)
