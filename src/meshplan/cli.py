@@ -7,8 +7,10 @@ stderr naming the field and what is allowed, no traceback).
 from __future__ import annotations
 
 import argparse
-import json
+import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 
 from meshplan.argtypes import link_gb_per_s, mfu_fraction, output_dir, output_file, positive_size, whole_in
 from meshplan.errors import SpecError
+from meshplan.fileio import WriteError, atomic_write_bytes, strict_json, write_json
 
 DEFAULT_MODEL = "seed-70b"
 DEFAULT_CLUSTER = "h100-sxm"
@@ -139,7 +142,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         est = replace(est, notes=[*est.notes, mismatch])
     if args.profile_notes:
         est = replace(est, notes=[*est.notes, *args.profile_notes])
-    print(json.dumps(estimate_dict(est), indent=2) if args.json else estimate_text(est))
+    print(strict_json(estimate_dict(est)) if args.json else estimate_text(est))
     return 0
 
 
@@ -154,7 +157,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         out = plan_analysis_dict(analysis, top=args.top if args.top else None)
         out["profile_notes"] = args.profile_notes
-        print(json.dumps(out, indent=2))
+        print(strict_json(out))
     else:
         print("\n".join([*args.profile_notes, plan_text(analysis, top=args.top or 10)]))
     return 0
@@ -170,6 +173,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from meshplan.report.json import estimate_dict
     from meshplan.search.sweep import changes, geometric, log_ticks, parse_range, sweep
 
+    if args.plot:
+        from meshplan.extras import require
+
+        require("matplotlib", "plot", "sweep --plot")
     model, cluster, job = _scenario(args)
     name, lo, hi = parse_range(args.vary)
     values = geometric(lo, hi, args.points)
@@ -182,18 +189,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.plot:
         from meshplan.report.charts import sweep_chart
 
-        Path(args.plot).write_bytes(sweep_chart(points, xlabel=name, log_x=log_ticks([p.value for p in points])))
+        atomic_write_bytes(args.plot, sweep_chart(points, xlabel=name, log_x=log_ticks([p.value for p in points])))
     from meshplan.search.conditions import knob
     from meshplan.search.rank import TIE_BAND
 
     unit = knob(model, cluster, job, name).unit
     if args.json:
-        print(json.dumps({"schema": "meshplan.sweep/1", "condition": name, "unit": unit, "points": [
+        print(strict_json({"schema": "meshplan.sweep/1", "condition": name, "unit": unit, "points": [
             {"value": p.value, "best": estimate_dict(p.best) if p.best else None,
              "best_by_family": {f: {"plan": e.plan.to_string(), "label": e.plan.label(), "step_time_s": e.step_time_s,
                                     "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu} for f, e in p.by_family.items()}}
             for p in points], "changes": [{"from_value": a, "to_value": b, "from_plan": pa, "to_plan": pb}
-                                          for a, b, pa, pb in changes(points)]}, indent=2))
+                                          for a, b, pa, pb in changes(points)]}))
         return 0
     from meshplan.units import format_seconds
 
@@ -245,7 +252,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
         out = plan_analysis_dict(analysis, top=None)
         out["profile_notes"] = args.profile_notes
-        (out_dir / "report.json").write_text(json.dumps(out, indent=2))
+        write_json(out_dir / "report.json", out)
         print(f"wrote {html_path}, {md_path} and {out_dir / 'report.json'}")
     else:
         print(f"wrote {html_path} and {md_path}")
@@ -253,49 +260,22 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
-    from meshplan.catalog import list_accelerators, list_models, load_cluster, load_model
-    from meshplan.cost.params import param_counts
-    from meshplan.units import GB
+    from meshplan.report import catalog as cat
 
-    accels = []
-    for name in list_accelerators():
-        c = load_cluster(name)
-        a = c.accelerator
-        accels.append({"name": name, "description": a.description, "bf16_tflop_per_s": a.bf16_flop_per_s / 1e12,
-                       "fp8_tflop_per_s": None if a.fp8_flop_per_s is None else a.fp8_flop_per_s / 1e12,
-                       "hbm_gib": a.hbm_capacity_bytes / 2**30, "hbm_tb_per_s": a.hbm_bytes_per_s / 1e12,
-                       "gpus_per_node": c.gpus_per_node, "intra": c.intra.kind,
-                       "intra_gb_per_s": c.intra.link_bytes_per_s / GB,
-                       "ring_busbw_gb_per_s": c.intra.ring_busbw_bytes_per_s / GB,
-                       "nvls_busbw_gb_per_s": None if c.intra.nvls_busbw_bytes_per_s is None
-                       else c.intra.nvls_busbw_bytes_per_s / GB,
-                       "nic_gb_per_s": c.inter.nic_bytes_per_s / GB, "sources": a.sources})
-    models = []
-    for name in list_models():
-        m = load_model(name)
-        pc = param_counts(m)
-        models.append({"name": name, "params": pc.total, "active_params": pc.active, "n_layers": m.n_layers,
-                       "hidden": m.hidden, "n_heads": m.n_heads, "n_kv_heads": m.n_kv_heads,
-                       "ffn_hidden": m.ffn_hidden, "vocab": m.vocab, "moe": m.is_moe, "source": m.source})
-    if args.json:
-        print(json.dumps({"accelerators": accels, "models": models}, indent=2))
+    if args.model or args.cluster:
+        from meshplan.catalog import load_cluster, load_model
+
+        model = load_model(args.model) if args.model else None
+        cluster = load_cluster(args.cluster, nodes=args.nodes, default_nodes=1) if args.cluster else None
+        if args.json:
+            print(strict_json({"model": cat.model_summary(model) if model else None,
+                               "cluster": cat.cluster_summary(cluster) if cluster else None}))
+        else:
+            print("\n\n".join(t for t in (cat.model_text(model) if model else "",
+                                           cat.cluster_text(cluster) if cluster else "") if t))
         return 0
-    print("accelerators (dense TFLOP/s; HBM in GiB and TB/s; links per GPU per direction and NCCL bus bandwidths "
-          "(busbw) in decimal GB/s):")
-    for a in accels:
-        fp8 = f"{a['fp8_tflop_per_s']:.0f}" if a["fp8_tflop_per_s"] else "-"
-        nvls = f"{a['nvls_busbw_gb_per_s']:.0f}" if a["nvls_busbw_gb_per_s"] else "-"
-        print(f"  {a['name']:<10} BF16 {a['bf16_tflop_per_s']:>7.1f}  FP8 {fp8:>6}  HBM {a['hbm_gib']:>6.2f} GiB "
-              f"{a['hbm_tb_per_s']:>4.1f} TB/s  {a['gpus_per_node']:>2}/node {a['intra']:<8} "
-              f"{a['intra_gb_per_s']:>4.0f} GB/s (busbw ring {a['ring_busbw_gb_per_s']:.0f}, NVLS {nvls})  NIC "
-              f"{a['nic_gb_per_s']:.0f} GB/s   {a['description']}")
-    print("models:")
-    for m in models:
-        active = f" ({m['active_params'] / 1e9:.1f}B active)" if m["moe"] else ""
-        print(f"  {m['name']:<16} {m['params'] / 1e9:>8.2f}B{active:<18} L={m['n_layers']:<4} h={m['hidden']:<6} "
-              f"heads={m['n_heads']}/{m['n_kv_heads']}  {m['source'][:60]}")
-    print("every number has a source: meshplan catalog --json (in these display units, not the base units of "
-          "plan and evaluate JSON)")
+    listing = cat.listing()
+    print(strict_json(listing) if args.json else cat.listing_text(listing))
     return 0
 
 
@@ -368,28 +348,74 @@ def build_parser() -> argparse.ArgumentParser:
     _register_harness(sub)
     from meshplan.web import register as register_serve
     register_serve(sub, _add_scenario)
-    ca = sub.add_parser("catalog", help="list accelerators and models with their sources")
-    ca.add_argument("--json", action="store_true")
+    ca = sub.add_parser("catalog", help="list accelerators and models with their sources, or show one")
+    ca.add_argument("--model", default=None, metavar="NAME|FILE",
+                    help="show this model: its spec, parameter counts (total, active per token, embedding) and sizes")
+    ca.add_argument("--cluster", default=None, metavar="NAME|FILE",
+                    help="show this accelerator's node or this cluster file: GPUs, links, memory")
+    ca.add_argument("--nodes", type=positive_size, default=None,
+                    help="with --cluster: nodes (default: the file's, else 1)")
+    ca.add_argument("--json", action="store_true", help="JSON in base units (counts, bytes, bytes/s, FLOP/s)")
     ca.set_defaults(func=cmd_catalog)
     return p
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that the work unwinds (workers killed, no partial file)."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+def _fail(message: str, code: int) -> int:
+    """One line on stderr (cut to MAX_ERROR_CHARS), and the exit status."""
+    line = " ".join(message.split())
+    if len(line) > MAX_ERROR_CHARS:
+        line = line[:MAX_ERROR_CHARS - 30] + f"... ({len(line):,} characters)"
+    print(f"meshplan: {line}", file=sys.stderr)
+    return code
+
+
+MAX_ERROR_CHARS = 2000
+"""The longest error line the command prints."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "command", None):
-        args = parser.parse_args(["plan", *(argv or [])])
+    """Run one command. Exit status: 0 done, 1 a check failed or a file could not be written, 2 bad input,
+    130 interrupted (Ctrl-C), 143 terminated (SIGTERM), 70 an internal error (one line; MESHPLAN_DEBUG=1
+    shows its traceback)."""
+    in_main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, _terminate) if in_main else None
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "command", None):
+            args = parser.parse_args(["plan", *(argv or [])])
         return int(args.func(args))
     except SpecError as exc:
-        print(f"meshplan: error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(f"error: {exc}", 2)
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    except Terminated:
+        return _fail("terminated", 143)
+    except WriteError as exc:
+        return _fail(f"error: {exc}", 1)
     except OSError as exc:  # a file the checks before the work could not foresee (a read-only file system)
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"meshplan: error: {where}{exc.strerror or exc}", file=sys.stderr)
-        return 1
+        return _fail(f"error: {where}{exc.strerror or exc}", 1)
+    except (RecursionError, MemoryError) as exc:
+        return _fail(f"error: the input is too large or nested too deeply ({type(exc).__name__})", 2)
+    except Exception as exc:  # a bug: one line, the traceback on request
+        if os.environ.get("MESHPLAN_DEBUG"):
+            raise
+        return _fail(f"internal error: {type(exc).__name__}: {exc} (set MESHPLAN_DEBUG=1 for the traceback, and "
+                     "please report it)", 70)
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
 
 
 if __name__ == "__main__":

@@ -96,18 +96,12 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-WEB_MISSING = "meshplan serve needs the web extra: pip install 'meshplan[web]'"
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
-    import importlib.util
-    import sys
-
     from meshplan.argtypes import reject_unused
+    from meshplan.extras import require
 
-    if any(importlib.util.find_spec(m) is None for m in ("starlette", "uvicorn")):
-        print(WEB_MISSING, file=sys.stderr)
-        return 2
+    require("starlette", "web", "serve")
+    require("uvicorn", "web", "serve")
     reject_unused(args, args.parser, SCENARIO_FLAGS, "serve")
     import uvicorn
 

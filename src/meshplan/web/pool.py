@@ -17,6 +17,7 @@ import concurrent.futures
 import contextlib
 import logging
 import multiprocessing
+import os
 import time
 import traceback
 from dataclasses import dataclass
@@ -40,11 +41,17 @@ class TaskFailed(Exception):
     """A task raised an unexpected exception (logged with its trace in the worker) or its worker died."""
 
 
-def _worker_main(conn: Connection) -> None:
+def _worker_main(conn: Connection, parent_pid: int) -> None:
     """A worker's loop: receive (handler name, args), answer ('ok', result), ('spec', (field, message)) for
-    bad input, or ('error', trace) for anything else; stop on None."""
+    bad input, or ('error', trace) for anything else; stop on None. The worker dies with the server, however
+    the server ends (parallel's PR_SET_PDEATHSIG), and leaves Ctrl-C to it."""
+    import signal
+
+    from meshplan.parallel import _die_with_parent
     from meshplan.web.compute import HANDLERS
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent_pid)
     while True:
         try:
             msg = conn.recv()
@@ -93,7 +100,7 @@ class Pool:
 
     def _spawn(self) -> _Worker:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker_main, args=(child,), daemon=True, name="meshplan-search")
+        proc = self._ctx.Process(target=_worker_main, args=(child, os.getpid()), daemon=True, name="meshplan-search")
         proc.start()
         child.close()
         w = _Worker(proc, parent)

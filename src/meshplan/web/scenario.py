@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,17 +122,24 @@ def cache_key(s: dict[str, Any]) -> str:
 
 
 def _parse(field: str, doc: dict[str, Any]) -> Any:
-    text = doc["text"]
+    """A spec document's text parsed as its format says (TOML as spec files are read: catalog.parse_toml)."""
+    from meshplan.catalog import parse_toml
+
+    text, fmt, name = doc["text"], doc["format"], doc["name"]
+    if fmt == "toml":
+        try:
+            return parse_toml(text, field, name)
+        except SpecError as exc:
+            hint = " (it looks like JSON: choose the json format)" if text.lstrip().startswith("{") else ""
+            raise SpecError(field, exc.message.replace(" (spec files are TOML, not JSON)", "") + hint) from None
     try:
-        if doc["format"] == "json":
-            return json.loads(text, parse_constant=_no_constant)
-        return tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        hint = (" (it looks like JSON: choose the json format)" if doc["format"] == "toml"
-                and text.lstrip().startswith("{") else "")
-        raise SpecError(field, f"malformed {doc['format'].upper()} in {doc['name']}: {exc}{hint}") from None
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise SpecError(field, f"malformed JSON in {name}: {exc}") from None
     except RecursionError:
-        raise SpecError(field, f"malformed {doc['format'].upper()} in {doc['name']}: nested too deeply") from None
+        raise SpecError(field, f"malformed JSON in {name}: nested too deeply") from None
+    except ValueError:  # Python's limit on the digits of an integer it converts (4,300)
+        raise SpecError(field, f"malformed JSON in {name}: a number of thousands of digits") from None
 
 
 def _no_constant(name: str) -> None:
