@@ -146,7 +146,7 @@ BAD_SCENARIOS = [
     ({"model": "/etc/passwd"}, "model", "must be one of"),
     ({"model": "../catalog/models/seed-70b"}, "model", "must be one of"),
     ({"accelerator": "h100-sxm.toml"}, "accelerator", "must be one of"),
-    ({"colour": "blue"}, "scenario", "unknown keys colour"),
+    ({"colour": "blue"}, "scenario", "unknown keys 'colour'"),
     ({"batch_tokens": 4096 * 3 + 1}, "job.global_batch_tokens", "multiple of seq_len"),
     ({"inter_node_gb_per_s": -1}, "inter_node_gb_per_s", "GB/s"),
     ({"precision": "fp4"}, "precision", "bf16, fp8"),

@@ -114,8 +114,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     cache_entries=args.cache,
                     allowed_hosts=(*LOOPBACK_HOSTS, args.host) if loopback else ("*",))
     shown = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"meshplan serve: http://{shown}:{args.port}/  ({config.workers} search workers, "
-          f"{config.time_limit_s:g} s limit per search; Ctrl-C stops)", flush=True)
+    workers = f"{config.workers} search worker" + ("s" if config.workers != 1 else "")
+    print(f"meshplan serve: http://{shown}:{args.port}/  ({workers}, {config.time_limit_s:g} s limit per search; "
+          "Ctrl-C stops)", flush=True)
     if not loopback:
         print("meshplan serve: listening beyond this machine: anyone who can reach this port can run searches "
               "(there is no login)", flush=True)

@@ -44,10 +44,15 @@ class Built:
     space: str
 
 
+def _shown(value: Any) -> str:
+    """A value as a message quotes it: its repr (one line), cut short."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _choice(field: str, value: Any, allowed: tuple[str, ...] | list[str]) -> str:
     if not isinstance(value, str) or value not in allowed:
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-        raise SpecError(field, f"must be one of {', '.join(allowed)}; got {shown}")
+        raise SpecError(field, f"must be one of {', '.join(allowed)}; got {_shown(value)}")
     return value
 
 
@@ -55,7 +60,7 @@ def _whole(field: str, value: Any, lo: int, hi: int) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise SpecError(field, f"must be a whole number from {lo:,} to {hi:,}; got {str(value)[:40]}")
+        raise SpecError(field, f"must be a whole number from {lo:,} to {hi:,}; got {_shown(value)}")
     return value
 
 
@@ -63,7 +68,7 @@ def _rate(field: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
             or not 0.001 <= value <= 1e5:
         raise SpecError(field, f"must be a number of GB/s per GPU per direction from 0.001 to 100,000; "
-                               f"got {str(value)[:40]}")
+                               f"got {_shown(value)}")
     return float(value)
 
 
@@ -95,7 +100,7 @@ def normalise(raw: Any) -> dict[str, Any]:
         raise SpecError("scenario", f"must be an object with keys among {', '.join(DEFAULTS)}")
     unknown = sorted(set(raw) - set(DEFAULTS))
     if unknown:
-        raise SpecError("scenario", f"unknown keys {', '.join(k[:40] for k in unknown[:5])}; allowed: "
+        raise SpecError("scenario", f"unknown keys {', '.join(_shown(k) for k in unknown[:5])}; allowed: "
                                     f"{', '.join(DEFAULTS)}")
     s = {**DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
     s["model_spec"] = _document("model_spec", s["model_spec"])
