@@ -51,9 +51,17 @@ def live_server(*args: str, workers: int = 2, startup_s: float = 60.0):
     """``meshplan serve`` in a child process on a free loopback port; yields its base URL."""
     port = free_port()
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"meshplan-serve-{port}.log"
+    parent = os.getpid()
+
+    def die_with_parent() -> None:  # the server goes when the tests go, however they end
+        from meshplan.parallel import _die_with_parent
+
+        _die_with_parent(parent)
+
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "meshplan.cli", "serve", "--port", str(port),
-                                 "--workers", str(workers), *args], stdout=out, stderr=subprocess.STDOUT)
+                                 "--workers", str(workers), *args], stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=die_with_parent if sys.platform == "linux" else None)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + startup_s

@@ -117,7 +117,7 @@ def plan(s: dict[str, Any]) -> dict[str, Any]:
         "plans": [plan_row(i, e) for i, e in enumerate(r.ranked, 1)],
         "charts": {"memory": chartdata.memory_chart(top), "time": chartdata.time_chart(top),
                    "pareto": chartdata.pareto_chart(r.ranked, best)},
-        "economics": extensions.economics(b, best) if best else None,
+        "economics": extensions.economics(b, best, s["train_tokens"]) if best else None,
     }
 
 
@@ -169,9 +169,9 @@ def inspect_spec(kind: str, doc: Any) -> dict[str, Any]:
     sets its controls from them)."""
     from dataclasses import asdict
 
-    from meshplan.catalog import job_from_data, model_from_data
+    from meshplan.catalog import job_from_data
     from meshplan.cost.params import param_counts
-    from meshplan.web.scenario import DEFAULTS, _document, _parse
+    from meshplan.web.scenario import DEFAULTS, _document, _parse, model_from_document
 
     if kind not in ("model", "job"):
         raise SpecError("kind", f"must be model or job; got {str(kind)[:40]!r}")
@@ -179,15 +179,14 @@ def inspect_spec(kind: str, doc: Any) -> dict[str, Any]:
     d = _document(field, doc)
     if d is None:
         raise SpecError(field, "is missing")
-    data = _parse(field, d)
     try:
         if kind == "model":
-            m = model_from_data(data, f"uploaded spec {d['name']}")
+            m = model_from_document(d)
             pc = param_counts(m)
             return {"kind": "model", "name": m.name, "params": pc.total, "active_params": pc.active,
                     "n_layers": m.n_layers, "moe": m.is_moe}
-        job = job_from_data(data, defaults={"global_batch_tokens": DEFAULTS["batch_tokens"],
-                                            "seq_len": DEFAULTS["seq_len"]})
+        job = job_from_data(_parse(field, d), defaults={"global_batch_tokens": DEFAULTS["batch_tokens"],
+                                                        "seq_len": DEFAULTS["seq_len"]})
     except SpecError:
         raise
     except (TypeError, ValueError, OverflowError, AttributeError, KeyError) as exc:
@@ -199,14 +198,11 @@ def inspect_spec(kind: str, doc: Any) -> dict[str, Any]:
 
 
 def export_plan(s: dict[str, Any], plan_string: str, framework: str) -> dict[str, Any]:
-    """A plan as ``framework``'s configuration (web.extensions.export), where ``meshplan.frameworks`` is
-    installed."""
-    from meshplan.cost.step import evaluate as evaluate_plan
+    """A plan as ``framework``'s settings (web.extensions.export), where ``meshplan.frameworks`` is installed."""
     from meshplan.specs import parse_plan
 
     b = build(s)
-    est = evaluate_plan(b.model, b.cluster, b.job, parse_plan(plan_string, world_size=b.cluster.n_gpus))
-    return {"framework": framework, "plan": est.plan.to_string(), "text": extensions.export(b, est, framework)}
+    return extensions.export(b, parse_plan(plan_string, world_size=b.cluster.n_gpus), framework)
 
 
 HANDLERS = {"plan": plan, "conditions": conditions, "evaluate": evaluate, "inspect_spec": inspect_spec,

@@ -1,20 +1,23 @@
-"""Panels of the page that other packages of meshplan fill, where they are installed: a plan's exports to
-a framework's configuration (``meshplan.frameworks``) and the time and cost to train
-(``meshplan.economics``). The page shows a panel only where its package is importable and offers what
-this module looks for; otherwise the panel stays hidden.
+"""Panels of the page that other packages of meshplan fill, where they are installed: a plan's export to a
+framework's settings and a Hugging Face ``config.json`` as a model (``meshplan.frameworks``), and the time
+and cost to train (``meshplan.economics``). The page shows a panel only where its package is importable
+and offers what this module uses; otherwise the panel stays hidden and the rest of the page is unchanged.
 
-What is looked for (the adapters below are the one place to change if those packages say otherwise):
+What is used (these adapters are the one place to change if those packages change):
 
-- ``meshplan.frameworks``: ``FRAMEWORKS`` (names, e.g. torchtitan, megatron, deepspeed) and
-  ``export(framework, model, cluster, job, plan) -> str`` (the configuration's text).
-- ``meshplan.economics``: ``summary(model, cluster, job, estimate) -> dict`` (JSON-ready: time to train,
-  cost, goodput, with units in the keys).
+- ``meshplan.frameworks.common.STACKS`` (torchtitan, megatron, deepspeed) and
+  ``meshplan.frameworks.command.export(stack, model, cluster, job, plan) -> Export`` (its ``text``,
+  ``format`` and ``assumptions``), with ``command.stack_job(stack, job)``: as ``meshplan export`` does, the
+  plan is evaluated on the framework's stack before it is exported.
+- ``meshplan.frameworks.hf.model_from_hf(data, name=, source=)``: a ``config.json``'s dict as a ModelSpec.
+- ``meshplan.economics``: ``summarise(estimate, model, cluster, job, train_tokens=) -> Summary`` (its
+  ``to_dict()``) and ``summary_lines(summary)``: time to train, GPU-hours, cost, energy and goodput with the
+  prediction's band, for the scenario's ``train_tokens`` (or the job's).
 """
 
 from __future__ import annotations
 
 import importlib
-import math
 from typing import Any
 
 from meshplan.cost.estimate import Estimate
@@ -22,6 +25,7 @@ from meshplan.errors import SpecError
 
 
 def _module(name: str) -> Any | None:
+    """``name`` imported, or None where its package is not installed."""
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
@@ -32,10 +36,10 @@ def _module(name: str) -> Any | None:
 
 def export_frameworks() -> list[str]:
     """The frameworks a plan can be exported to; empty where ``meshplan.frameworks`` is absent."""
-    mod = _module("meshplan.frameworks")
-    if mod is None or not callable(getattr(mod, "export", None)):
+    common, command = _module("meshplan.frameworks.common"), _module("meshplan.frameworks.command")
+    if common is None or command is None or not callable(getattr(command, "export", None)):
         return []
-    return [str(n) for n in getattr(mod, "FRAMEWORKS", ())]
+    return [str(n) for n in getattr(common, "STACKS", ())]
 
 
 def exports(b: Any, est: Estimate) -> list[str]:
@@ -43,32 +47,56 @@ def exports(b: Any, est: Estimate) -> list[str]:
     return export_frameworks() if est.feasible else []
 
 
-def export(b: Any, est: Estimate, framework: str) -> str:
-    """``est``'s plan as ``framework``'s configuration text."""
+def export(b: Any, plan: Any, framework: str) -> dict[str, Any]:
+    """``plan`` evaluated on ``framework``'s stack and written as its settings: ``{"framework", "plan", "format",
+    "text", "assumptions"}``. SpecError where the plan does not fit or the framework cannot run it."""
+    from meshplan.cost.step import evaluate
+
     names = export_frameworks()
     if framework not in names:
         allowed = ", ".join(names) or "(none: meshplan.frameworks is not installed)"
         raise SpecError("framework", f"must be one of {allowed}; got {framework[:40]!r}")
-    mod = _module("meshplan.frameworks")
-    text = mod.export(framework, b.model, b.cluster, b.job, est.plan)
-    return text if isinstance(text, str) else str(text)
+    command = _module("meshplan.frameworks.command")
+    job = command.stack_job(framework, b.job) if callable(getattr(command, "stack_job", None)) else b.job
+    est = evaluate(b.model, b.cluster, job, plan)
+    if not est.feasible:
+        raise SpecError("plan", f"the plan does not fit: {'; '.join(est.infeasible_reasons)}")
+    ex = command.export(framework, b.model, b.cluster, job, est.plan)
+    return {"framework": framework, "plan": est.plan.to_string(), "format": str(getattr(ex, "format", "")),
+            "text": str(getattr(ex, "text", ex)), "assumptions": [str(a) for a in getattr(ex, "assumptions", ())]}
+
+
+def hf_model(data: dict[str, Any], name: str) -> Any | None:
+    """A Hugging Face ``config.json``'s dict as a ModelSpec; None where ``meshplan.frameworks`` is absent."""
+    hf = _module("meshplan.frameworks.hf")
+    if hf is None or not callable(getattr(hf, "model_from_hf", None)):
+        return None
+    stem = name.rsplit(".", 1)[0] if name != "config.json" else "hf-model"
+    return hf.model_from_hf(data, name=stem, source=f"Hugging Face config.json uploaded as {name}")
 
 
 def economics_available() -> bool:
     mod = _module("meshplan.economics")
-    return mod is not None and callable(getattr(mod, "summary", None))
+    return mod is not None and callable(getattr(mod, "summarise", None))
 
 
-def economics(b: Any, est: Estimate) -> dict[str, Any] | None:
-    """Time to train, cost and goodput of the recommended plan; None where ``meshplan.economics`` is absent."""
+def economics(b: Any, est: Estimate, train_tokens: int | None) -> dict[str, Any] | None:
+    """Time to train, cost, energy and goodput of the recommended plan for ``train_tokens`` (else the job's):
+    ``{"lines", "summary"}``, or ``{"needs": "train_tokens"}`` where neither gives a token budget; None where
+    ``meshplan.economics`` is absent."""
     if not economics_available():
         return None
-    out = _module("meshplan.economics").summary(b.model, b.cluster, b.job, est)
-    if not isinstance(out, dict):
-        return None
-    return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in out.items()}
+    tokens = train_tokens or getattr(b.job, "train_tokens", None)
+    if not tokens:
+        return {"needs": "train_tokens"}
+    mod = _module("meshplan.economics")
+    s = mod.summarise(est, b.model, b.cluster, b.job, train_tokens=tokens)
+    lines = mod.summary_lines(s) if callable(getattr(mod, "summary_lines", None)) else []
+    return {"lines": [str(x) for x in lines], "summary": s.to_dict() if callable(getattr(s, "to_dict", None))
+            else None}
 
 
 def available() -> dict[str, Any]:
     """Which optional panels the page shows."""
-    return {"exports": export_frameworks(), "economics": economics_available()}
+    return {"exports": export_frameworks(), "economics": economics_available(),
+            "hf_config": _module("meshplan.frameworks.hf") is not None}

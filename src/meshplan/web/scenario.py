@@ -20,10 +20,11 @@ from meshplan.specs import ClusterSpec, JobSpec, ModelSpec
 DEFAULTS: dict[str, Any] = {
     "model": "seed-70b", "model_spec": None, "accelerator": "h100-sxm", "nodes": 8, "gpus_per_node": None,
     "inter_node_gb_per_s": None, "batch_tokens": 4_194_304, "seq_len": 4096, "optimizer": "adamw",
-    "precision": "bf16", "software": "generic", "job_spec": None, "space": "full",
+    "precision": "bf16", "software": "generic", "job_spec": None, "space": "full", "train_tokens": None,
 }
 """The worked example, as ``meshplan plan`` takes it without flags. ``None``: the accelerator's usual node
-(GPUs per node, NIC bandwidth), or no spec document."""
+(GPUs per node, NIC bandwidth), or no spec document; ``train_tokens`` (the token budget of the time-to-train
+and cost panel, where ``meshplan.economics`` is installed): None leaves it to the job."""
 
 MAX_SPEC_CHARS = 64 * 1024
 """The longest spec document a request may carry (a catalog model is about 1,500 characters)."""
@@ -118,6 +119,8 @@ def normalise(raw: Any) -> dict[str, Any]:
     s["precision"] = _choice("precision", s["precision"], PRECISIONS)
     s["software"] = _choice("software", s["software"], SOFTWARE)
     s["space"] = _choice("space", s["space"], SPACES)
+    if s["train_tokens"] is not None:
+        s["train_tokens"] = _whole("train_tokens", s["train_tokens"], 1, 1 << 50)
     return s
 
 
@@ -151,15 +154,31 @@ def _no_constant(name: str) -> None:
     raise json.JSONDecodeError(f"{name} is not a JSON number", name, 0)
 
 
+def model_from_document(doc: dict[str, Any]) -> ModelSpec:
+    """The model of an uploaded spec document: meshplan's model keys, or a Hugging Face ``config.json`` (its
+    ``model_type``) where ``meshplan.frameworks`` reads them."""
+    from meshplan.catalog import model_from_data
+    from meshplan.web import extensions
+
+    data = _parse("model_spec", doc)
+    if isinstance(data, dict) and "model_type" in data and "n_layers" not in data:
+        model = extensions.hf_model(data, doc["name"])
+        if model is None:
+            raise SpecError("model_spec", "a Hugging Face config.json is read where meshplan.frameworks is "
+                                          "installed; give meshplan's model keys (name, n_layers, hidden, n_heads, "
+                                          "n_kv_heads, ffn_hidden, vocab)")
+        return model
+    return model_from_data(data, f"uploaded spec {doc['name']}")
+
+
 def build(s: dict[str, Any]) -> Built:
     """The specs of a normalised scenario. Raises SpecError for any value the specs refuse (the uploaded
     documents' included)."""
-    from meshplan.catalog import job_from_data, load_cluster, load_model, model_from_data
+    from meshplan.catalog import job_from_data, load_cluster, load_model
 
     try:
         if s["model_spec"]:
-            doc = s["model_spec"]
-            model = model_from_data(_parse("model_spec", doc), f"uploaded spec {doc['name']}")
+            model = model_from_document(s["model_spec"])
         else:
             model = load_model(s["model"])  # a name checked against the catalog by normalise
         cluster = load_cluster(s["accelerator"], nodes=s["nodes"], gpus_per_node=s["gpus_per_node"],

@@ -7,10 +7,10 @@
   var esc = C.escapeHtml;
 
   var FIELDS = ["model", "accelerator", "nodes", "gpus_per_node", "inter_node_gb_per_s", "batch_tokens", "seq_len",
-    "optimizer", "precision", "software", "space"];
+    "optimizer", "precision", "software", "space", "train_tokens"];
   var URL_KEYS = {model: "model", accelerator: "accel", nodes: "nodes", gpus_per_node: "gpn",
     inter_node_gb_per_s: "bw", batch_tokens: "batch", seq_len: "seq", optimizer: "opt", precision: "prec",
-    software: "stack", space: "space"};
+    software: "stack", space: "space", train_tokens: "tokens"};
   var NODE_STEPS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096];
   var BW_STEPS = [1.5625, 3.125, 6.25, 12.5, 25, 50, 100, 200, 400];
   var SEQ_STEPS = [];
@@ -41,6 +41,20 @@
     var mult = {"": 1, K: 1024, M: 1048576, G: 1073741824}[m[2]];
     var v = parseFloat(m[1]) * mult;
     return Number.isInteger(v) && v > 0 ? v : null;
+  }
+  /* A token budget as people write it, in decimal multiples: '15.6T', '2e12', '300B'. */
+  function parseBudget(text) {
+    var t = String(text).trim().toUpperCase().replace(/,/g, "").replace(/_/g, "");
+    if (!t) return null;
+    var m = /^(\d+(?:\.\d+)?(?:E\d+)?)([KMBGT]?)$/.exec(t);
+    if (!m) return NaN;
+    var v = Math.round(parseFloat(m[1]) * {"": 1, K: 1e3, M: 1e6, B: 1e9, G: 1e9, T: 1e12}[m[2]]);
+    return v >= 1 ? v : NaN;
+  }
+  function budget(n) {
+    if (n >= 1e12) return +(n / 1e12).toPrecision(4) + "T";
+    if (n >= 1e9) return +(n / 1e9).toPrecision(4) + "B";
+    return n.toLocaleString("en-US");
   }
   var GiB = Math.pow(2, 30);
   function gib(b) { return C.formatGiB(b / GiB); }
@@ -141,6 +155,7 @@
     s.precision = $("precision").value;
     s.software = $("software").value;
     s.space = $("space").value;
+    s.train_tokens = S.catalog.panels.economics ? parseBudget($("train-tokens").value) : null;
     s.model_spec = S.uploads.model;
     s.job_spec = S.uploads.job;
     return s;
@@ -152,6 +167,7 @@
     if (!(s.nodes >= 1)) return {field: "nodes", message: "a whole number of nodes, at least 1"};
     if (s.gpus_per_node !== null && !(s.gpus_per_node >= 1)) return {field: "gpus_per_node", message: "at least 1, or empty for the node's"};
     if (s.inter_node_gb_per_s !== null && !(s.inter_node_gb_per_s > 0)) return {field: "inter_node_gb_per_s", message: "a positive number of GB/s, or empty for the node's"};
+    if (s.train_tokens !== null && !(s.train_tokens >= 1)) return {field: "train_tokens", message: "a token budget, e.g. 15.6T or 300B, or empty"};
     return null;
   }
 
@@ -167,6 +183,7 @@
     $("precision").value = s.precision;
     $("software").value = s.software;
     $("space").value = s.space;
+    $("train-tokens").value = s.train_tokens ? budget(s.train_tokens) : "";
     S.uploads.model = s.model_spec || null;
     S.uploads.job = s.job_spec || null;
     showUploads();
@@ -226,6 +243,7 @@
       var v = q.get(URL_KEYS[f]);
       if (v === null) return;
       if (["nodes", "gpus_per_node", "batch_tokens", "seq_len"].indexOf(f) >= 0) s[f] = parseTokens(v) || s[f];
+      else if (f === "train_tokens") s[f] = parseBudget(v) || null;
       else if (f === "inter_node_gb_per_s") s[f] = parseFloat(v) || null;
       else s[f] = v;
     });
@@ -584,16 +602,16 @@
     var e = S.current.economics;
     $("economics").hidden = !e;
     if (!e) return;
-    $("economics-body").innerHTML = Object.keys(e).map(function (k) {
-      return "<dt>" + esc(k.replace(/_/g, " ")) + "</dt><dd>" + esc(typeof e[k] === "number" ?
-        e[k].toLocaleString("en-US", {maximumSignificantDigits: 4}) : JSON.stringify(e[k])) + "</dd>";
-    }).join("");
+    $("economics-body").innerHTML = e.needs ?
+      "<li>Give the tokens to train (left, e.g. 15.6T) for the time to train, GPU-hours, cost, energy and goodput.</li>" :
+      e.lines.map(function (l) { return "<li>" + esc(l.trim()) + "</li>"; }).join("");
   }
 
   function renderDetail() {
     var d = S.detail;
     $("selected-status").textContent = "";
     $("export-text").hidden = true;
+    $("export-notes").hidden = true;
     if (!d) {
       $("selected-title").textContent = "Plan in detail";
       $("selected-summary").textContent = "no plan fits: nothing to lay out";
@@ -693,7 +711,7 @@
     ["model", "accelerator", "optimizer", "precision", "software", "space"].forEach(function (id) {
       $(id).addEventListener("change", function () { syncSliders(); schedule(); });
     });
-    ["nodes", "gpus-per-node", "bandwidth", "batch", "seq"].forEach(function (id) {
+    ["nodes", "gpus-per-node", "bandwidth", "batch", "seq", "train-tokens"].forEach(function (id) {
       $(id).addEventListener("change", function () {
         if (id === "seq") {  // keep the batch a whole number of sequences
           var seq = parseTokens($("seq").value), b = parseTokens($("batch").value);
@@ -770,7 +788,13 @@
         var r = await post("/api/export", {scenario: S.current.request, plan: S.detail.estimate.plan.string, framework: b.dataset.framework});
         $("export-text").textContent = r.text;
         $("export-text").hidden = false;
-      } catch (e) { showError(e); }
+        $("export-notes").innerHTML = (r.assumptions || []).map(function (a) { return "<li>" + esc(a) + "</li>"; }).join("");
+        $("export-notes").hidden = !(r.assumptions || []).length;
+      } catch (e) {  // a framework that cannot run the plan says what it lacks, here
+        $("export-text").textContent = (e.message || String(e));
+        $("export-text").hidden = false;
+        $("export-notes").hidden = true;
+      }
     });
   }
 
@@ -792,6 +816,7 @@
     fillSelect($("optimizer"), cat.optimizers);
     fillSelect($("precision"), cat.precisions);
     fillSelect($("software"), cat.software);
+    $("train-tokens-row").hidden = !cat.panels.economics;
     var fromUrl = fromQuery(location.search);
     writeControls(fromUrl.scenario);
     S.pendingPlan = fromUrl.plan;
