@@ -154,6 +154,26 @@ def test_what_if_planning_in_a_browser(browser, server, artifacts_dir):
     page.locator("#selected-title").scroll_into_view_if_needed()
     page.screenshot(path=str(artifacts_dir / "5-selected-plan.png"))
 
+    # 5b. where meshplan.frameworks is installed, the plan exports to each framework (or says what it lacks)
+    frameworks = page.evaluate("() => window.meshplanPage.catalog.panels.exports")
+    if frameworks:
+        page.click(f"#export-buttons button[data-framework='{frameworks[0]}']")
+        page.wait_for_selector("#export-text:not([hidden])", timeout=60_000)
+        from meshplan.errors import SpecError
+        from meshplan.web.compute import export_plan
+        from meshplan.web.scenario import normalise
+
+        try:  # what the library gives for the same scenario and plan: the settings, or the refusal
+            want_text = export_plan(normalise({"accelerator": "h200", "batch_tokens": 8 << 20}), picked,
+                                    frameworks[0])["text"]
+        except SpecError as exc:
+            want_text = f"Not exported: {exc.message}"
+        assert page.text_content("#export-text") == want_text
+        page.locator("#exports").scroll_into_view_if_needed()
+        page.screenshot(path=str(artifacts_dir / "5b-export.png"))
+    else:
+        assert page.is_hidden("#exports")
+
     # 6. the table sorts and filters
     page.click("#plans th[data-key=step_time_s]")
     steps = page.eval_on_selector_all("#plans tbody tr", "rs => rs.map(r => +r.dataset.step)")
@@ -188,6 +208,19 @@ def test_what_if_planning_in_a_browser(browser, server, artifacts_dir):
     assert page.get_attribute("#rec-plan", "data-plan") == want["recommended"]["plan"]["string"]
     page.evaluate("() => window.scrollTo(0, 0)")
     page.screenshot(path=str(artifacts_dir / "6-error.png"))
+
+    # 9. where meshplan.economics is installed, a token budget gives the time to train and its cost
+    if page.evaluate("() => window.meshplanPage.catalog.panels.economics"):
+        renders = int(page.get_attribute("body", "data-renders"))
+        change(page, "#train-tokens", "15.6T")
+        wait_rendered(page, renders + 1)
+        page.wait_for_selector("#economics:not([hidden])")
+        assert page.inner_text("#economics-body").startswith("Time to train 15,600,000,000,000 tokens")
+        assert "tokens=15600000000000" in page.url
+        page.locator("#economics").scroll_into_view_if_needed()
+        page.screenshot(path=str(artifacts_dir / "7-economics.png"))
+    else:
+        assert page.is_hidden("#economics") and page.is_hidden("#train-tokens-row")
 
     assert not problems, problems
     assert external == []  # every asset from the server itself

@@ -238,7 +238,9 @@
     var sliderBottom = 14 + 18 * Math.max(1, Math.ceil(cats.join("").length / 90));
     option.grid = {left: 8, right: 24, top: 34, bottom: sliderBottom + 58, containLabel: true};
     option.xAxis = {type: "value", name: "ms from the step's start", nameLocation: "middle", nameGap: 24, min: 0, max: "dataMax",
-      splitLine: {lineStyle: {color: "#eef"}}};
+      axisLabel: {hideOverlap: true, formatter: function (v) {
+        return v.toLocaleString("en-US", {maximumSignificantDigits: 4});
+      }}, splitLine: {lineStyle: {color: "#eef"}}};
     option.yAxis = {type: "category", data: data.lanes, inverse: true, axisTick: {show: false},
       axisLabel: {fontSize: 11, width: 200, overflow: "truncate"}};
     option.dataZoom = [{type: "slider", xAxisIndex: 0, filterMode: "weakFilter", height: 18, bottom: sliderBottom},
@@ -260,7 +262,9 @@
   }
 
   function draw(el, option, opts) {
-    var chart = root.echarts.getInstanceByDom(el) || root.echarts.init(el, null, {renderer: "canvas"});
+    var chart = root.echarts.getInstanceByDom(el);
+    if (chart) chart.resize();  // the container may have changed size (a timeline's height follows its lanes)
+    else chart = root.echarts.init(el, null, {renderer: "canvas"});
     chart.setOption(option, true);
     chart.off("click");
     if (opts.onSelect) {

@@ -418,14 +418,15 @@
 
   var DIFF_NAMES = {model: "model", accelerator: "accelerator", nodes: "nodes", gpus_per_node: "GPUs per node",
     inter_node_gb_per_s: "inter-node GB/s", batch_tokens: "global batch", seq_len: "sequence", optimizer: "optimizer",
-    precision: "precision", software: "stack", space: "space"};
+    precision: "precision", software: "stack", space: "space", train_tokens: "tokens to train"};
 
   function scenarioDiff(a, b) {
     var out = [];
     FIELDS.forEach(function (f) {
       if (JSON.stringify(a[f]) === JSON.stringify(b[f])) return;
       var show = function (v) {
-        if (v === null || v === undefined) return "node's";
+        if (v === null || v === undefined) return f === "train_tokens" ? "none" : "node's";
+        if (f === "train_tokens") return budget(v);
         return (f === "batch_tokens" || f === "seq_len") ? tokens(v) : String(v);
       };
       out.push(DIFF_NAMES[f] + " " + show(a[f]) + " → " + show(b[f]));
@@ -791,7 +792,7 @@
         $("export-notes").innerHTML = (r.assumptions || []).map(function (a) { return "<li>" + esc(a) + "</li>"; }).join("");
         $("export-notes").hidden = !(r.assumptions || []).length;
       } catch (e) {  // a framework that cannot run the plan says what it lacks, here
-        $("export-text").textContent = (e.message || String(e));
+        $("export-text").textContent = "Not exported: " + (e.message || String(e));
         $("export-text").hidden = false;
         $("export-notes").hidden = true;
       }
