@@ -1,15 +1,14 @@
 """Panels of the page that other packages of meshplan fill, where they are installed: a plan's export to a
-framework's settings and a Hugging Face ``config.json`` as a model (``meshplan.frameworks``), and the time
-and cost to train (``meshplan.economics``). The page shows a panel only where its package is importable
-and offers what this module uses; otherwise the panel stays hidden and the rest of the page is unchanged.
+framework's settings (``meshplan.frameworks``) and the time and cost to train (``meshplan.economics``). The
+page shows a panel only where its package is importable and offers what this module uses; otherwise the
+panel stays hidden and the rest of the page is unchanged.
 
 What is used (these adapters are the one place to change if those packages change):
 
 - ``meshplan.frameworks.common.STACKS`` (torchtitan, megatron, deepspeed) and
-  ``meshplan.frameworks.command.export(stack, model, cluster, job, plan) -> Export`` (its ``text``,
-  ``format`` and ``assumptions``), with ``command.stack_job(stack, job)``: as ``meshplan export`` does, the
+  ``meshplan.frameworks.export(stack, model, cluster, job, plan) -> Export`` (its ``text``, ``format`` and
+  ``assumptions``), with ``meshplan.frameworks.stack_job(stack, job)``: as ``meshplan export`` does, the
   plan is evaluated on the framework's stack before it is exported.
-- ``meshplan.frameworks.hf.model_from_hf(data, name=, source=)``: a ``config.json``'s dict as a ModelSpec.
 - ``meshplan.economics``: ``summarise(estimate, model, cluster, job, train_tokens=) -> Summary`` (its
   ``to_dict()``) and ``summary_lines(summary)``: time to train, GPU-hours, cost, energy and goodput with the
   prediction's band, for the scenario's ``train_tokens`` (or the job's).
@@ -36,8 +35,8 @@ def _module(name: str) -> Any | None:
 
 def export_frameworks() -> list[str]:
     """The frameworks a plan can be exported to; empty where ``meshplan.frameworks`` is absent."""
-    common, command = _module("meshplan.frameworks.common"), _module("meshplan.frameworks.command")
-    if common is None or command is None or not callable(getattr(command, "export", None)):
+    common, frameworks = _module("meshplan.frameworks.common"), _module("meshplan.frameworks")
+    if common is None or frameworks is None or not callable(getattr(frameworks, "export", None)):
         return []
     return [str(n) for n in getattr(common, "STACKS", ())]
 
@@ -56,23 +55,14 @@ def export(b: Any, plan: Any, framework: str) -> dict[str, Any]:
     if framework not in names:
         allowed = ", ".join(names) or "(none: meshplan.frameworks is not installed)"
         raise SpecError("framework", f"must be one of {allowed}; got {framework[:40]!r}")
-    command = _module("meshplan.frameworks.command")
-    job = command.stack_job(framework, b.job) if callable(getattr(command, "stack_job", None)) else b.job
+    frameworks = _module("meshplan.frameworks")
+    job = frameworks.stack_job(framework, b.job) if callable(getattr(frameworks, "stack_job", None)) else b.job
     est = evaluate(b.model, b.cluster, job, plan)
     if not est.feasible:
         raise SpecError("plan", f"the plan does not fit: {'; '.join(est.infeasible_reasons)}")
-    ex = command.export(framework, b.model, b.cluster, job, est.plan)
+    ex = frameworks.export(framework, b.model, b.cluster, job, est.plan)
     return {"framework": framework, "plan": est.plan.to_string(), "format": str(getattr(ex, "format", "")),
             "text": str(getattr(ex, "text", ex)), "assumptions": [str(a) for a in getattr(ex, "assumptions", ())]}
-
-
-def hf_model(data: dict[str, Any], name: str) -> Any | None:
-    """A Hugging Face ``config.json``'s dict as a ModelSpec; None where ``meshplan.frameworks`` is absent."""
-    hf = _module("meshplan.frameworks.hf")
-    if hf is None or not callable(getattr(hf, "model_from_hf", None)):
-        return None
-    stem = name.rsplit(".", 1)[0] if name != "config.json" else "hf-model"
-    return hf.model_from_hf(data, name=stem, source=f"Hugging Face config.json uploaded as {name}")
 
 
 def economics_available() -> bool:
@@ -98,5 +88,4 @@ def economics(b: Any, est: Estimate, train_tokens: int | None) -> dict[str, Any]
 
 def available() -> dict[str, Any]:
     """Which optional panels the page shows."""
-    return {"exports": export_frameworks(), "economics": economics_available(),
-            "hf_config": _module("meshplan.frameworks.hf") is not None}
+    return {"exports": export_frameworks(), "economics": economics_available()}

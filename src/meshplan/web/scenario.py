@@ -155,19 +155,15 @@ def _no_constant(name: str) -> None:
 
 
 def model_from_document(doc: dict[str, Any]) -> ModelSpec:
-    """The model of an uploaded spec document: meshplan's model keys, or a Hugging Face ``config.json`` (its
-    ``model_type``) where ``meshplan.frameworks`` reads them."""
+    """The model of an uploaded spec document: meshplan's model keys, or a Hugging Face ``config.json`` (a
+    JSON document with ``model_type``, read as catalog.hf reads one)."""
     from meshplan.catalog import model_from_data
-    from meshplan.web import extensions
+    from meshplan.catalog.hf import model_from_hf
 
     data = _parse("model_spec", doc)
     if isinstance(data, dict) and "model_type" in data and "n_layers" not in data:
-        model = extensions.hf_model(data, doc["name"])
-        if model is None:
-            raise SpecError("model_spec", "a Hugging Face config.json is read where meshplan.frameworks is "
-                                          "installed; give meshplan's model keys (name, n_layers, hidden, n_heads, "
-                                          "n_kv_heads, ffn_hidden, vocab)")
-        return model
+        stem = doc["name"].rsplit(".", 1)[0] if doc["name"] != "config.json" else "hf-model"
+        return model_from_hf(data, name=stem, source=f"Hugging Face config.json uploaded as {doc['name']}")
     return model_from_data(data, f"uploaded spec {doc['name']}")
 
 
