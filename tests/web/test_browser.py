@@ -148,7 +148,9 @@ def test_what_if_planning_in_a_browser(browser, server, artifacts_dir):
     row.click()
     page.wait_for_selector(f"#selected-title[data-plan='{picked}']", timeout=READY_S)
     assert page.inner_text("#selected-title").startswith("Selected plan: ")
-    detail = cli_json("evaluate", "--json", "--batch-tokens", "8M", "--cluster", "h200", "--plan", picked)
+    stack = want["assumed_stack"]["stack"]  # no stack named: the page times a plan on the stack plan assumed
+    detail = cli_json("evaluate", "--json", "--batch-tokens", "8M", "--cluster", "h200", "--stack", stack,
+                      "--plan", picked)
     assert detail["plan"]["string"] in page.inner_text("#selected-summary")
     assert f"step {detail['step_time_s']:.2f} s" in page.inner_text("#selected-summary")
     page.locator("#selected-title").scroll_into_view_if_needed()

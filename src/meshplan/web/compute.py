@@ -8,6 +8,7 @@ the same search, explanation and dict builders (report.json)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -99,11 +100,11 @@ def plan(s: dict[str, Any]) -> dict[str, Any]:
     """``meshplan plan`` for the page, without the conditions of change (``conditions`` computes them):
     the recommendation with its reasons and band, every plan ranked, the charts, the recommended plan's
     detail."""
-    from meshplan.explain import analyse
     from meshplan.search.rank import TIE_BAND
 
     b = build(s)
-    a = analyse(b.model, b.cluster, b.job, space=_space(b.space), with_conditions=False, workers=1)
+    a = _analyse(b, with_conditions=False)
+    b = dataclasses.replace(b, job=a.job)  # the stack the recommendation assumes, where none was named
     r, best = a.result, a.recommended
     top = chartdata.plan_labels(r.ranked, TOP_CHARTED)
     return {
@@ -118,17 +119,39 @@ def plan(s: dict[str, Any]) -> dict[str, Any]:
         "charts": {"memory": chartdata.memory_chart(top), "time": chartdata.time_chart(top),
                    "pareto": chartdata.pareto_chart(r.ranked, best)},
         "economics": extensions.economics(b, best, s["train_tokens"]) if best else None,
+        "stacks": [{"stack": st.stack, "name": st.name, "why_none": st.why_none,
+                    "best": None if st.best is None else {
+                        "plan": st.best.plan.to_string(), "label": st.best.plan.label(),
+                        "step_time_s": st.best.step_time_s, "mfu": st.best.mfu,
+                        "tokens_per_s_per_gpu": st.best.tokens_per_s_per_gpu,
+                        "peak_bytes": st.best.memory.peak_bytes,
+                        "band": None if st.best.uncertainty is None else {"low": st.best.uncertainty.low,
+                                                                          "high": st.best.uncertainty.high}}}
+                   for st in a.stacks],
+        "assumed_stack": {"stack": a.job.software, "why": a.stack_note} if a.stacks else None,
     }
+
+
+def _analyse(b: Any, *, with_conditions: bool) -> Any:
+    """The analysis ``meshplan plan`` gives this scenario: per stack where the scenario names none
+    (meshplan.stacks), else of its stack."""
+    if b.job.software == "generic":
+        from meshplan.stacks import analyse_by_stack
+
+        return analyse_by_stack(b.model, b.cluster, b.job, space=_space(b.space), with_conditions=with_conditions,
+                                workers=1)
+    from meshplan.explain import analyse
+
+    return analyse(b.model, b.cluster, b.job, space=_space(b.space), with_conditions=with_conditions, workers=1)
 
 
 def conditions(s: dict[str, Any]) -> dict[str, Any]:
     """The conditions of change of ``meshplan plan`` (the search re-run while global batch, inter-node
     bandwidth, GPU count, sequence length and depth vary) and the ranges over which the answer holds."""
-    from meshplan.explain import analyse
     from meshplan.search.conditions import held_sentence
 
     b = build(s)
-    a = analyse(b.model, b.cluster, b.job, space=_space(b.space), with_conditions=True, workers=1)
+    a = _analyse(b, with_conditions=True)
     return {
         "schema": "meshplan.web.conditions/1",
         "recommended_plan": a.recommended.plan.to_string() if a.recommended else None,

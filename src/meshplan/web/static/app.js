@@ -355,7 +355,7 @@
     var seq = ++S.detailSeq;
     $("selected-status").innerHTML = "<span class='spinner-inline'></span>evaluating " + esc(planString) + "…";
     try {
-      var d = await post("/api/evaluate", {scenario: S.current.request, plan: planString});
+      var d = await post("/api/evaluate", {scenario: evaluationScenario(), plan: planString});
       if (seq !== S.detailSeq) return;
       S.detail = d;
       renderDetail();
@@ -463,12 +463,37 @@
     }
   }
 
+  function stackItems(r) {
+    // a scenario that names no stack: each stack's best plan, and the one the recommendation assumes
+    if (!r.stacks || !r.stacks.length) return [];
+    var parts = r.stacks.map(function (st) {
+      if (!st.best) return esc(st.name) + ": no plan (" + esc(st.why_none) + ")";
+      var b = st.best.band ? " (" + signedPct(st.best.band.low) + " .. " + signedPct(st.best.band.high) + ")" : "";
+      return esc(st.name) + ": " + esc(st.best.label) + ", " + st.best.step_time_s.toFixed(2) + " s" + b;
+    });
+    var a = r.assumed_stack;
+    return ["<li class='stacks'><b>Software stacks</b> (none named; fastest first): " + parts.join("; ") +
+            (a ? ". <b>Assumed:</b> " + esc(a.stack) + " (" + esc(a.why) + "); choose another under stack." : "") +
+            "</li>"];
+  }
+
+  function signedPct(x) {
+    return (x >= 0 ? "+" : "") + Math.round(x * 100) + "%";
+  }
+
+  function evaluationScenario() {
+    // a plan picked from the table is timed on the stack its ranking assumed
+    var req = Object.assign({}, S.current.request);
+    if (S.current.assumed_stack) req.software = S.current.assumed_stack.stack;
+    return req;
+  }
+
   function renderReasons() {
     var r = S.current;
     var q4 = r.questions[r.questions.length - 1];
     var lines = q4 ? q4.lines : [];
     var rec = r.recommended;
-    var items = [];
+    var items = stackItems(r);
     lines.forEach(function (l, i) {
       if (i === 0 && rec) return;  // the card above says it
       var m = /^([A-Z][\w -]{0,40}?): (.*)$/.exec(l);
