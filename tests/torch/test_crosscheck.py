@@ -2,7 +2,7 @@
 every collective recorded at the dispatcher and compared with meshplan's ledger per (collective, axis).
 
 Tolerance: call counts exact; message bytes exact (rel 1e-9) once FSDP2's dim-0 padding is removed (sized
-exactly from the parameter shapes). Two documented differences (docs/crosscheck.md) are sized exactly too:
+exactly from the parameter shapes). Two documented differences (docs/measure-and-crosscheck.md) are sized exactly too:
 the SP embedding's backward all-gather meshplan omits, and the last TP collective of a block that
 non-reentrant checkpointing does not recompute. Auxiliary TP all-reduces (loss parallel, SP norm-weight
 gradients) are listed, not checked.

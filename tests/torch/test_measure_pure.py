@@ -194,8 +194,8 @@ H200_RESULTS = Path(__file__).parents[2] / "benchmarks" / "results" / "h200-2026
 @pytest.mark.parametrize("name", ["kernels", "kernels_3b_repeat", "step_3b_mbs2", "step_3b_acc4", "step_3b_mbs4_full",
                                   "step_8b_full", "step_3b_mb1x1", "step_3b_mb1x4_run3"])
 def test_measured_h200_profiles_conform_and_compare(name, capsys):
-    """The profiles measured on an H200 (benchmarks/gpu_check.sh; docs/measure.md) are valid profiles, and
-    `measure compare` reads them: kernels against the compute model (the device names the accelerator),
+    """The profiles measured on an H200 (benchmarks/gpu_check.sh; docs/measure-and-crosscheck.md) are valid
+    profiles, and `measure compare` reads them: kernels against the compute model (the device names the accelerator),
     steps against evaluate."""
     from meshplan.cli import main
 

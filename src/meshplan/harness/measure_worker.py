@@ -1,5 +1,5 @@
 """The process torchrun starts for ``meshplan measure``: ``python -m meshplan.harness.measure_worker
-{gemm,collectives,step} [flags]`` takes the flags of ``meshplan measure`` (docs/measure.md).
+{gemm,collectives,step} [flags]`` takes the flags of ``meshplan measure`` (docs/measure-and-crosscheck.md).
 
 Every rank joins the process group (collective timeout ``--timeout``), measures, and rank 0 writes
 the profile (``--out``) and prints the summary. A rank that fails prints one line

@@ -4,5 +4,5 @@ Modules that never import torch: ``shapes`` (the GEMM shapes a plan runs), ``fit
 least-squares fit of a collective sweep), ``trace`` (exposed communication from a profiler trace),
 ``profile_io`` (the ``meshplan.profile/1`` file: build, merge, check, write) and ``compare``
 (predicted against measured). The measuring modules ``timing``, ``dist``, ``gemm``, ``collectives``
-and ``step`` import torch and run under ``torchrun`` (see docs/measure.md).
+and ``step`` import torch and run under ``torchrun`` (see docs/measure-and-crosscheck.md).
 """
