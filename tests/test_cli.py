@@ -314,7 +314,7 @@ def test_a_job_file_takes_token_counts_as_the_command_line_does(capsys, tmp_path
 
 
 def test_expert_tp_may_be_given_as_the_plans_tp(capsys):
-    """The README writes expert-TP as ``etp=tp``: the plan's own tp, as a number would give it."""
+    """docs/plans.md writes expert-TP as ``etp=tp``: the plan's own tp, as a number would give it."""
     args = ["evaluate", "--model", "mixtral-8x7b", "--nodes", "4", "--json", "--plan"]
     code, out, _ = run(capsys, *args, "ep=8,tp=2,dp_shard=-1,etp=tp,sharding=megatron")
     code2, out2, _ = run(capsys, *args, "ep=8,tp=2,dp_shard=16,etp=2,sharding=megatron")

@@ -148,7 +148,7 @@ def _summary(report: dict[str, Any]) -> str:
     over = fit.get("recipe_recompute_over_memory") or []
     unfit = fit["predicted_not_to_fit"]
     return "\n".join([
-        f"{fit['rows']:,} rows read, {fit['modelled']:,} modelled ({fit['modelled'] / fit['rows']:.1%}), "
+        f"{fit['rows']:,} rows read, {fit['modelled']:,} modelled ({_pct(fit['modelled'] / fit['rows'])}), "
         f"{fit['skipped']:,} skipped with their reason. Error = predicted / measured tokens/s per GPU - 1; "
         "MAPE is the mean of its absolute value, median and p90 its percentiles, bias its mean.", "", table, "",
         f"- Measured runs predicted not to fit in memory: {len(unfit)}"
@@ -224,7 +224,7 @@ def _bands(report: dict[str, Any], fitted: dict[str, Any]) -> str:
     s = report["summary"]
     cov = s["cross_validated"]["band_coverage"]
     unseen = s["leave_one_source_out"]["unseen_stack_band"]
-    parts = [f"{label} {cov[k]['inside']:.1%} of {cov[k]['rows']:,}"
+    parts = [f"{label} {_pct(cov[k]['inside'])} of {cov[k]['rows']:,}"
              for k, label in (("all", "all"), ("dense", "dense"), ("moe", "MoE")) if k in cov]
     bands = fitted.get("uncertainty", {})
     rows = [[k, _signed(v["low"]), _signed(v["high"]), f"{int(v['rows']):,}"] for k, v in sorted(bands.items())]
@@ -235,13 +235,13 @@ def _bands(report: dict[str, Any], fitted: dict[str, Any]) -> str:
     for stack, v in c.get("by_stack", {}).items():
         errs = [r["leave_one_source_out_error"] for r in records if r["software"] == stack
                 and r.get("leave_one_source_out_error") is not None]
-        stacks.append([stack, f"{v['rows']:,}", _signed(_median(errs)), f"{v['inside']:.0%}"])
+        stacks.append([stack, f"{v['rows']:,}", _signed(_median(errs)), _pct(v['inside'], 0)])
     return "\n".join([
-        f"- Leave-one-out coverage of the similar-runs band (nominal {cov['nominal']:.0%}): {'; '.join(parts)}.",
+        f"- Leave-one-out coverage of the similar-runs band (nominal {_pct(cov['nominal'], 0)}): {'; '.join(parts)}.",
         f"- The unseen-stack band: measured steps of {b.get('rows', 0):,} runs whose stack the fit had not seen "
         f"fell within {_signed(b.get('low'))} .. {_signed(b.get('high'))} of the prediction (10th to 90th "
         f"percentile). Each stack's rows against the band built from the other stacks' (nominal "
-        f"{c.get('nominal', 0.8):.0%}):", "",
+        f"{_pct(c.get('nominal', 0.8), 0)}):", "",
         _table(["stack left out", "rows", "median error (predicted / measured tokens/s - 1)",
                 "inside the others' band"], stacks), "",
         "The bands by stratum (family / stack / kind; measured / predicted step - 1), as `fitted.toml` stores "
