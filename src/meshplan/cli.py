@@ -51,13 +51,17 @@ def _add_scenario(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mfu", type=mfu_fraction, default=None,
                    help="assume this MFU for compute instead of the kernel model")
     g.add_argument("--json", action="store_true", help="write JSON (schema in the README)")
+    from meshplan.economics.flags import add_job_flags
+
+    add_job_flags(g)
 
 
 def _job(args: argparse.Namespace) -> Any:
     from meshplan.catalog import load_job
+    from meshplan.economics.flags import job_overrides
 
     return load_job(args.job, defaults={"global_batch_tokens": DEFAULT_BATCH_TOKENS, "seq_len": DEFAULT_SEQ_LEN},
-                    global_batch_tokens=args.batch_tokens, seq_len=args.seq_len)
+                    global_batch_tokens=args.batch_tokens, seq_len=args.seq_len, **job_overrides(args))
 
 
 def _scenario(args: argparse.Namespace) -> tuple[Any, Any, Any]:
@@ -100,7 +104,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from meshplan.specs.plan import stack_mismatch
 
     model, cluster, job = _scenario(args)
-    plan = parse_plan(args.plan, world_size=cluster.n_gpus)
+    imported = None
+    if args.from_:  # an existing framework configuration (meshplan.frameworks)
+        from meshplan.frameworks.command import apply_import
+
+        imported, model, cluster, job = apply_import(args, model, cluster, job)
+    elif not args.plan:
+        raise SpecError("evaluate", "needs --plan PLAN, or --from STACK SOURCE")
+    plan = imported.plan if imported else parse_plan(args.plan, world_size=cluster.n_gpus)
+    from meshplan.economics.flags import plan_with_job_recompute
+
+    plan = plan_with_job_recompute(plan, job)
     if args.assumptions == "worked-example":
         from meshplan.cost.simplified import unmodelled_settings
 
@@ -142,7 +156,19 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         est = replace(est, notes=[*est.notes, mismatch])
     if args.profile_notes:
         est = replace(est, notes=[*est.notes, *args.profile_notes])
-    print(strict_json(estimate_dict(est)) if args.json else estimate_text(est))
+    if imported or args.export:
+        from meshplan.frameworks.command import evaluated_frameworks
+
+        return evaluated_frameworks(args, est, imported, model, cluster, job)
+    from meshplan.economics.flags import evaluate_economics
+
+    econ = evaluate_economics(args, est, model, cluster, job)  # with --train-tokens
+    if args.json:
+        print(strict_json({**estimate_dict(est), **({"economics": econ.to_dict()} if econ else {})}))
+    else:
+        from meshplan.economics import summary_lines
+
+        print("\n".join([estimate_text(est), *(summary_lines(econ) if econ else [])]))
     return 0
 
 
@@ -152,6 +178,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from meshplan.report.text import plan_text
 
     model, cluster, job = _scenario(args)
+    if args.from_ or args.export:  # an existing configuration, or the plan as a framework's settings
+        from meshplan.frameworks.command import cmd_plan_frameworks
+
+        return cmd_plan_frameworks(args, model, cluster, job)
     analysis = analyse(model, cluster, job, space=_space(args), mfu=args.mfu, with_conditions=not args.no_conditions,
                        progress=_progress("searching"), workers=args.jobs)
     if args.json:
@@ -173,6 +203,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from meshplan.report.json import estimate_dict
     from meshplan.search.sweep import changes, geometric, log_ticks, parse_range, sweep
 
+    if args.plot:
+        from meshplan.extras import require
+
+        require("matplotlib", "plot", "sweep --plot")
     model, cluster, job = _scenario(args)
     name, lo, hi = parse_range(args.vary)
     values = geometric(lo, hi, args.points)
@@ -256,49 +290,22 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
-    from meshplan.catalog import list_accelerators, list_models, load_cluster, load_model
-    from meshplan.cost.params import param_counts
-    from meshplan.units import GB
+    from meshplan.report import catalog as cat
 
-    accels = []
-    for name in list_accelerators():
-        c = load_cluster(name)
-        a = c.accelerator
-        accels.append({"name": name, "description": a.description, "bf16_tflop_per_s": a.bf16_flop_per_s / 1e12,
-                       "fp8_tflop_per_s": None if a.fp8_flop_per_s is None else a.fp8_flop_per_s / 1e12,
-                       "hbm_gib": a.hbm_capacity_bytes / 2**30, "hbm_tb_per_s": a.hbm_bytes_per_s / 1e12,
-                       "gpus_per_node": c.gpus_per_node, "intra": c.intra.kind,
-                       "intra_gb_per_s": c.intra.link_bytes_per_s / GB,
-                       "ring_busbw_gb_per_s": c.intra.ring_busbw_bytes_per_s / GB,
-                       "nvls_busbw_gb_per_s": None if c.intra.nvls_busbw_bytes_per_s is None
-                       else c.intra.nvls_busbw_bytes_per_s / GB,
-                       "nic_gb_per_s": c.inter.nic_bytes_per_s / GB, "sources": a.sources})
-    models = []
-    for name in list_models():
-        m = load_model(name)
-        pc = param_counts(m)
-        models.append({"name": name, "params": pc.total, "active_params": pc.active, "n_layers": m.n_layers,
-                       "hidden": m.hidden, "n_heads": m.n_heads, "n_kv_heads": m.n_kv_heads,
-                       "ffn_hidden": m.ffn_hidden, "vocab": m.vocab, "moe": m.is_moe, "source": m.source})
-    if args.json:
-        print(strict_json({"accelerators": accels, "models": models}))
+    if args.model or args.cluster:
+        from meshplan.catalog import load_cluster, load_model
+
+        model = load_model(args.model) if args.model else None
+        cluster = load_cluster(args.cluster, nodes=args.nodes, default_nodes=1) if args.cluster else None
+        if args.json:
+            print(strict_json({"model": cat.model_summary(model) if model else None,
+                               "cluster": cat.cluster_summary(cluster) if cluster else None}))
+        else:
+            print("\n\n".join(t for t in (cat.model_text(model) if model else "",
+                                           cat.cluster_text(cluster) if cluster else "") if t))
         return 0
-    print("accelerators (dense TFLOP/s; HBM in GiB and TB/s; links per GPU per direction and NCCL bus bandwidths "
-          "(busbw) in decimal GB/s):")
-    for a in accels:
-        fp8 = f"{a['fp8_tflop_per_s']:.0f}" if a["fp8_tflop_per_s"] else "-"
-        nvls = f"{a['nvls_busbw_gb_per_s']:.0f}" if a["nvls_busbw_gb_per_s"] else "-"
-        print(f"  {a['name']:<10} BF16 {a['bf16_tflop_per_s']:>7.1f}  FP8 {fp8:>6}  HBM {a['hbm_gib']:>6.2f} GiB "
-              f"{a['hbm_tb_per_s']:>4.1f} TB/s  {a['gpus_per_node']:>2}/node {a['intra']:<8} "
-              f"{a['intra_gb_per_s']:>4.0f} GB/s (busbw ring {a['ring_busbw_gb_per_s']:.0f}, NVLS {nvls})  NIC "
-              f"{a['nic_gb_per_s']:.0f} GB/s   {a['description']}")
-    print("models:")
-    for m in models:
-        active = f" ({m['active_params'] / 1e9:.1f}B active)" if m["moe"] else ""
-        print(f"  {m['name']:<16} {m['params'] / 1e9:>8.2f}B{active:<18} L={m['n_layers']:<4} h={m['hidden']:<6} "
-              f"heads={m['n_heads']}/{m['n_kv_heads']}  {m['source'][:60]}")
-    print("every number has a source: meshplan catalog --json (in these display units, not the base units of "
-          "plan and evaluate JSON)")
+    listing = cat.listing()
+    print(strict_json(listing) if args.json else cat.listing_text(listing))
     return 0
 
 
@@ -327,6 +334,9 @@ def _add_jobs(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from meshplan.frameworks.command import add_flags as add_framework_flags
+    from meshplan.frameworks.command import register as register_frameworks
+
     p = _Parser(prog="meshplan", description="Plan how to parallelise transformer training on a GPU cluster.")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
     pl = sub.add_parser("plan", help="search every plan, recommend one, say when to change it")
@@ -337,15 +347,17 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-conditions", action="store_true", help="skip the conditions-of-change sweeps")
     _add_jobs(pl)
     _add_profile(pl)
+    add_framework_flags(pl)
     pl.set_defaults(func=cmd_plan)
     ev = sub.add_parser("evaluate", help="evaluate one plan")
     _add_scenario(ev)
-    ev.add_argument("--plan", required=True, help="e.g. dp_shard=64 or tp=8,dp_shard=8,mbs=1,recompute=full")
+    ev.add_argument("--plan", default=None, help="e.g. dp_shard=64 or tp=8,dp_shard=8,mbs=1,recompute=full")
     ev.add_argument("--assumptions", choices=("faithful", "worked-example"), default="faithful",
                     help="worked-example: the hand analysis's simplifications (golden figures)")
     ev.add_argument("--trace", type=output_file(".json"), default=None, metavar="FILE.json",
                     help="write the simulated step as Chrome trace JSON (chrome://tracing, Perfetto)")
     _add_profile(ev)
+    add_framework_flags(ev)
     ev.set_defaults(func=cmd_evaluate)
     sw = sub.add_parser("sweep", help="vary one condition and show where the best plan changes")
     _add_scenario(sw)
@@ -368,9 +380,19 @@ def build_parser() -> argparse.ArgumentParser:
     from meshplan.validation.command import register as register_validate
 
     register_validate(sub)
+    from meshplan.compare import register as register_compare
+
+    register_compare(sub, _add_scenario, _job, DEFAULT_NODES)
     _register_harness(sub)
-    ca = sub.add_parser("catalog", help="list accelerators and models with their sources")
-    ca.add_argument("--json", action="store_true")
+    register_frameworks(sub, _add_scenario)
+    ca = sub.add_parser("catalog", help="list accelerators and models with their sources, or show one")
+    ca.add_argument("--model", default=None, metavar="NAME|FILE",
+                    help="show this model: its spec, parameter counts (total, active per token, embedding) and sizes")
+    ca.add_argument("--cluster", default=None, metavar="NAME|FILE",
+                    help="show this accelerator's node or this cluster file: GPUs, links, memory")
+    ca.add_argument("--nodes", type=positive_size, default=None,
+                    help="with --cluster: nodes (default: the file's, else 1)")
+    ca.add_argument("--json", action="store_true", help="JSON in base units (counts, bytes, bytes/s, FLOP/s)")
     ca.set_defaults(func=cmd_catalog)
     return p
 

@@ -139,6 +139,7 @@ def _serve(fn: Callable[[Any], Any], conn: Connection, parent_pid: int) -> None:
     global _task
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent answers it
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)  # the parent's progress line is the parent's
     _die_with_parent(parent_pid)
     _task = fn
     while True:

@@ -19,7 +19,14 @@ from meshplan.cost.step import (
 )
 from meshplan.parallel import parallel_map
 from meshplan.search.rank import TIE_BAND, pareto_front, rank
-from meshplan.search.space import Space, enumerate_plans, family, needs_more_memory, option_variants
+from meshplan.search.space import (
+    Space,
+    enumerate_plans,
+    family,
+    needs_more_memory,
+    option_variants,
+    with_job_recompute,
+)
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 
 Progress = Callable[[int, int], None]
@@ -99,12 +106,20 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
     t0 = time.perf_counter()
     space = space or Space()
     compute = compute_params_for(cluster.accelerator.name, job.software)
-    plans = list(enumerate_plans(model, cluster, job, space))
+    plans: list[Plan] = []
     variants, base_of = [], []  # option variants, and the index of each one's default plan
-    for k, p in enumerate(plans if space.options else []):
-        for v in option_variants(model, cluster, job, p):
-            variants.append(v)
-            base_of.append(k)
+    # each structure with the recomputation the job allows (JobSpec.recompute); its variants are derived
+    # from the unrestricted structure, since an option may rule out a mode (MoE overlap, full recomputation)
+    for base in enumerate_plans(model, cluster, job, space):
+        p = with_job_recompute(base, job)
+        if p is None:
+            continue
+        plans.append(p)
+        for v in option_variants(model, cluster, job, base) if space.options else ():
+            rv = with_job_recompute(v, job)
+            if rv is not None:
+                variants.append(rv)
+                base_of.append(len(plans) - 1)
     total = len(plans) + len(variants)
     counted: dict[tuple[int, int, bool, bool, bool], int] = {}
 

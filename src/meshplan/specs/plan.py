@@ -34,14 +34,17 @@ EP_DISPATCH = ("alltoall", "deepep")
 FRAMEWORK_SCHEDULES = {"fsdp": SCHEDULES, "megatron": ("1f1b", "interleaved"), "zero1": ("1f1b",),
                        "zero2": ("1f1b",), "zero3": ("1f1b",)}
 STACK_SHARDINGS = {"megatron": ("megatron", "fsdp"), "torchtitan": ("fsdp",), "llm-foundry": ("fsdp",),
-                   "maxtext": ("fsdp",)}
+                   "maxtext": ("fsdp",), "deepspeed": ("zero1", "zero2", "zero3")}
 """The shardings the search gives a named stack (job.software; 'generic' gets every one): Megatron-core's
 distributed optimizer and Megatron-FSDP; torchtitan's FSDP2 (with HSDP and DDP as its replicate axis);
-Composer's FSDP; MaxText's fsdp mesh axis. DeepSpeed's ZeRO stages run under none of them."""
-STACK_SCHEDULES = {"megatron": FRAMEWORK_SCHEDULES["megatron"], "llm-foundry": ()}
+Composer's FSDP; MaxText's fsdp mesh axis; DeepSpeed's ZeRO stages 1 to 3 (its pipeline engine with
+ZeRO-1 only, FRAMEWORK_SCHEDULES). Where nothing is sharded a plan is plain data parallelism, timed as
+PyTorch's DDP on every stack."""
+STACK_SCHEDULES = {"megatron": FRAMEWORK_SCHEDULES["megatron"], "llm-foundry": (), "deepspeed": ("1f1b",)}
 """The pipeline schedules the search gives a named stack, where they are fewer than its shardings allow:
 Megatron-core runs 1F1B and interleaved 1F1B (not torchtitan's zero-bubble schedules); llm-foundry's
-training configurations (Composer's FSDP and DDP) have no pipeline parallelism."""
+training configurations (Composer's FSDP and DDP) have no pipeline parallelism; DeepSpeed's pipeline
+engine runs 1F1B."""
 FRAMEWORK_CP = {"fsdp": ("ring", "allgather"), "megatron": CP_IMPLS, "zero1": ("a2a",), "zero2": ("a2a",),
                 "zero3": ("a2a",)}
 # MoE token dispatch: NCCL all-to-all everywhere; Megatron-core's flex dispatcher also runs DeepEP / HybridEP
