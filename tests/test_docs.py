@@ -1,8 +1,8 @@
 """Every command the documentation shows runs.
 
 Each fenced block marked ```console in README.md and docs/*.md is one case: its lines that start with
-``$ `` are run in order, with bash, in a fresh folder holding copies of the repository's examples/, docs/
-and benchmarks/results/ (commands may refer to them) and, where the published runs lie beside the
+``$ `` are run in order, with bash, in a fresh folder holding copies of the repository's examples/, docs/,
+benchmarks/ and tests/ (commands may refer to them) and, where the published runs lie beside the
 repository, ``../shared`` (MESHPLAN_PUBLISHED_RUNS names another copy of published_runs.csv). A command
 must exit 0, or the status a trailing ``# exit N`` comment gives, within COMMAND_TIMEOUT_S, and print no
 traceback. A trailing ``# needs ...`` comment says what else it needs:
@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHARED = ROOT.parent / "shared"
 COMMAND_TIMEOUT_S = 300
+COPIED = ("examples", "docs", "benchmarks", "tests")
+"""The repository's folders a documented command may read, copied into its working folder."""
 HARDWARE = ("GPUs", "several nodes")
 """What a ``# needs`` comment may name that no test machine has: such commands are shown, not run."""
 EXTRA_COMMANDS = {
@@ -120,10 +122,9 @@ def _missing(need: str) -> tuple[str, str] | None:
 def _workdir(tmp_path: Path) -> Path:
     work = tmp_path / "work"
     work.mkdir()
-    for name in ("examples", "docs"):
-        shutil.copytree(ROOT / name, work / name)
-    if (ROOT / "benchmarks" / "results").is_dir():
-        shutil.copytree(ROOT / "benchmarks" / "results", work / "benchmarks" / "results")
+    for name in COPIED:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     runs = os.environ.get("MESHPLAN_PUBLISHED_RUNS")
     if runs and Path(runs).is_file():
         (tmp_path / "shared" / "data").mkdir(parents=True)

@@ -32,10 +32,10 @@ def test_dense_gqa_model_has_the_published_parameter_count():
 
 
 def test_moe_model_counts_total_and_active_parameters():
-    """Qwen3-30B-A3B: about 30.5B parameters of which 3.3B are active per token (its model card), QK-norm aside."""
+    """Qwen3-30B-A3B: about 30.5B parameters of which 3.3B are active per token (its model card)."""
     m = load_model(ex("models", "qwen3-30b-a3b.toml"))
     pc = param_counts(m)
-    assert m.is_moe and m.n_moe_layers == 48 and m.q_dim == 4096
+    assert m.is_moe and m.n_moe_layers == 48 and m.q_dim == 4096 and m.qk_norm
     assert pc.total == pytest.approx(30.5e9, rel=0.01)
     assert pc.active == pytest.approx(3.3e9, rel=0.02)
 
