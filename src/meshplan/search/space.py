@@ -17,7 +17,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from meshplan.cost.step import offload_offered
+from meshplan.cost.offload import offload_offered
 from meshplan.cost.validate import ulysses_fits, without_unsplit_sp
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
