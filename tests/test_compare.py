@@ -107,7 +107,8 @@ def test_compare_text(capsys):
 
 
 def test_flags_override_the_job_file(tmp_path):
-    from meshplan.cli import _job, build_parser
+    from meshplan.cli import build_parser
+    from meshplan.commands.common import job as _job
 
     job = tmp_path / "job.toml"
     job.write_text('software = "torchtitan"\nprecision = "bf16"\noptimizer = "adamw"\ntrain_tokens = "1T"\n')

@@ -8,11 +8,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 MAX_LINES = 80
 """Lines from ``def`` to the function's last line, docstring included, decorators not."""
 
-ALLOWED_FILES = {
-    "meshplan/cli.py": "being rewritten; to be cleared",
-    "meshplan/fileio.py": "being rewritten; to be cleared",
-    "meshplan/argtypes.py": "being rewritten; to be cleared",
-}
+ALLOWED_FILES: dict[str, str] = {}
 """Files not checked yet, with the reason."""
 ALLOWED = {}
 """Functions allowed to be longer, as "path:qualified name": reason (a table, for instance)."""

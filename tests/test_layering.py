@@ -24,9 +24,9 @@ LAYERS = (
     ("calibration", {"calibration"}),
     ("timeline, bands and profiles", {"sim", "uncertainty", "profile"}),
     ("search", {"search"}),
-    ("analysis", {"explain", "validation", "economics", "frameworks"}),
+    ("analysis", {"explain", "validation", "economics", "frameworks", "stacks"}),
     ("reports", {"report"}),
-    ("commands", {"cli", "compare", "web", "harness"}),
+    ("commands", {"cli", "commands", "compare", "web", "harness"}),
 )
 """The layers of docs/architecture.md, bottom to top."""
 

@@ -25,8 +25,8 @@ def plan_json():
     import io
 
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert main(["plan", "--json"]) == 0
+    with contextlib.redirect_stdout(buf):  # the engine's answer: one search over every stack's plans
+        assert main(["plan", "--json", "--stack", "generic"]) == 0
     return json.loads(buf.getvalue())
 
 

@@ -9,7 +9,6 @@ comparison asks about. Where the tie band recommends another plan, the row shows
 
 from __future__ import annotations
 
-import argparse
 import io
 import itertools
 from collections.abc import Callable
@@ -18,7 +17,6 @@ from typing import Any
 
 from meshplan.cost.estimate import Estimate
 from meshplan.economics import Settings, Summary, summarise
-from meshplan.economics.flags import settings_from_args
 from meshplan.economics.summary import Banded
 from meshplan.economics.text import format_duration_s, format_energy_j, format_usd
 from meshplan.errors import SpecError
@@ -149,7 +147,7 @@ def within_error(rows: list[Row]) -> list[tuple[int, int]]:
     return [(i, j) for i, j in itertools.pairwise(ok) if tokens_band(rows[i]).overlaps(tokens_band(rows[j]))]
 
 
-def _varies(rows: list[Row]) -> tuple[bool, bool, bool]:
+def varies(rows: list[Row]) -> tuple[bool, bool, bool]:
     return (len({r.scenario.cluster for r in rows}) > 1, len({r.scenario.nodes for r in rows}) > 1,
             len({r.scenario.inter_node_gb_per_s for r in rows}) > 1)
 
@@ -187,7 +185,7 @@ def _band_text(b: Banded, fmt: Callable[[float], str]) -> str:
 
 def text(model: ModelSpec, job: JobSpec, rows: list[Row]) -> str:
     """The comparison as a table with a note per row and the within-error pairs."""
-    varies = _varies(rows)
+    varying = varies(rows)
     tt = f", {job.train_tokens:,} tokens to train" if job.train_tokens else " (no --train-tokens: no time to train)"
     out = [f"meshplan compare: {model.name}, {job.global_batch_tokens:,} tokens per step, sequence {job.seq_len:,}"
            f"{tt}; stack {job.software}. Each row is the fastest plan the search finds for it, ranked by predicted "
@@ -195,7 +193,7 @@ def text(model: ModelSpec, job: JobSpec, rows: list[Row]) -> str:
            f"{'scenario':<24} {'GPUs':>7} {'step':>22} {'tokens/s':>24} {'time to train':>26} {'GPU-hours':>12} "
            f"{'cost':>9} {'energy':>9} {'goodput':>8}"]
     for r in rows:
-        name = r.scenario.label(varies)
+        name = r.scenario.label(varying)
         if r.fastest is None:
             out.append(f"{name:<24} {r.error}")
             continue
@@ -216,7 +214,7 @@ def text(model: ModelSpec, job: JobSpec, rows: list[Row]) -> str:
         if r.fastest is None:
             continue
         e, rec = r.fastest, r.recommended
-        line = f"{r.scenario.label(varies)}: {e.plan.label()} ({e.plan.to_string()}), MFU {e.mfu:.1%}"
+        line = f"{r.scenario.label(varying)}: {e.plan.label()} ({e.plan.to_string()}), MFU {e.mfu:.1%}"
         if rec is not None:
             name = rec.plan.label() if rec.plan.label() != e.plan.label() else rec.plan.to_string()
             line += (f"; the tie band's simpler pick, {name}, takes "
@@ -225,7 +223,7 @@ def text(model: ModelSpec, job: JobSpec, rows: list[Row]) -> str:
     for i, j in within_error(rows):
         a, b = rows[i], rows[j]
         gap = a.fastest.tokens_per_s / b.fastest.tokens_per_s - 1
-        out.append(f"within the model's error: {a.scenario.label(varies)} ahead of {b.scenario.label(varies)} by "
+        out.append(f"within the model's error: {a.scenario.label(varying)} ahead of {b.scenario.label(varying)} by "
                    f"{gap:.1%} of tokens/s, but their bands overlap")
     if job.software == "generic" and rows and rows[0].fastest is not None and rows[0].fastest.uncertainty:
         out.append("the bands are those of a stack the calibration has not seen (stack generic); naming the stack "
@@ -291,71 +289,5 @@ def chart(rows: list[Row], labels: list[str]) -> bytes:
     return buf.getvalue()
 
 
-def _split(text: str, parse: Callable[[str], Any], flag: str) -> list[Any]:
-    items = [t.strip() for t in text.split(",")]
-    if not all(items):
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
-    try:
-        return [parse(t) for t in items]
-    except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(f"{exc} (in {flag} {text})") from None
-
-
-def register(sub: Any, add_scenario: Callable[[argparse.ArgumentParser], None],
-             make_job: Callable[[argparse.Namespace], JobSpec], default_nodes: int) -> None:
-    """Add the ``compare`` subcommand: the scenario flags (``add_scenario``), with --cluster, --nodes and
-    --inter-node-bandwidth taking comma-separated lists; ``make_job`` builds the job as the other commands
-    do."""
-    from meshplan.argtypes import link_gb_per_s, output_file, positive_size
-
-    p = sub.add_parser("compare", conflict_handler="resolve",
-                       help="compare accelerators, cluster sizes or networks: fastest plan, time, cost, goodput")
-    add_scenario(p)
-    g = p.add_argument_group("compared (comma-separated lists; every combination is a row)")
-    g.add_argument("--cluster", type=lambda t: _split(t, str, "--cluster"), default=None,
-                   help="accelerators or cluster files, e.g. h100-sxm,h200,b200,gb200")
-    g.add_argument("--nodes", type=lambda t: _split(t, positive_size, "--nodes"), default=None,
-                   help=f"node counts, e.g. 512,1024,2048 (default: the cluster file's, else {default_nodes})")
-    g.add_argument("--inter-node-bandwidth", type=lambda t: _split(t, link_gb_per_s, "--inter-node-bandwidth"),
-                   default=None, metavar="GB_PER_S", help="NIC bandwidths per GPU per direction, e.g. 25,50")
-    p.add_argument("--space", choices=("full", "dp-tp"), default="full")
-    p.add_argument("--plot", type=output_file(".png"), default=None, metavar="FILE.png",
-                   help="write a chart of tokens/s and days to train (needs matplotlib: pip install 'meshplan[plot]')")
-    p.add_argument("--jobs", type=positive_size, default=None, metavar="N",
-                   help="CPU cores for the scenarios (each a whole search); default: all available")
-
-    def run(args: argparse.Namespace) -> int:
-        from meshplan.catalog import load_cluster, load_model
-        from meshplan.fileio import atomic_write_bytes, strict_json
-
-        if args.plot:
-            from meshplan.extras import require
-
-            require("matplotlib", "plot", "compare --plot")
-        model, job = load_model(args.model), make_job(args)
-        items = scenarios(args.cluster or ["h100-sxm"], args.nodes or [None], args.inter_node_bandwidth or [None])
-
-        def load(s: Scenario) -> ClusterSpec:
-            return load_cluster(s.cluster, nodes=s.nodes, gpus_per_node=args.gpus_per_node,
-                                inter_node_gb_per_s=s.inter_node_gb_per_s, default_nodes=default_nodes)
-
-        for s in items:  # bad names and economics flags fail here, in one line, before any search
-            settings_from_args(args, load(s))
-        space = Space.dp_tp() if args.space == "dp-tp" else Space()
-        from meshplan.progress import Progress
-
-        with Progress(label="meshplan compare").running() as line:
-            rows = compare(model, job, items, load=load, settings_for=lambda c: settings_from_args(args, c),
-                           space=space, mfu=args.mfu, progress=line.counter("searching", "scenarios"),
-                           workers=args.jobs)
-        if args.plot:
-            varies = _varies(rows)
-            atomic_write_bytes(args.plot, chart(rows, [r.scenario.label(varies) for r in rows]))
-        print(strict_json(to_json(model, job, rows)) if args.json else text(model, job, rows))
-        return 0
-
-    p.set_defaults(func=run)
-
-
-__all__ = ["Row", "Scenario", "compare", "evaluate_scenario", "register", "scenarios", "text", "to_json",
+__all__ = ["Row", "Scenario", "compare", "evaluate_scenario", "scenarios", "text", "to_json",
            "within_error"]

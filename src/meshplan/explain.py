@@ -3,6 +3,7 @@ and the worked example's four questions answered for any scenario. Pure data; re
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from meshplan.cost.batch import batch_split_reasons
@@ -13,6 +14,7 @@ from meshplan.cost.stage_time import HOST_BOUND, OFFLOAD
 from meshplan.cost.step import evaluate
 from meshplan.cost.validate import without_unsplit_sp
 from meshplan.errors import SpecError
+from meshplan.progress import Progress
 from meshplan.search.conditions import Condition, HeldRange, find_conditions
 from meshplan.search.rank import TIE_BAND
 from meshplan.search.search import REFINE_TOP, SearchResult, search
@@ -168,6 +170,11 @@ class PlanAnalysis:
     """Whether the conditions of change were computed (an empty ``conditions`` then means none found)."""
     held_ranges: list[HeldRange] = field(default_factory=list)
     """Per condition, the range checked around the scenario over which the recommendation holds."""
+    stacks: list = field(default_factory=list)
+    """For a job that names no software stack: each stack's best plan (stacks.StackLeader), fastest first;
+    the analysis is of the one the recommendation assumes (``job.software``)."""
+    stack_note: str = ""
+    """Why the recommendation assumes its stack (stacks.assumed_stack)."""
 
 
 @dataclass(slots=True)
@@ -231,12 +238,17 @@ def _fsdp_traffic(est: Estimate) -> tuple[float, float, float, float]:
 
 
 def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Space | None = None,
-            mfu: float | None = None, with_conditions: bool = True, progress=None,
-            workers: int | None = None) -> PlanAnalysis:
+            mfu: float | None = None, with_conditions: bool = True, progress: Progress | None = None,
+            workers: int | None = None, result: SearchResult | None = None) -> PlanAnalysis:
     """Search, recommend, and answer the worked example's four questions for this scenario (the simulator's
-    re-timing and the conditions of change on up to ``workers`` cores, default all)."""
+    re-timing and the conditions of change on up to ``workers`` cores, default all); ``progress`` shows
+    each phase on the terminal. ``result``: this scenario's search, where the caller has run it already."""
     space = space or Space()
-    result = search(model, cluster, job, space, mfu=mfu, progress=progress, refine_top=REFINE_TOP, workers=workers)
+    progress = progress or Progress(enabled=False)
+    if result is None:
+        result = search(model, cluster, job, space, mfu=mfu, progress=progress.counter("searching", "plans"),
+                        refine_top=REFINE_TOP, workers=workers)
+    progress.phase("answering the four questions")
     sc = _Scenario(model, cluster, job, mfu)
     n = cluster.n_gpus
     ddp = sc.timed(Plan(dp_replicate=n))
@@ -249,7 +261,8 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
     conditions: list[Condition] = []
     held: list[HeldRange] = []
     if with_conditions and best is not None:
-        conditions, held = _conditions_of_change(sc, result, best, space, workers)
+        conditions, held = _conditions_of_change(sc, result, best, space, workers,
+                                                 progress.counter("conditions of change", "walks"))
     measurements = measure_first(best, conditions) if best else []
     questions.append(q4)
     return PlanAnalysis(model=model, cluster=cluster, job=job, result=result, conditions=conditions,
@@ -498,7 +511,8 @@ def _faster_within_the_band(result: SearchResult, best: Estimate) -> list[str]:
 
 
 def _conditions_of_change(sc: _Scenario, result: SearchResult, best: Estimate, space: Space,
-                          workers: int | None) -> tuple[list[Condition], list[HeldRange]]:
+                          workers: int | None, progress: Callable[[int, int], None] | None = None
+                          ) -> tuple[list[Condition], list[HeldRange]]:
     """When to change the plan: the conditions under which another plan is recommended, and the ranges
     over which ``best`` holds, re-searched with the leading plans of ``result`` as candidates."""
     mfu = sc.mfu
@@ -519,4 +533,4 @@ def _conditions_of_change(sc: _Scenario, result: SearchResult, best: Estimate, s
             seen.add(key)
             candidates.append(e.plan)
     return find_conditions(sc.model, sc.cluster, sc.job, best, ranked_at, candidates=candidates, mfu=mfu,
-                           workers=workers, timed=timed)
+                           workers=workers, timed=timed, progress=progress)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.cli import main
-from meshplan.frameworks.command import read
+from meshplan.frameworks import read
 
 HF = Path(__file__).with_name("hf_configs")
 

@@ -11,9 +11,9 @@ import pytest
 from tests.frameworks.extras import require
 
 from meshplan.catalog import load_model
+from meshplan.catalog.hf import model_from_hf
 from meshplan.cost.params import param_counts
 from meshplan.errors import SpecError
-from meshplan.frameworks.hf import model_from_hf
 
 FIXTURES = sorted(p.parent for p in Path(__file__).with_name("hf_configs").glob("*/config.json"))
 ARCHITECTURES = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "gpt_oss", "gemma",

@@ -197,9 +197,9 @@ def _spec(cls: type, what: str, **kwargs: Any) -> Any:
 
 def load_model(ref: str) -> ModelSpec:
     """A model from the catalog by name, from a TOML spec file with ModelSpec's field names, or from a Hugging
-    Face ``config.json`` (a path ending in .json: meshplan.frameworks.hf)."""
+    Face ``config.json`` (a path ending in .json: meshplan.catalog.hf)."""
     if ref.endswith(".json"):
-        from meshplan.frameworks.hf import load_hf_config
+        from meshplan.catalog.hf import load_hf_config
 
         return load_hf_config(ref)
     data, origin = _read_toml("model", ref, "models")

@@ -45,9 +45,16 @@ _RECIPES = (("mla", "deepseek_v3_pretrain_config"), ("window_moe", "gpt_oss_120b
             ("moe_qk_norm", "qwen3_30b_a3b_pretrain_config"), ("qk_norm", "qwen3_8b_pretrain_config"))
 
 
+BRIDGE_RECIPES = {"llama-3-8b": "llama3_8b_pretrain_config", "llama-3-70b": "llama3_70b_pretrain_config",
+                  "llama-3.1-405b": "llama31_405b_pretrain_config", "llama-3.2-3b": "llama32_3b_pretrain_config",
+                  "gpt3-175b": "gpt3_175b_pretrain_config", "deepseek-v3": "deepseek_v3_pretrain_config",
+                  "gpt-oss-120b": "gpt_oss_120b_pretrain_config", "llama-2-7b": "llama2_7b_pretrain_config"}
+"""Megatron-Bridge's recipe of each catalog model (src/megatron/bridge/recipes, aliases of the H100 recipes);
+a model without one takes vanilla_gpt_pretrain_config with its architecture overridden field by field."""
+
+
 def recipe(model: ModelSpec) -> str:
     """The Megatron-Bridge recipe an export starts from: the catalog model's own, else one of the same kind."""
-    from meshplan.frameworks.megatron import BRIDGE_RECIPES
     from meshplan.frameworks.torchtitan import model_kind
 
     if model.name in BRIDGE_RECIPES:

@@ -43,14 +43,6 @@ OPTIMIZERS = {"adamw": ["--optimizer", "adam"], "sgd-momentum": ["--optimizer", 
               "adamw-bf16-moments": ["--optimizer", "adam", "--use-precision-aware-optimizer", "--exp-avg-dtype",
                                      "bf16", "--exp-avg-sq-dtype", "bf16"]}
 """Megatron's ``adam`` is AdamW (decoupled weight decay, megatron/core/optimizer)."""
-BRIDGE_RECIPES = {"llama-3-8b": "llama3_8b_pretrain_config", "llama-3-70b": "llama3_70b_pretrain_config",
-                  "llama-3.1-405b": "llama31_405b_pretrain_config", "llama-3.2-3b": "llama32_3b_pretrain_config",
-                  "gpt3-175b": "gpt3_175b_pretrain_config", "deepseek-v3": "deepseek_v3_pretrain_config",
-                  "gpt-oss-120b": "gpt_oss_120b_pretrain_config", "llama-2-7b": "llama2_7b_pretrain_config"}
-"""Megatron-Bridge's recipe of each catalog model (src/megatron/bridge/recipes, aliases of the H100 recipes);
-a model without one takes vanilla_gpt_pretrain_config with its architecture overridden field by field."""
-
-
 def _checks(model: ModelSpec, job: JobSpec, plan: Plan) -> None:
     """Refuse what Megatron-LM cannot run as the plan says."""
     if plan.sharding in _SHARDING_LACK:

@@ -268,8 +268,8 @@ def _resplit(plan: Plan, model: ModelSpec, job: JobSpec) -> Plan:
 def find_conditions(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, recommended: Estimate,
                     search_best: SearchFn, *, candidates: list[Plan] | None = None, steps: int = 3,
                     bisections: int = 4, only: tuple[str, ...] | None = None, mfu: float | None = None,
-                    workers: int | None = None, timed: TimeFn | None = None
-                    ) -> tuple[list[Condition], list[HeldRange]]:
+                    workers: int | None = None, timed: TimeFn | None = None,
+                    progress: Callable[[int, int], None] | None = None) -> tuple[list[Condition], list[HeldRange]]:
     """Thresholds, one per condition and direction where the recommendation changes within ``steps``
     doublings (halvings) of the condition, and for each condition the range checked over which it holds.
 
@@ -280,7 +280,8 @@ def find_conditions(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, recomm
     a possible change; the value where the answer changes is then confirmed by a full search
     (``search_best``) against the recommendation timed as that search times its leading plans
     (``timed``; default the closed form), and the full search's recommendation is the one reported. The
-    walks are independent and run on up to ``workers`` cores (default: all; parallel.parallel_map)."""
+    walks are independent and run on up to ``workers`` cores (default: all; parallel.parallel_map);
+    ``progress(done, total)`` counts the walks as they end."""
     # on one node nothing crosses the network: its bandwidth is no condition there
     knobs = [knob for knob in _knobs(model, cluster, job) if (not only or knob.name in only)
              and not (knob.name == "inter_node_bandwidth" and cluster.n_nodes == 1)]
@@ -290,7 +291,7 @@ def find_conditions(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, recomm
         knob, direction, factor = walks[i]
         return _walk(knob, direction, factor, recommended, search_best, candidates, steps, bisections, mfu, timed)
 
-    ends = parallel_map(walk, range(len(walks)), workers)
+    ends = parallel_map(walk, range(len(walks)), workers, done=progress)
     conditions = [e.condition for e in ends if e.condition]
     held = [_held_range(knob, ends[2 * i], ends[2 * i + 1]) for i, knob in enumerate(knobs)]
     return conditions, [h for h in held if h.low_value != h.high_value]

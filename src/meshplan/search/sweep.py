@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from meshplan.cost.estimate import Estimate
@@ -71,7 +72,8 @@ def geometric(lo: float, hi: float, points: int) -> list[float]:
 
 
 def sweep(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, name: str, values: list[float], *,
-          space: Space | None = None, mfu: float | None = None, workers: int | None = None) -> list[SweepPoint]:
+          space: Space | None = None, mfu: float | None = None, workers: int | None = None,
+          progress: Callable[[int, int], None] | None = None) -> list[SweepPoint]:
     """The best plan, and the best of each family, at each of ``values`` of condition ``name`` (values where
     the scenario cannot be built are left out); the searches run on up to ``workers`` cores (default: all)."""
     k = knob(model, cluster, job, name)
@@ -90,7 +92,7 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, name: str, value
         res = search(*scenario, space, mfu=mfu, refine_top=REFINE_TOP, workers=1)
         return SweepPoint(value, res.recommended, {f: e for f, e in res.best_by_family().items() if e.feasible})
 
-    return parallel_map(point, sorted(scenarios.items()), workers)
+    return parallel_map(point, sorted(scenarios.items()), workers, done=progress)
 
 
 def changes(points: list[SweepPoint]) -> list[tuple[float, float, str, str]]:

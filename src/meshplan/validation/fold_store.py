@@ -57,9 +57,30 @@ def inputs_digest(rows: list[RowResult]) -> str:
     h = hashlib.sha256()
     for r in sorted(rows, key=lambda r: r.row):
         sc = r.scenario
-        h.update(repr(dataclasses.replace(sc, imputed=()) if dataclasses.is_dataclass(sc) else sc).encode())
+        h.update(canonical(dataclasses.replace(sc, imputed=()) if dataclasses.is_dataclass(sc) else sc).encode())
     h.update(repr((parameter_space(rows), sorted(MEASURED.items()), TOLERANCE)).encode())
     return h.hexdigest()
+
+
+def canonical(value: Any) -> str:
+    """``value`` as text for the digest: a dataclass as its type and the fields that differ from their
+    defaults (recursively), anything else as its repr. A field added to a spec with a default that keeps
+    every prediction as it was leaves the digest, and the stored fits, as they were."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        parts = []
+        for f in dataclasses.fields(value):
+            v = getattr(value, f.name)
+            default = (f.default if f.default is not dataclasses.MISSING else
+                       f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+            if default is dataclasses.MISSING or v != default:
+                parts.append(f"{f.name}={canonical(v)}")
+        return f"{type(value).__name__}({', '.join(parts)})"
+    if isinstance(value, tuple | list):
+        return ("(" if isinstance(value, tuple) else "[") + ", ".join(canonical(v) for v in value) + \
+            (")" if isinstance(value, tuple) else "]")
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{canonical(k)}: {canonical(v)}" for k, v in value.items()) + "}"
+    return repr(value)
 
 
 def to_toml(fits: list[FoldFit], *, rounds: int, digest: str, by_source: bool = False) -> str:

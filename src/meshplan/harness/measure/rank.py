@@ -112,7 +112,7 @@ def _dispatch(args: argparse.Namespace, ctx: Any) -> int:
 
 def _model_spec(args: argparse.Namespace):
     from meshplan.catalog import load_model
-    from meshplan.cli import DEFAULT_MODEL
+    from meshplan.commands.common import DEFAULT_MODEL
 
     spec = load_model(args.model or DEFAULT_MODEL)
     if getattr(args, "scale_down", False):
@@ -123,7 +123,7 @@ def _model_spec(args: argparse.Namespace):
 
 
 def _seq_len(args: argparse.Namespace, spec: Any) -> int:
-    from meshplan.cli import DEFAULT_SEQ_LEN
+    from meshplan.commands.common import DEFAULT_SEQ_LEN
 
     if args.seq_len:
         return args.seq_len

@@ -1,5 +1,5 @@
-"""The command line of the framework exports and imports: ``meshplan export``, and ``--export`` / ``--from`` on
-``plan`` and ``evaluate`` (meshplan.cli adds them through ``register`` and ``add_flags``)."""
+"""`meshplan export`, and ``--export`` / ``--from`` on ``plan`` and ``evaluate``: a plan as a framework's
+settings, and a framework's existing configuration read, evaluated and compared with meshplan's answer."""
 
 from __future__ import annotations
 
@@ -7,50 +7,13 @@ import argparse
 from dataclasses import replace
 from typing import Any
 
+from meshplan.argtypes import output_file
+from meshplan.commands.common import DEFAULT_MODEL
 from meshplan.errors import SpecError
 from meshplan.fileio import strict_json
+from meshplan.frameworks import export, read, stack_job
 from meshplan.frameworks.common import FORMATS, STACKS, VERSIONS, Export, Imported
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
-
-_SOFTWARE = {"torchtitan": "torchtitan", "megatron": "megatron"}
-"""The meshplan software stack (JobSpec.software) each framework's plans are timed as; DeepSpeed has none of its
-own (its plans are searched as 'generic', with ZeRO among the shardings)."""
-
-
-def export(stack: str, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, fmt: str | None = None
-           ) -> Export:
-    """``plan`` as ``stack``'s settings in format ``fmt`` (the stack's first format by default); SpecError naming
-    what the framework lacks where it cannot run the plan."""
-    if stack not in STACKS:
-        raise SpecError("export", f"unknown framework {stack!r}; allowed: {', '.join(STACKS)}")
-    fmt = fmt or FORMATS[stack][0]
-    if fmt not in FORMATS[stack]:
-        raise SpecError("export --format", f"{stack} exports as {', '.join(FORMATS[stack])}; got {fmt!r}")
-    module = _module(stack)
-    return module.export(model, cluster, job, plan, fmt)
-
-
-def read(stack: str, source: str, *, world_size: int | None, n_layers: int | None = None) -> Imported:
-    """An existing configuration of ``stack`` (a file, or the command line as text) as a plan and a job."""
-    if stack not in STACKS:
-        raise SpecError("from", f"unknown framework {stack!r}; allowed: {', '.join(STACKS)}")
-    module = _module(stack)
-    if stack == "torchtitan":
-        return module.read(source, world_size=world_size, n_layers=n_layers)
-    return module.read(source, world_size=world_size)
-
-
-def _module(stack: str) -> Any:
-    import importlib
-
-    return importlib.import_module(f"meshplan.frameworks.{stack}")
-
-
-def stack_job(stack: str, job: JobSpec) -> JobSpec:
-    """The job as the framework runs it: a job that names no stack is timed on the framework's."""
-    if job.software == "generic" and stack in _SOFTWARE:
-        return replace(job, software=_SOFTWARE[stack])
-    return job
 
 
 def add_flags(p: argparse.ArgumentParser, *, imports: bool = True) -> None:
@@ -60,7 +23,8 @@ def add_flags(p: argparse.ArgumentParser, *, imports: bool = True) -> None:
                    help=f"print the plan as the settings of {', '.join(STACKS)}: a launch script by default")
     g.add_argument("--format", default=None, metavar="FORMAT",
                    help="with --export: " + "; ".join(f"{s}: {', '.join(f)}" for s, f in FORMATS.items()))
-    g.add_argument("--out", default=None, metavar="FILE", help="with --export: write the settings to FILE")
+    g.add_argument("--out", type=output_file(), default=None, metavar="FILE",
+                   help="with --export: write the settings to FILE")
     if imports:
         g.add_argument("--from", dest="from_", nargs=2, default=None, metavar=("STACK", "SOURCE"),
                        help="read an existing configuration: torchtitan (its command line, as text or a file), "
@@ -83,7 +47,7 @@ def apply_import(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpe
     """The scenario of ``--from STACK SOURCE``: its plan, and the model, GPUs and job it names (the command
     line's --model and --nodes win where given)."""
     stack, source = args.from_
-    given_model = args.model != "seed-70b"  # meshplan.cli.DEFAULT_MODEL: the configuration's model wins over it
+    given_model = args.model != DEFAULT_MODEL  # the configuration's model wins over the default one
     imported = read(stack, source, world_size=cluster.n_gpus, n_layers=model.n_layers)
     if not given_model and imported.model_spec is not None:
         model = imported.model_spec
@@ -136,15 +100,14 @@ def export_first(stack: str, ranked: list, model: ModelSpec, cluster: ClusterSpe
 def cmd_export(args: argparse.Namespace) -> int:
     """meshplan export STACK --plan PLAN: the plan (evaluated, so that its micro-batch and recomputation are
     chosen) as the framework's settings."""
-    from meshplan.cli import _scenario
+    from meshplan.commands.common import scenario
     from meshplan.cost.step import evaluate
     from meshplan.specs import parse_plan
 
-    model, cluster, job = _scenario(args)
+    model, cluster, job = scenario(args)
     job = stack_job(args.stack, job)
     est = evaluate(model, cluster, job, parse_plan(args.plan, world_size=cluster.n_gpus))
-    if est.plan.mbs is not None and est.plan.recompute is not None:
-        ex = export(args.stack, model, cluster, job, est.plan, args.format)  # what the framework lacks comes first
+    ex = export(args.stack, model, cluster, job, est.plan, args.format)  # what the framework lacks comes first
     if not est.feasible:
         raise SpecError("export", f"the plan does not fit: {'; '.join(est.infeasible_reasons)}")
     line = write_export(args, ex)
@@ -152,7 +115,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_plan_frameworks(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> int:
+def plan_frameworks(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> int:
     """plan --from and/or --export: what meshplan would change in an existing configuration, and the
     recommendation as a framework's settings."""
     from meshplan.search.search import REFINE_TOP, search
@@ -273,8 +236,10 @@ def _json(imported: Imported | None, current: Any, best: Any, ex: Export | None,
     return out
 
 
-def register(sub: Any, add_scenario: Any) -> None:
+def register(sub: Any) -> None:
     """The ``export`` subcommand."""
+    from meshplan.commands.common import add_scenario
+
     p = sub.add_parser("export", help="a plan as the settings of torchtitan, Megatron-LM / Megatron-Bridge or "
                                       "DeepSpeed")
     p.add_argument("stack", choices=STACKS, help="the framework")
@@ -282,7 +247,7 @@ def register(sub: Any, add_scenario: Any) -> None:
     p.add_argument("--plan", required=True, help="e.g. tp=4,pp=16,sharding=megatron (mbs and recompute left out "
                                                  "are chosen by evaluate)")
     p.add_argument("--format", default=None, help="; ".join(f"{s}: {', '.join(f)}" for s, f in FORMATS.items()))
-    p.add_argument("--out", default=None, metavar="FILE", help="write the settings to FILE")
+    p.add_argument("--out", type=output_file(), default=None, metavar="FILE", help="write the settings to FILE")
     p.set_defaults(func=cmd_export)
 
 
