@@ -59,7 +59,8 @@ def test_plan_overrides_json(capsys):
     assert d["scenario"]["n_gpus"] == 32 and d["scenario"]["global_batch_tokens"] == 2 * 2**20
     assert d["recommended"]["feasible"] is True
     assert d["conditions"] == [] and d["conditions_swept"] is False
-    assert (d["scenario"]["software"], d["scenario"]["compiled"]) == ("generic", False)
+    # no stack named: the analysis is of the stack the recommendation assumes, named in the JSON
+    assert (d["scenario"]["software"], d["scenario"]["compiled"]) == (d["assumed_stack"]["stack"], False)
 
 
 def test_plan_without_conditions_does_not_claim_the_plan_holds(capsys):

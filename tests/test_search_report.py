@@ -1,6 +1,5 @@
 """Search, recommendation, conditions of change, sweep and report (issue: search every plan)."""
 
-import base64
 import json
 from html.parser import HTMLParser
 
@@ -221,37 +220,76 @@ def test_sweep_bad_range_is_one_line(capsys):
     assert code == 2 and "sweep.vary" in capsys.readouterr().err
 
 
-class _Images(HTMLParser):
+class _Page(HTMLParser):
+    """The tags of a page, what its elements load from elsewhere, and its scripts' text."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.images: list[str] = []
         self.tags: list[str] = []
+        self.external: list[str] = []
+        self.scripts: list[tuple[dict, str]] = []
+        self._script: dict | None = None
 
     def handle_starttag(self, tag, attrs):
         self.tags.append(tag)
-        if tag == "img":
-            self.images.append(dict(attrs)["src"])
+        a = dict(attrs)
+        self.external += [a[k] for k in ("src", "href") if a.get(k)]
+        if tag == "script":
+            self._script = a
+
+    def handle_data(self, data):
+        if self._script is not None:
+            self.scripts.append((self._script, data))
+            self._script = None
 
 
-def test_report_html_is_self_contained_with_valid_images(capsys, tmp_path):
+def test_report_html_is_one_interactive_self_contained_file(capsys, tmp_path):
     code, _ = _run(capsys, "report", *SMALL, "--space", "dp-tp", "--no-conditions", "--out", str(tmp_path))
     assert code == 0
     html = (tmp_path / "report.html").read_text()
-    parser = _Images()
-    parser.feed(html)
-    assert {"html", "body", "table", "h2"} <= set(parser.tags)
-    assert len(parser.images) >= 4  # step breakdown, memory, two sweeps
-    for src in parser.images:
-        assert src.startswith("data:image/png;base64,")
-        assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    page = _Page()
+    page.feed(html)
+    assert {"html", "body", "table", "h2", "script"} <= set(page.tags)
+    assert page.external == []  # nothing loaded from elsewhere: the charts' library and data are inline
+    data = [json.loads(text) for attrs, text in page.scripts if attrs.get("type") == "application/json"]
+    assert len(data) == 1
+    kinds = [c["kind"] for c in data[0]]
+    assert kinds == ["memory", "time", "pareto", "timeline", "sweep", "sweep"]
+    code_text = "".join(text for attrs, text in page.scripts if not attrs.get("type"))
+    assert "echarts" in code_text and "meshplanCharts" in code_text
+    # the charts draw the plan command's figures: the top plans' memory by term against the HBM line
+    plan = json.loads(_run(capsys, "plan", *SMALL, "--space", "dp-tp", "--no-conditions", "--json")[1])
+    memory = data[0][0]
+    top = [(i, p) for i, p in enumerate(plan["plans"], 1) if p["feasible"]][:6]
+    assert [r["label"] for r in memory["rows"]] == [f"#{i} {p['plan']['label']}" for i, p in top]
+    assert memory["rows"][0]["terms"] == pytest.approx(
+        {k: v / 2**30 for k, v in plan["recommended"]["memory"]["terms"].items() if v > 0})
+    assert memory["capacity_gib"] == pytest.approx(plan["recommended"]["memory"]["capacity_bytes"] / 2**30)
     md = (tmp_path / "report.md").read_text()
-    assert "## 4." in md and "![" in md
+    assert "## 4." in md and "![" in md  # PNG charts beside the Markdown where matplotlib is installed
+    for name in ("memory.png", "step_breakdown.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "not computed (--no-conditions)" in md and "holds over every range swept" not in md
     # list items escape what Markdown would read as emphasis (a plan's layout, 'dp_shard'), as table cells do
     from meshplan.report.html import _md_cell, _md_text
     assert _md_text("layout=Et*4|(t*5|)*4t*4L, dp_shard=8") == "layout=Et\\*4|(t\\*5|)\\*4t\\*4L, dp\\_shard=8"
     assert _md_cell("a|b*c") == "a\\|b\\*c"
     assert "dp\\_shard" in md and "dp_shard" not in md.replace("dp\\_shard", "")
+
+
+def test_the_html_report_needs_no_matplotlib(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "from meshplan.cli import main\n"
+            f"sys.exit(main(['report', '--model', 'llama-2-7b', '--nodes', '2', '--batch-tokens', '512K', "
+            f"'--space', 'dp-tp', '--no-conditions', '--out', {str(tmp_path)!r}]))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "meshplanCharts.render" in (tmp_path / "report.html").read_text()
+    md = (tmp_path / "report.md").read_text()
+    assert "![" not in md and "pip install 'meshplan[plot]'" in md and not list(tmp_path.glob("*.png"))
 
 
 def test_report_where_no_plan_fits_says_there_is_nothing_to_change(capsys, tmp_path):
@@ -675,7 +713,7 @@ def test_full_sharding_that_does_not_fit_is_timed_only_as_if_it_fitted():
     assert "Full sharding cannot run here" in " ".join(q[0].lines)
     assert "and it costs" not in " ".join(q[0].lines)
     assert any(line.startswith("As if it fitted (it does not: question 1), predicted (") for line in q[1].lines)
-    assert "and not enough" in " ".join(q[0].lines)
+    assert "even recomputing every layer does not make it fit" in " ".join(q[0].lines)
 
 
 def test_a_moe_models_family_lines_say_they_lack_expert_parallelism():

@@ -94,7 +94,12 @@ def _text(name: str, unit: str, lo: float, hi: float, points: list[Any], model: 
                        f"{p.best.mfu:>6.1%} {p.best.tokens_per_s_per_gpu:>13,.0f}")
         else:
             out.append(f"{_fmt(p.value):>14}  no plan fits")
-    out += [f"between {_fmt(a)} and {_fmt(b)}: {pa} -> {pb}" for a, b, pa, pb in changes(points)]
+    moves = changes(points)
+    out += [f"between {_fmt(a)} and {_fmt(b)}: {pa} -> {pb}" for a, b, pa, pb in moves]
+    if moves:
+        out.append(f"note: every change of the recommended plan is listed, near-ties within the {TIE_BAND:.0%} tie "
+                   "band too; `meshplan plan` names a condition of change only where another plan is more than the "
+                   "tie band faster, or the recommendation stops fitting")
     outside = [p.value for p in points if not lo * (1 - 1e-9) <= p.value <= hi * (1 + 1e-9)]
     if outside:
         steps = {"gpus": f"whole nodes of {cluster.gpus_per_node}", "batch-tokens": "whole sequences",

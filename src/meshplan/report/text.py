@@ -152,9 +152,10 @@ def plan_text(a: PlanAnalysis, *, top: int = 10, extra: list[str] | None = None)
         lines.append("")
     if extra:
         lines += [*extra, ""]
-    lines.append(f"Top {min(top, len(r.ranked))} of {len(r.ranked):,} plans (within {TIE_BAND:.0%} of the fastest, "
-                 "fewer axes and options rank first, so step times need not ascend; infeasible plans are listed "
-                 "with reasons in --json):")
+    lines.append(f"Top {min(top, len(r.ranked))} of {len(r.ranked):,} plans, in the ranking's order: first the plans "
+                 f"within {TIE_BAND:.0%} of the fastest, by fewer axes and options, then more memory headroom (so "
+                 "step times need not ascend); then the others by step time; infeasible plans last, listed with "
+                 "reasons in --json:")
     lines += ranked_table(r.ranked, top)
     infeasible = [e for e in r.ranked if not e.feasible]
     if infeasible:
