@@ -2,7 +2,7 @@
 
 Each fenced block marked ```console in README.md and docs/*.md is one case: its lines that start with
 ``$ `` are run in order, with bash, in a fresh folder holding copies of the repository's examples/, docs/,
-benchmarks/ and tests/ (commands may refer to them) and, where the published runs lie beside the
+benchmarks/, tests/, src/ and pyproject.toml (commands may refer to them) and, where the published runs lie beside the
 repository, ``../shared`` (MESHPLAN_PUBLISHED_RUNS names another copy of published_runs.csv). A command
 must exit 0, or the status a trailing ``# exit N`` comment gives, within COMMAND_TIMEOUT_S, and print no
 traceback. A trailing ``# needs ...`` comment says what else it needs:
@@ -29,14 +29,17 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHARED = ROOT.parent / "shared"
 COMMAND_TIMEOUT_S = 300
-COPIED = ("examples", "docs", "benchmarks", "tests")
-"""The repository's folders a documented command may read, copied into its working folder."""
+COPIED = ("examples", "docs", "benchmarks", "tests", "src")
+"""The repository's folders a documented command may read, copied into its working folder (with
+pyproject.toml, so that a documented ``pytest`` runs as in the repository)."""
 HARDWARE = ("GPUs", "several nodes")
 """What a ``# needs`` comment may name that no test machine has: such commands are shown, not run."""
 EXTRA_COMMANDS = {
     "torch": (r"\bmeshplan crosscheck\b", r"\bmeshplan measure (gemm|collectives|step)\b", r"\btorchrun\b",
               r"-m meshplan\.harness\."),
     "matplotlib": (r"\bmeshplan report\b", r"--plot\b"),
+    "starlette": (r"\bmeshplan serve\b",),
+    "uvicorn": (r"\bmeshplan serve\b",),
 }
 """The optional extras' modules, by the commands that need them (a ``# needs MODULE`` comment adds others)."""
 REQUIRE_EXTRAS = os.environ.get("MESHPLAN_REQUIRE_EXTRAS") == "1"
@@ -124,7 +127,9 @@ def _workdir(tmp_path: Path) -> Path:
     work.mkdir()
     for name in COPIED:
         if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc",
+                                                                                    "*.egg-info"))
+    shutil.copy(ROOT / "pyproject.toml", work / "pyproject.toml")
     runs = os.environ.get("MESHPLAN_PUBLISHED_RUNS")
     if runs and Path(runs).is_file():
         (tmp_path / "shared" / "data").mkdir(parents=True)
