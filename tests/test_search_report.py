@@ -142,7 +142,7 @@ def test_a_condition_with_the_same_degrees_names_the_options_that_change():
     assert changed_label(wide, parse_plan("dp_replicate=2,tp=4,pp=16,async_tp=true", 128)) == (
         "PP=16 x TP=4 x DDP=2 (schedule=zb-v)")
     assert changed_label(parse_plan("tp=8,pp=8", 64), rec) == "PP=8 x TP=8 (1f1b)"  # other degrees: its schedule
-    # and options, which two plans of one label may differ in alone (a review read a ZB-V plan as the 1F1B one)
+    # and options, which two plans of one label may differ in alone (a ZB-V plan must not read as the 1F1B one)
     megatron = parse_plan("tp=4,pp=16,sharding=megatron,async_tp=true", 64)
     zbv = parse_plan("dp_replicate=2,tp=4,pp=8,schedule=zb-v,async_tp=true", 64)
     assert changed_label(zbv, megatron) == "PP=8 x TP=4 x DDP=2 (zb-v, async-TP)"
@@ -389,7 +389,7 @@ def _moe_scenario():
 
 def _offload_scenario():
     """No fully sharded structure fits, but offloading activations (a Megatron option) does, slowly: the
-    family's best is that variant, far outside the tie band (found by a review)."""
+    family's best is that variant, far outside the tie band."""
     from meshplan import JobSpec, load_cluster, load_model
     return (load_model("seed-70b"), load_cluster("h100-sxm", nodes=3, gpus_per_node=6, inter_node_gb_per_s=1),
             JobSpec(global_batch_tokens=1_179_648, seq_len=8192, software="megatron"))
@@ -527,8 +527,8 @@ def test_the_simplified_mode_counts_an_moe_models_active_parameters():
 
 
 def test_a_condition_on_depth_keeps_a_candidate_that_recomputed_more_layers_than_a_stage_now_holds():
-    """Partial recomputation of 15 layers per stage, at half the depth (10 a stage): recompute them all, as
-    the plan did before the check of recompute_layers made the count an error (a reviewer's reproducer)."""
+    """Partial recomputation of 15 layers per stage, at half the depth (10 a stage): recompute them all,
+    rather than drop the candidate because its recompute_layers is now more than a stage holds."""
     from meshplan import JobSpec, load_model
     from meshplan.search.conditions import _resplit
     from meshplan.specs import Plan
@@ -549,9 +549,9 @@ def replace_layers(model, n):
 
 
 def test_question_2_gives_no_step_for_a_batch_full_sharding_cannot_split_and_no_quarter_batch_line_at_the_batch():
-    """A user's review: with 8 sequences per step on 16 GPUs, question 2 printed full sharding's step timed for
-    16 sequences beside the FLOPs of 8, and its 'quarter batch' line at the scenario's own (or a larger)
-    batch; at long sequences 'why the figures differ' did not name attention's FLOPs."""
+    """With 8 sequences per step on 16 GPUs, question 2 gives no full-sharding step (timed for 16 sequences
+    beside the FLOPs of 8) and no 'quarter batch' line at the scenario's own or a larger batch; at long
+    sequences 'why the figures differ' names attention's FLOPs."""
     from meshplan import JobSpec, load_cluster, load_model
     from meshplan.explain import analyse
 
@@ -572,8 +572,9 @@ def test_question_2_gives_no_step_for_a_batch_full_sharding_cannot_split_and_no_
 
 
 def test_a_familys_line_names_its_fastest_plan_where_the_tie_band_ranked_a_simpler_one_first():
-    """From a review: 'Best HSDP plan HSDP=2x4: +1.7 % (2.78 s)' while an HSDP plan with more options took
-    2.74 s; the family's first plan in rank order is the simplest within the tie band, not its fastest."""
+    """A family's line names its fastest plan ('Best HSDP plan HSDP=2x4: +1.7 % (2.78 s)' must not stand
+    beside an HSDP plan with more options at 2.74 s): the family's first plan in rank order is the simplest
+    within the tie band, not its fastest."""
     from meshplan import JobSpec, load_cluster, load_model
     from meshplan.explain import analyse
     from meshplan.search.space import family
@@ -596,7 +597,7 @@ def test_a_familys_line_names_its_fastest_plan_where_the_tie_band_ranked_a_simpl
 def test_the_search_offers_no_partial_reshard_with_dtensor_parameters():
     """FSDP2 cannot reshard TP or EP (DTensor) parameters to a node-sized group after forward
     (FSDPParam.to_sharded_post_forward raises NotImplementedError): no such variant, and only with tp = ep = 1
-    the node-sized one (from a review of what PyTorch runs)."""
+    the node-sized one."""
     from meshplan import JobSpec, load_cluster, load_model
     from meshplan.search.space import option_variants
     from meshplan.specs import parse_plan
@@ -614,8 +615,8 @@ def test_the_search_offers_no_partial_reshard_with_dtensor_parameters():
 def test_a_batch_condition_is_where_another_layout_beats_the_recommendation_by_the_tie_band(plan_json):
     """At the batch a condition names, some plan of another layout is more than the tie band faster than the
     recommendation (both timed as plan times them) or the recommendation does not fit; at the last batch it
-    says the recommendation holds, none is. A review had found a change missed where only the fastest plan,
-    not the simplest one of the tie band, beat the recommendation by more than the band."""
+    says the recommendation holds, none is. A change is found where only the fastest plan, not the simplest
+    one of the tie band, beats the recommendation by more than the band."""
     from meshplan import JobSpec, evaluate, load_cluster, load_model, search
     from meshplan.explain import _try
     from meshplan.search.conditions import MIN_GAIN, layout_key
@@ -701,9 +702,9 @@ def test_the_simulator_counts_zb_vs_two_chunks_per_rank():
 
 
 def test_full_sharding_that_does_not_fit_is_timed_only_as_if_it_fitted():
-    """From a review: on 8 GPUs a 70B model's full sharding does not fit, yet question 2 printed its step as a
-    prediction, question 3 compared the TP alternative with it, and question 1 quoted its recomputation's share
-    of a step it never runs."""
+    """On 8 GPUs a 70B model's full sharding does not fit: question 2 must not print its step as a
+    prediction, question 3 must not compare the TP alternative with it, and question 1 must not quote its
+    recomputation's share of a step it never runs."""
     from meshplan import JobSpec, load_cluster, load_model
     from meshplan.explain import analyse
 
@@ -716,8 +717,9 @@ def test_full_sharding_that_does_not_fit_is_timed_only_as_if_it_fitted():
 
 
 def test_a_moe_models_family_lines_say_they_lack_expert_parallelism():
-    """From a review: on Mixtral 'Best pipeline plan ...: +20.7 %' beside a PP x EP runner-up at +0.3 %: a plan's
-    family is its most distinctive axis, expert parallelism first, so the other families are plans without it."""
+    """On Mixtral, 'Best pipeline plan ...: +20.7 %' must not stand beside a PP x EP runner-up at +0.3 %: a
+    plan's family is its most distinctive axis, expert parallelism first, so the other families are plans
+    without it."""
     from meshplan import JobSpec, load_cluster, load_model
     from meshplan.explain import analyse
 

@@ -1,4 +1,4 @@
-"""Stable JSON schema of estimates and searches (documented in the README, section "JSON schema").
+"""Stable JSON schema of estimates and searches (documented in docs/outputs.md).
 
 Units: every ``*_bytes`` is bytes, every ``*_s`` seconds, FLOPs are counts. Schema versions are in
 the ``schema`` field and change only when a field is removed or changes meaning.
