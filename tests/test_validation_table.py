@@ -19,14 +19,15 @@ SHARED_RUNS = Path(os.environ.get("MESHPLAN_PUBLISHED_RUNS", ROOT.parent / "shar
 
 
 @pytest.mark.skipif(not SHARED_RUNS.is_file(), reason="needs ../shared/data/published_runs.csv beside the repository")
-def test_generated_tables_are_current():
+@pytest.mark.parametrize("doc", [DOC, ROOT / "README.md"], ids=["validation.md", "README.md"])
+def test_generated_tables_are_current(doc):
     try:
-        old, new = table.generate(str(DOC), str(SHARED_RUNS))
+        old, new = table.generate(str(doc), str(SHARED_RUNS))
     except table.StaleFits as exc:
         pytest.skip(f"the tables cannot be regenerated without refitting: {exc}")
-    diff = "\n".join(difflib.unified_diff(old.splitlines(), new.splitlines(), "docs/validation.md", "regenerated",
+    diff = "\n".join(difflib.unified_diff(old.splitlines(), new.splitlines(), doc.name, "regenerated",
                                           lineterm="", n=0))
-    assert old == new, f"run python -m meshplan.validation.table to update docs/validation.md:\n{diff[:4000]}"
+    assert old == new, f"run python -m meshplan.validation.table to update {doc.name}:\n{diff[:4000]}"
 
 
 def test_render_replaces_only_between_markers():

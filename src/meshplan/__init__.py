@@ -25,7 +25,7 @@ from meshplan.specs import (
     parse_plan,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AcceleratorSpec",

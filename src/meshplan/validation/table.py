@@ -29,6 +29,8 @@ from meshplan.fileio import atomic_write_text, read_input_text
 
 DEFAULT_DATA = "../shared/data/published_runs.csv"
 DEFAULT_DOC = "docs/validation.md"
+README = "README.md"
+"""The README holds one generated table (``trust``): how far to trust the figures, in a few rows."""
 LARGEST_ERROR = 0.20
 """Rows whose cross-validated error is at least this large are listed one by one."""
 MEGATRON_GROUPS = ("Megatron-LM", "Megatron-LM papers", "NVIDIA dgxc-benchmarking", "NeMo / Megatron-Bridge")
@@ -305,6 +307,32 @@ def blocks(report: dict[str, Any], moe: set[int], fitted: dict[str, Any],
             "largest": _largest(report), "parameters": _parameters(fitted, bounds)}
 
 
+def readme_blocks(report: dict[str, Any], moe: set[int]) -> dict[str, str]:
+    """The README's one table: cross-validated errors of tokens/s per GPU by kind of run, and peak memory."""
+    rows = [r for r in report["rows"] if "skipped" not in r]
+    fit = report["summary"]["fit"]
+    groups: list[tuple[str, Callable[[dict[str, Any]], bool]]] = [
+        ("every modelled run", lambda r: True),
+        ("dense models", lambda r: r["row"] not in moe),
+        ("mixture-of-experts models", lambda r: r["row"] in moe),
+        ("Megatron-LM and NeMo runs", lambda r: r["source_group"] in MEGATRON_GROUPS),
+        ("torchtitan runs", lambda r: r.get("software") == "torchtitan"),
+        ("llm-foundry runs", lambda r: r.get("software") == "llm-foundry"),
+    ]
+    out = []
+    for name, keep in groups:
+        errs = [r["cv_error"] for r in rows if keep(r) and r.get("cv_error") is not None]
+        st = _stats(errs)
+        out.append([name, f"{st['count']:,}", _pct(st["mape"]), _pct(st["median_ape"]), _pct(st["p90_ape"])])
+    mem = fit["peak_memory"]
+    out.append(["peak memory (rows that report it)", f"{mem['count']:,}", _pct(mem["mape"]), _pct(mem["median_ape"]),
+                _pct(mem["p90_ape"])])
+    note = (f"Error of the prediction against {fit['modelled']:,} published, measured runs ("
+            f"{_pct(fit['modelled'] / fit['rows'])} of {fit['rows']:,} rows; docs/validation.md): tokens/s per GPU "
+            "predicted by fits that had not seen the run (5-fold cross-validation); peak memory by the catalog's fit.")
+    return {"trust": "\n".join([note, "", _table(["runs", "rows", "MAPE", "median", "p90"], out)])}
+
+
 def render(doc: str, tables: dict[str, str]) -> str:
     """``doc`` with the text between each pair of markers replaced by its table; SpecError for a table whose
     markers are missing."""
@@ -316,33 +344,40 @@ def render(doc: str, tables: dict[str, str]) -> str:
     return doc
 
 
-def generate(doc_path: str, data: str) -> tuple[str, str]:
-    """(the document as it is, the document with its tables regenerated)."""
+def generate(doc_path: str, data: str, report: dict[str, Any] | None = None) -> tuple[str, str]:
+    """(the document as it is, the document with its tables regenerated: the README's own table where
+    ``doc_path`` is the README, docs/validation.md's otherwise)."""
     moe, bounds = check_stored_fits(data)
     doc = read_input_text(Path(doc_path), "docs", kind="document")
-    return doc, render(doc, blocks(run_validate(data), moe, catalog_fit(), bounds))
+    report = report if report is not None else run_validate(data)
+    if Path(doc_path).name == README:
+        return doc, render(doc, readme_blocks(report, moe))
+    return doc, render(doc, blocks(report, moe, catalog_fit(), bounds))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m meshplan.validation.table", description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=DEFAULT_DATA, help=f"published runs CSV (default {DEFAULT_DATA})")
-    ap.add_argument("--doc", default=DEFAULT_DOC, help=f"the document to update (default {DEFAULT_DOC})")
+    ap.add_argument("--doc", action="append", default=None,
+                    help=f"a document to update (default {DEFAULT_DOC} and {README}); may be repeated")
     ap.add_argument("--check", action="store_true", help="exit 1 if the tables are out of date; write nothing")
     args = ap.parse_args(argv)
     try:
-        old, new = generate(args.doc, args.data)
+        report = run_validate(args.data) if check_stored_fits(args.data) else None
+        docs = [(path, *generate(path, args.data, report)) for path in (args.doc or [DEFAULT_DOC, README])]
     except (SpecError, StaleFits) as exc:
         print(f"meshplan.validation.table: {exc}", file=sys.stderr)
         return 2
+    stale = [path for path, old, new in docs if old != new]
     if args.check:
-        if old != new:
-            print(f"{args.doc}: generated tables are out of date; run python -m meshplan.validation.table",
+        for path in stale:
+            print(f"{path}: generated tables are out of date; run python -m meshplan.validation.table",
                   file=sys.stderr)
-            return 1
-        return 0
-    if old != new:
-        atomic_write_text(args.doc, new)
-        print(f"wrote {args.doc}", file=sys.stderr)
+        return 1 if stale else 0
+    for path, _, new in docs:
+        if path in stale:
+            atomic_write_text(path, new)
+            print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
