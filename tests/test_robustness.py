@@ -138,6 +138,51 @@ def test_library_constructors_refuse_wrong_types_and_absurd_values():
             make()
 
 
+def test_library_entry_points_refuse_wrong_arguments_with_meshplans_own_error():
+    """evaluate(mfu=0) divided by zero, mfu=5 and nan were accepted, a string model raised AttributeError."""
+    from meshplan import (
+        JobSpec,
+        SpecError,
+        analyse,
+        evaluate,
+        evaluate_simplified,
+        load_cluster,
+        load_model,
+        param_counts,
+        parse_plan,
+        search,
+    )
+    from meshplan.search.space import Space
+    from meshplan.search.sweep import sweep
+
+    m, c = load_model("llama-3-8b"), load_cluster("h100-sxm", nodes=1)
+    j, p = JobSpec(global_batch_tokens=1 << 20, seq_len=8192), parse_plan("dp_shard=8")
+    calls = {
+        "evaluate.mfu": lambda: evaluate(m, c, j, p, mfu=0),
+        "evaluate.mfu ": lambda: evaluate(m, c, j, p, mfu=5),
+        "evaluate.mfu  ": lambda: evaluate(m, c, j, p, mfu=float("nan")),
+        "evaluate.model": lambda: evaluate("llama-3-8b", c, j, p),
+        "evaluate.cluster": lambda: evaluate(m, None, j, p),
+        "evaluate.job": lambda: evaluate(m, c, {}, p),
+        "evaluate.plan": lambda: evaluate(m, c, j, "dp_shard=8"),
+        "evaluate_simplified.mfu": lambda: evaluate_simplified(m, c, j, p, mfu=None),
+        "search.space": lambda: search(m, c, j, space="full"),
+        "search.workers": lambda: search(m, c, j, workers=0),
+        "search.mfu": lambda: search(m, c, j, mfu=-1),
+        "space.max_vpp": lambda: search(m, c, j, Space(max_vpp=10**9)),
+        "analyse.job": lambda: analyse(m, c, None),
+        "sweep.values": lambda: sweep(m, c, j, "gpus", [float("inf")]),
+        "sweep.vary": lambda: sweep(m, c, j, "gpus", [1e300]),
+        "plan": lambda: parse_plan(5),
+        "model": lambda: load_model(5),
+        "param_counts.model": lambda: param_counts("x"),
+    }
+    for field, call in calls.items():
+        with pytest.raises(SpecError) as exc:
+            call()
+        assert exc.value.field == field.strip(), (field, exc.value)
+
+
 def test_a_bad_write_names_the_path_and_leaves_the_old_file(tmp_path):
     from meshplan.fileio import WriteError, atomic_write_text
 

@@ -20,6 +20,7 @@ from meshplan.search.rank import TIE_BAND
 from meshplan.search.search import REFINE_TOP, SearchResult, search
 from meshplan.search.space import FAMILY_NAMES, Space, family
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
+from meshplan.specs.arguments import check_scenario
 from meshplan.units import GB, format_gb, format_gib, format_seconds
 
 CANDIDATES = 40
@@ -243,6 +244,7 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
     """Search, recommend, and answer the worked example's four questions for this scenario (the simulator's
     re-timing and the conditions of change on up to ``workers`` cores, default all); ``progress`` shows
     each phase on the terminal. ``result``: this scenario's search, where the caller has run it already."""
+    check_scenario("analyse", model, cluster, job, mfu=mfu)
     space = space or Space()
     progress = progress or Progress(enabled=False)
     if result is None:

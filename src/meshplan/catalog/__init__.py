@@ -212,6 +212,8 @@ def _spec(cls: type, what: str, **kwargs: Any) -> Any:
 def load_model(ref: str) -> ModelSpec:
     """A model from the catalog by name, from a TOML spec file with ModelSpec's field names, or from a Hugging
     Face ``config.json`` (a path ending in .json: meshplan.catalog.hf)."""
+    if not isinstance(ref, str) or not ref:
+        raise SpecError("model", f"must be a catalog name, a .toml spec file or a config.json path, got {ref!r}")
     if ref.endswith(".json"):
         from meshplan.catalog.hf import load_hf_config
 

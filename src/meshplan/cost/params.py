@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.specs import ModelSpec
+from meshplan.specs._validate import instance
 
 
 def norm_params(*, hidden: int, kind: str) -> int:
@@ -135,6 +136,7 @@ class ParamCounts:
 
 def param_counts(model: ModelSpec) -> ParamCounts:
     """Exact parameter counts of ``model`` (the reference PyTorch model matches them; tests)."""
+    instance("param_counts.model", model, ModelSpec, "a ModelSpec (meshplan.load_model)")
     D = model.hidden
     norm = norm_params(hidden=D, kind=model.norm)
     routed = 0

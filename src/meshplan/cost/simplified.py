@@ -20,7 +20,9 @@ from meshplan.cost.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from meshplan.cost.estimate import CommEntry, Estimate, FlopReport, MemoryReport
 from meshplan.cost.mesh import INTER_NODE, INTRA_NODE, axis_groups
 from meshplan.cost.params import param_counts
+from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
+from meshplan.specs.arguments import check_scenario
 
 STATE_BYTES_PER_PARAM = 16.0
 NOTES = [
@@ -52,6 +54,9 @@ def _entry(op: str, axis: str, purpose: str, count: int, message: float, n: int,
 def evaluate_simplified(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *, mfu: float
                         ) -> Estimate:
     """The worked example's figures for ``plan`` (see module docstring)."""
+    check_scenario("evaluate_simplified", model, cluster, job, plan=plan, mfu=mfu, with_plan=True)
+    if mfu is None:
+        raise SpecError("evaluate_simplified.mfu", "is required: the simplified arithmetic assumes an MFU")
     counts = param_counts(model)
     psi = model.nominal_params or float(counts.total)
     psi_active = psi * counts.active / counts.total if model.is_moe else psi  # nominal, scaled to the active share

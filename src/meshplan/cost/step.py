@@ -27,6 +27,7 @@ from meshplan.cost.compute import ComputeParams
 from meshplan.cost.estimate import Estimate
 from meshplan.cost.validate import validate_plan
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
+from meshplan.specs.arguments import check_scenario
 from meshplan.specs.plan import stack_defaults
 
 
@@ -36,6 +37,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *
     feasible combination (the number of micro-batches follows from memory); if none fits, the one
     that needs the least memory, reported infeasible with its reasons, and timed as if it fitted
     unless ``time_infeasible`` is False (the search lists such plans by memory, not time)."""
+    check_scenario("evaluate", model, cluster, job, plan=plan, mfu=mfu, with_plan=True)
     est = _evaluate(model, cluster, job, plan, mfu=mfu, compute=compute, cutoff_s=None,
                     time_infeasible=time_infeasible)
     assert est is not None

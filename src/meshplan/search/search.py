@@ -15,6 +15,7 @@ from meshplan.cost.choice import recompute_options
 from meshplan.cost.compute import ComputeParams
 from meshplan.cost.estimate import Estimate
 from meshplan.cost.step import evaluate, evaluate_within
+from meshplan.errors import SpecError
 from meshplan.parallel import parallel_map
 from meshplan.search.rank import TIE_BAND, pareto_front, rank
 from meshplan.search.space import (
@@ -26,6 +27,7 @@ from meshplan.search.space import (
     with_job_recompute,
 )
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
+from meshplan.specs.arguments import check_scenario
 
 Progress = Callable[[int, int], None]
 
@@ -94,6 +96,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space | 
     """Evaluate every plan of ``space`` on ``cluster`` with the closed form and rank them; the
     ``refine_top`` best feasible plans are then re-timed by the timeline simulator (on up to ``workers``
     cores, default all) and re-ranked."""
+    check_scenario("search", model, cluster, job, mfu=mfu)
+    if space is not None and not isinstance(space, Space):
+        raise SpecError("search.space", f"must be a Space (meshplan.Space), got {type(space).__name__}")
+    if refine_top is not None and (isinstance(refine_top, bool) or not isinstance(refine_top, int)
+                                   or not 0 <= refine_top <= 10_000):
+        raise SpecError("search.refine_top", f"must be a whole number from 0 to 10,000, got {refine_top!r}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise SpecError("search.workers", f"must be a whole number of at least 1, got {workers!r}")
     with _no_cyclic_gc():
         return _search(model, cluster, job, space, mfu=mfu, progress=progress, refine_top=refine_top,
                        workers=workers)

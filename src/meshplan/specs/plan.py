@@ -576,7 +576,9 @@ def parse_plan(text: str, world_size: int | None = None) -> Plan:
     ``world_size``. Unknown keys and malformed items raise SpecError listing what is allowed."""
     allowed = [f.name for f in fields(Plan)]
     values: dict[str, object] = {}
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str):
+        raise SpecError("plan", f"must be a plan string such as 'dp_shard=64', got {type(text).__name__}")
+    if not text.strip():
         raise SpecError("plan", "is empty; write e.g. 'dp_shard=64' or 'tp=8,dp_shard=8'")
     if len(text) > MAX_PLAN_CHARS:
         raise SpecError("plan", f"is {len(text):,} characters; at most {MAX_PLAN_CHARS:,}")
