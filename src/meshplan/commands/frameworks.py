@@ -4,6 +4,7 @@ settings, and a framework's existing configuration read, evaluated and compared 
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from typing import Any
 
@@ -25,6 +26,7 @@ def add_flags(p: argparse.ArgumentParser, *, imports: bool = True) -> None:
                    help="with --export: " + "; ".join(f"{s}: {', '.join(f)}" for s, f in FORMATS.items()))
     g.add_argument("--out", type=output_file(), default=None, metavar="FILE",
                    help="with --export: write the settings to FILE")
+
     if imports:
         g.add_argument("--from", dest="from_", nargs=2, default=None, metavar=("STACK", "SOURCE"),
                        help="read an existing configuration: torchtitan (its command line, as text or a file), "
@@ -33,7 +35,10 @@ def add_flags(p: argparse.ArgumentParser, *, imports: bool = True) -> None:
 
 
 def write_export(args: argparse.Namespace, ex: Export) -> str | None:
-    """Write ``ex`` to --out (returning a line saying so), or return None for the caller to print it."""
+    """Write ``ex`` to --out (returning a line saying so), or return None for the caller to print it; its
+    warnings go to stderr either way."""
+    for w in ex.warnings:
+        print(f"meshplan: {w}", file=sys.stderr)
     if not args.out:
         return None
     from meshplan.fileio import atomic_write_text
@@ -232,7 +237,8 @@ def _json(imported: Imported | None, current: Any, best: Any, ex: Export | None,
                            "changes": _changes(current.plan, best.plan)}
     if ex is not None:
         out["export"] = {"stack": ex.stack, "format": ex.format, "text": ex.text, "args": list(ex.args),
-                         "assumptions": list(ex.assumptions), "version": VERSIONS[ex.stack]}
+                         "assumptions": list(ex.assumptions), "warnings": list(ex.warnings),
+                         "version": VERSIONS[ex.stack]}
     return out
 
 
@@ -248,6 +254,7 @@ def register(sub: Any) -> None:
                                                  "are chosen by evaluate)")
     p.add_argument("--format", default=None, help="; ".join(f"{s}: {', '.join(f)}" for s, f in FORMATS.items()))
     p.add_argument("--out", type=output_file(), default=None, metavar="FILE", help="write the settings to FILE")
+
     p.set_defaults(func=cmd_export)
 
 
@@ -265,10 +272,13 @@ def evaluated_frameworks(args: argparse.Namespace, est: Any, imported: Imported 
         out = estimate_dict(est)
         if ex is not None:
             out["export"] = {"stack": ex.stack, "format": ex.format, "text": ex.text, "args": list(ex.args),
-                             "assumptions": list(ex.assumptions), "version": VERSIONS[ex.stack]}
+                             "assumptions": list(ex.assumptions), "warnings": list(ex.warnings),
+                             "version": VERSIONS[ex.stack]}
         print(strict_json(out))
         return 0
     if ex is not None and not args.out:
+        for w in ex.warnings:
+            print(f"meshplan: {w}", file=sys.stderr)
         print(ex.text, end="")
         return 0
     written = write_export(args, ex) if ex is not None else None

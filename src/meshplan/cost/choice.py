@@ -80,7 +80,9 @@ def recompute_options(model: ModelSpec, job: JobSpec, plan: Plan) -> tuple[list[
         return ["none"], 0
     modes = ["none", "sac", "full"] if job.flash_attention else ["none", "selective", "sac", "full"]
     if plan.runs_megatron_layers(job.software):  # Megatron-core has modules, not op-level SAC
-        keys = megatron_selective_keys(model, job.flash_attention, job.fused_grouped_mlp)
+        # Megatron-DeepSpeed recomputes the attention core alone (plain 'selective') or whole layers
+        keys = (megatron_selective_keys(model, job.flash_attention, job.fused_grouped_mlp)
+                if job.software != "deepspeed" else [])
         modes[modes.index("sac"):modes.index("sac") + 1] = keys
     if plan.ep_overlap:  # Megatron's all-to-all overlap runs without full recomputation (or offloading)
         return modes[:-1], 0

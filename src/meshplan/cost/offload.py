@@ -19,9 +19,10 @@ def offload_offered(cluster: ClusterSpec, job: JobSpec, plan: Plan) -> bool:
     """Whether activation offloading is an option for ``plan`` at all (the search's variant, the memory
     question's alternative): a Megatron plan (its distributed optimizer, or job software = megatron, as
     Megatron-FSDP) without a pipeline, on a node whose host link rate is known, outside per-layer CUDA
-    graphs (offload_reasons names each of these where a plan offloads anyway)."""
+    graphs, and not Megatron-DeepSpeed's, which has none (offload_reasons names each of these where a plan
+    offloads anyway)."""
     return (plan.pp == 1 and cluster.host_bytes_per_s is not None and offload_runs_with(job)
-            and plan.runs_megatron_layers(job.software))
+            and plan.runs_megatron_layers(job.software) and job.software != "deepspeed")
 
 
 def offload_reasons(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, ctxs: list[StageCtx],

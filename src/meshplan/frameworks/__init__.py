@@ -20,16 +20,20 @@ _SOFTWARE = {"torchtitan": "torchtitan", "megatron": "megatron", "deepspeed": "d
 """The meshplan software stack (JobSpec.software) each framework's plans are searched and timed as."""
 
 
-def export(stack: str, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, fmt: str | None = None
-           ) -> Export:
+def export(stack: str, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, fmt: str | None = None,
+           *, exact_model: bool = False) -> Export:
     """``plan`` as ``stack``'s settings in format ``fmt`` (the stack's first format by default); SpecError naming
-    what the framework lacks where it cannot run the plan."""
+    what the framework lacks where it cannot run the plan. Where the framework names its model by a registered
+    config (torchtitan) and none is this model, the closest one is exported with a warning
+    (``Export.warnings``), or refused where ``exact_model``."""
     if stack not in STACKS:
         raise SpecError("export", f"unknown framework {stack!r}; allowed: {', '.join(STACKS)}")
     fmt = fmt or FORMATS[stack][0]
     if fmt not in FORMATS[stack]:
         raise SpecError("export --format", f"{stack} exports as {', '.join(FORMATS[stack])}; got {fmt!r}")
     module = _module(stack)
+    if stack == "torchtitan":
+        return module.export(model, cluster, job, plan, fmt, exact_model=exact_model)
     return module.export(model, cluster, job, plan, fmt)
 
 

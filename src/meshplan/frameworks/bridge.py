@@ -132,7 +132,7 @@ def overrides(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, 
               assumptions: list[str]) -> Export:
     """The Megatron-LM arguments ``args`` of ``plan`` as Megatron-Bridge overrides on the closest recipe."""
     if plan.sharding == "fsdp":
-        refuse(STACK, "the Megatron-Bridge export writes Megatron's distributed optimizer; for PyTorch FSDP2 use the "
+        refuse(STACK, "the Megatron-Bridge export writes Megatron's distributed optimizer; for Megatron-FSDP use the "
                       "Megatron-LM arguments (--format script or args)")
     if job.optimizer == "adamw-bf16-moments":
         refuse(STACK, "bf16 optimizer moments are torch dtypes in Megatron-Bridge's OptimizerConfig, which a "

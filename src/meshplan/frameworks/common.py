@@ -51,6 +51,9 @@ class Export:
     """What meshplan assumed that the framework decides for itself."""
     env: tuple[tuple[str, str], ...] = ()
     """Environment variables the launch needs (the script form exports them)."""
+    warnings: tuple[str, ...] = ()
+    """Where the settings run something other than what was planned (a framework's nearest registered model):
+    the script's first lines, and a line on stderr."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,13 +170,15 @@ def _first_int(flags: dict[str, list[str]], *names: str) -> int | None:
 
 
 def read_source(source: str) -> str:
-    """``source`` itself, or the text of the file it names."""
+    """``source`` itself (a command line), or the text of the file it names. A single word (no space and no
+    flag) is a file name: SpecError where there is no such file, rather than reading the name as a command."""
+    from meshplan.fileio import MAX_DATA_BYTES, read_input_text
+
+    word = source.strip()
+    one_word = bool(word) and not any(c.isspace() for c in word) and not word.startswith("-")
     p = Path(source)
-    if "\n" not in source and len(source) < 4096 and p.is_file():
-        try:
-            return p.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise SpecError("from", f"{source}: not UTF-8 text ({exc.reason})") from None
+    if one_word or ("\n" not in source and len(source) < 4096 and p.is_file()):
+        return read_input_text(p, "from", max_bytes=MAX_DATA_BYTES, kind="configuration file")
     return source
 
 

@@ -61,19 +61,17 @@ def _checks(model: ModelSpec, job: JobSpec, plan: Plan) -> None:
     if plan.is_ddp:
         refuse(STACK, "Megatron's data parallelism without sharding is its own DDP (one gradient buffer), which "
                       "meshplan estimates as sharding=megatron, not PyTorch's DDP: export that plan")
-    if fsdp and (plan.dp_replicate > 1 or plan.pp > 1 or plan.ep > 1 or model.tied_embeddings):
-        refuse(STACK, "Megatron-LM's PyTorch FSDP2 (--use-torch-fsdp2) shards over the whole data-parallel group, "
-                      "without pipeline or expert parallelism and with untied embeddings (validate_args): no HSDP, "
-                      "pp, ep or tied embeddings with it")
+    if fsdp and (plan.dp_replicate > 1 or plan.pp > 1):
+        refuse(STACK, "meshplan writes Megatron-FSDP (--use-megatron-fsdp) sharding over the whole data-parallel "
+                      "group without a pipeline: its hybrid (HSDP, HFSDP) and pipelined modes are not exported")
     if fsdp and plan.effective_grad_sync == "last":
-        refuse(STACK, "Megatron-LM's FSDP2 reduces gradients after every micro-batch; it has no grad_sync=last")
+        refuse(STACK, "Megatron-FSDP reduces gradients after every micro-batch; it has no grad_sync=last")
     if not fsdp and plan.grad_sync == "every":
         refuse(STACK, "Megatron accumulates gradients in its buffer and reduces them once per step; it has no "
                       "grad_sync=every")
-    raf = plan.reshard_after_forward
-    if raf is not None and (not fsdp or not isinstance(raf, bool)):
-        refuse(STACK, "reshard_after_forward is FSDP2's; Megatron-LM's FSDP2 keeps or frees the whole gathered "
-                      "block (true or false), nothing else")
+    if plan.reshard_after_forward is not None:
+        refuse(STACK, "reshard_after_forward is PyTorch FSDP2's; Megatron-FSDP frees every gathered unit after use "
+                      "(--data-parallel-sharding-strategy optim_grads_params)")
     if job.optimizer not in OPTIMIZERS:
         refuse(STACK, f"Megatron-LM has no {job.optimizer!r} optimizer (it has adam, i.e. AdamW, and sgd)")
     if job.reduce_dtype_bytes not in (2, 4):
@@ -176,9 +174,9 @@ def _parallel_args(model: ModelSpec, plan: Plan) -> list[str]:
     a += ["--pipeline-model-parallel-layout", layout] if layout else []
     if plan.cp > 1:
         a += ["--cp-comm-type", CP_COMM[plan.context_impl]]
-    if plan.sharding == "fsdp" and plan.shard_degree > 1:
-        a += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]
-        a += ["--torch-fsdp2-no-reshard-after-forward"] if plan.reshard_after_forward is False else []
+    if plan.sharding == "fsdp" and plan.shard_degree > 1:  # Megatron-FSDP: parameters, grads and states sharded
+        a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params", "--ckpt-format",
+              "fsdp_dtensor", "--init-model-with-meta-device"]
     elif plan.shard_degree > 1:
         a += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
         if plan.dp_replicate > 1:
@@ -200,6 +198,12 @@ def _recompute_args(plan: Plan) -> list[str]:
                     str(plan.recompute_layers)]
         return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     return []
+
+
+RUN_PLACEHOLDERS = ("--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "100", "--lr", "3.0e-4",
+                    "--min-lr", "3.0e-5", "--lr-decay-style", "cosine", "--lr-warmup-iters", "10")
+"""Arguments a run needs that are not the plan's (pretrain_gpt.py fails without a learning rate: --lr defaults to
+None): placeholders for the user's data, tokenizer, length and schedule."""
 
 
 def _job_args(job: JobSpec, b) -> list[str]:
@@ -230,7 +234,7 @@ def export(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, fmt
     b = batch_of(STACK, plan, job)
     model_args, gaps = _model_args(model, job)
     args = model_args + _parallel_args(model, plan) + _job_args(job, b)
-    data = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "100"]
+    data = [*RUN_PLACEHOLDERS]
     assumptions = gaps + _assumptions(cluster, job, plan, b)
     if fmt == "bridge":
         from meshplan.frameworks.bridge import overrides
@@ -247,8 +251,10 @@ def export(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, fmt
         text = "\n".join([comment_block([f"meshplan: {plan.label()} [{plan.to_string()}] for Megatron-LM "
                                          "(NVIDIA/Megatron-LM@d98e8a64)",
                                          f"model {model.name}, {cluster.n_gpus} x {cluster.accelerator.name}",
-                                         "replace --mock-data, --tokenizer-type NullTokenizer and --train-iters "
-                                         "with your data, tokenizer and run length",
+                                         "replace --mock-data, --tokenizer-type NullTokenizer, --train-iters and "
+                                         "the learning-rate schedule (--lr ...) with your data, tokenizer, run "
+                                         "length and schedule: they are placeholders, which meshplan's "
+                                         "figures do not depend on",
                                          "assumed (Megatron decides these itself):"]),
                           comment_block(assumptions, "#   - ")]
                          + [f"export {k}={v}" for k, v in env]
@@ -261,6 +267,9 @@ def _assumptions(cluster: ClusterSpec, job: JobSpec, plan: Plan, b) -> list[str]
     out = [f"data parallelism: Megatron takes it from the GPUs, {cluster.n_gpus} / (tp x pp x cp) = {plan.dp}; "
            f"{b.microbatches} micro-batches of {b.mbs} per step (global batch / (micro-batch x data-parallel "
            "size))"]
+    if plan.shard_degree > 1 and plan.sharding == "fsdp":
+        out.append("Megatron-FSDP's units and buckets (its defaults); meshplan assumed one unit per transformer layer, "
+                   "gathered into its buffer without a copy, and the gathers and reductions hidden behind compute")
     if plan.shard_degree > 1 and plan.sharding == "megatron":
         out.append("the distributed optimizer's buckets (--ddp-bucket-size: Megatron's default) and its overlap "
                    "with the backward and the next forward; meshplan assumed the reductions hide behind the "
@@ -275,7 +284,7 @@ def _assumptions(cluster: ClusterSpec, job: JobSpec, plan: Plan, b) -> list[str]
                "them (meshplan's Megatron calibration was fitted on such runs)")
     out.append("collectives: NCCL's defaults (meshplan assumed rings over every NIC of a node and NVLS for "
                "all-reduce inside one); CUDA_DEVICE_MAX_CONNECTIONS=1 where tp or cp > 1 (Megatron requires it before "
-               "Blackwell, except with FSDP2 or the MoE overlap, which need more)")
+               "Blackwell, except with Megatron-FSDP or the MoE overlap, which need more)")
     return out
 
 
@@ -428,8 +437,10 @@ _READ = {"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--co
          "--optimizer", "--use-precision-aware-optimizer", "--exp-avg-dtype", "--exp-avg-sq-dtype",
          "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "--cuda-graph-impl", "--enable-cuda-graph",
          "--bf16", "--overlap-grad-reduce", "--overlap-param-gather", "--no-gradient-accumulation-fusion",
-         "--no-check-for-nan-in-loss-and-grad", "--mock-data", "--tokenizer-type", "--train-iters"}
-"""Flags read into the plan and the job (the last three stand for the user's data and run length)."""
+         "--no-check-for-nan-in-loss-and-grad", "--data-parallel-sharding-strategy", "--ckpt-format",
+         "--init-model-with-meta-device", *RUN_PLACEHOLDERS[::2]}
+"""Flags read into the plan and the job (RUN_PLACEHOLDERS's stand for the user's data, run length and
+schedule)."""
 _MODEL_KEYS = {"--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
                "--group-query-attention", "--kv-channels", "--swiglu", "--disable-bias-linear", "--add-qkv-bias",
                "--qk-layernorm", "--untie-embeddings-and-output-weights", "--softmax-type", "--num-experts",

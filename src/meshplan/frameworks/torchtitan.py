@@ -213,13 +213,26 @@ def _layers_per_stage(n_layers: int, plan: Plan) -> int | None:
     return fits[0]
 
 
-def export(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, fmt: str = "script") -> Export:
-    """``plan`` as torchtitan 0.3.0's command line (``fmt`` 'args') or a torchrun launch script ('script')."""
+def export(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, fmt: str = "script", *,
+           exact_model: bool = False) -> Export:
+    """``plan`` as torchtitan 0.3.0's command line (``fmt`` 'args') or a torchrun launch script ('script'). The
+    model is a registered config function's; where none is this model, the closest one's, with a warning on
+    the script's first line (``Export.warnings``), or refused where ``exact_model``."""
     plan = resolved(STACK, plan)
     world_check(STACK, plan, cluster)
     _checks(model, job, plan)
     b = batch_of(STACK, plan, job)
     reg = closest(model, fp8=job.precision == "fp8")
+    approximate = not is_model(model, reg)
+    if approximate and exact_model:
+        refuse(STACK, f"torchtitan {VERSION} names its model by a registered config function, and none is "
+                      f"{model.name}: the closest, {reg.module}/{reg.config}, differs{_differences(model, reg)}; "
+                      "write a config function for it")
+    warnings = ([f"WARNING: this runs torchtitan's {reg.config}, not {model.name}: torchtitan {VERSION} names its "
+                 f"model by a registered config function and has none for {model.name}; the plan was sized for "
+                 f"{model.name} and may not fit or run as predicted for {reg.config}; write a config function for "
+                 f"{model.name} and name it with --module/--config to run the model planned"]
+                if approximate else [])
     args = ["--module", reg.module, "--config", reg.config,
             "--parallelism.data_parallel_replicate_degree", str(plan.dp_replicate),
             "--parallelism.data_parallel_shard_degree", str(plan.dp_shard),
@@ -257,11 +270,13 @@ def export(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, fmt
     else:
         head = ["torchrun", "--nnodes", str(cluster.n_nodes), "--nproc-per-node", str(cluster.gpus_per_node),
                 "-m", "torchtitan.train"]
-        text = "\n".join([comment_block([f"meshplan: {plan.label()} [{plan.to_string()}] for torchtitan {VERSION}",
+        text = "\n".join([comment_block([*warnings, f"meshplan: {plan.label()} [{plan.to_string()}] for torchtitan "
+                                         f"{VERSION}",
                                          f"model {model.name}, {cluster.n_gpus} x {cluster.accelerator.name}",
                                          "assumed (torchtitan decides these itself, or the config function does):"]),
                           comment_block(assumptions, "#   - "), shell_command(head, args)])
-    return Export(stack=STACK, format=fmt, text=text + "\n", args=tuple(args), assumptions=tuple(assumptions))
+    return Export(stack=STACK, format=fmt, text=text + "\n", args=tuple(args), assumptions=tuple(assumptions),
+                  warnings=tuple(warnings))
 
 
 def _assumptions(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, reg: Registered, b) -> list[str]:
@@ -286,19 +301,32 @@ def _assumptions(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pla
     return out
 
 
+def is_model(model: ModelSpec, reg: Registered) -> bool:
+    """Whether the registered config builds ``model``: its catalog twin, or a model of its kind, depth and width
+    (where meshplan's catalog has no twin to compare every field with)."""
+    if reg.catalog is not None:
+        return reg.catalog == model.name or not _field_differences(model, reg.catalog)
+    return model_kind(model) == reg.kind and (model.n_layers, model.hidden) == (reg.n_layers, reg.hidden)
+
+
 def _differences(model: ModelSpec, reg: Registered) -> str:
     """How the registered config's model differs from ``model`` (its catalog twin's fields, where there is one)."""
     if reg.catalog is None:
         return f" ({reg.n_layers} layers of width {reg.hidden} against {model.n_layers} of {model.hidden})"
+    diff = _field_differences(model, reg.catalog)
+    return f" ({reg.catalog} in meshplan's catalog; " + ("; ".join(diff) if diff else "the same architecture") + ")"
+
+
+def _field_differences(model: ModelSpec, catalog_name: str) -> list[str]:
+    """The architecture fields in which ``model`` differs from the catalog model ``catalog_name``."""
     from dataclasses import fields
 
     from meshplan.catalog import load_model
 
-    twin = load_model(reg.catalog)
+    twin = load_model(catalog_name)
     skip = {"name", "source", "nominal_params"}
-    diff = [f"{f.name} {getattr(twin, f.name)} against {getattr(model, f.name)}" for f in fields(ModelSpec)
+    return [f"{f.name} {getattr(twin, f.name)} against {getattr(model, f.name)}" for f in fields(ModelSpec)
             if f.name not in skip and getattr(twin, f.name) != getattr(model, f.name)]
-    return f" ({reg.catalog} in meshplan's catalog; " + ("; ".join(diff) if diff else "the same architecture") + ")"
 
 
 # ---- import ----------------------------------------------------------------------------------------------

@@ -193,8 +193,11 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
 
 def async_tp_offered(job: JobSpec, plan: Plan) -> bool:
     """Whether the stack runs async TP for ``plan``: torchtitan only with its model compiled (its async TP is
-    a torch.compile pass, torch._inductor's micro-pipeline TP; torchtitan refuses it without --compile),
-    the others wherever they run TP with sequence parallelism."""
+    a torch.compile pass, torch._inductor's micro-pipeline TP; torchtitan refuses it without --compile);
+    Megatron-DeepSpeed not at all (its Megatron fork has no TP communication overlap); the others wherever
+    they run TP with sequence parallelism."""
+    if job.software == "deepspeed":
+        return False
     return not (job.software == "torchtitan" and not job.compiled and not plan.runs_megatron_layers(job.software))
 
 

@@ -330,9 +330,11 @@ class Plan:
         """Whether the plan runs Megatron-core's layers and recomputation (its tensor- and context-parallel
         linears and attention, recomputation modules, activation offloading) rather than PyTorch's own
         (DTensor tensor parallelism, ``context_parallel``, ``torch.utils.checkpoint``): a plan with Megatron's
-        distributed optimizer, or any plan of a job on the Megatron stack (``software`` 'megatron':
-        Megatron-FSDP, the plain data parallelism of the Megatron papers)."""
-        return self.sharding == "megatron" or software == "megatron"
+        distributed optimizer, any plan of a job on the Megatron stack (``software`` 'megatron':
+        Megatron-FSDP, the plain data parallelism of the Megatron papers), and on the DeepSpeed stack a plan
+        with tensor, pipeline or sequence (Ulysses) parallelism, which runs Megatron-DeepSpeed's model."""
+        return (self.sharding == "megatron" or software == "megatron"
+                or (software == "deepspeed" and (self.tp > 1 or self.pp > 1 or self.cp > 1)))
 
     def torch_pipelined(self, software: str) -> bool:
         """Whether the plan's pipeline runs on torch.distributed.pipelining (PyTorch's schedules, torchtitan)
