@@ -25,8 +25,8 @@ def _checked(text: str, parse: Callable[[str], float], expected: str, ok: Callab
 
 def positive_size(text: str) -> int:
     """A positive whole number, with K/M/G binary suffixes (token batches, message sizes)."""
-    return int(_checked(text, parse_size, "a positive integer such as 4194304, 4M or 64K", lambda v: v > 0,
-                        "positive"))
+    return int(_checked(text, parse_size, "a whole number, with K, M or G for binary thousands (4194304, 4M, 64K)",
+                        lambda v: v > 0, "positive"))
 
 
 def positive_float(text: str) -> float:

@@ -232,8 +232,9 @@ def text(model: ModelSpec, job: JobSpec, rows: list[Row]) -> str:
     if job.train_tokens and any(r.summary for r in rows):
         s = next(r.summary for r in rows if r.summary)
         out.append(f"time to train: with failures, checkpoints and restarts (days); GPU-hours and cost of that time; "
-                   f"energy at board power x PUE {s.settings.pue:.2f}; prices are dated on-demand list prices and vary "
-                   "(--price-per-gpu-hour); --json has every assumption's source.")
+                   f"energy at the GPUs' board power x PUE {s.settings.pue:.2f} (hosts, NICs and switches not "
+                   "counted); prices are dated on-demand list prices and vary (--price-per-gpu-hour); --json has "
+                   "every assumption's source.")
     return "\n".join(out)
 
 

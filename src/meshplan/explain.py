@@ -368,8 +368,11 @@ def fsdp_question(sc: _Scenario, full: Estimate | None, unsplit_batch: list[str]
     s = sc.simplified["fsdp"]
     s_bytes = sum(e.bytes_per_gpu for e in s.comm)
     s_time = sum(e.time_s for e in s.comm)
-    who = f"{best.plan.label()}, the recommendation" if rec_is_full and best else "the worked example's plan"
-    q2.lines.append(f"Full sharding over {n} GPUs ({who}), simplified as the worked example does: "
+    who = (f"{best.plan.label()}, the recommendation" if rec_is_full and best else
+           "recomputing, without the recommendation's options" if best is not None and family_of_full(best, n)
+           else "the worked example's plan")
+    q2.lines.append(f"Full sharding over {n} GPUs as the worked example runs it ({who}), simplified as the worked "
+                    "example does: "
                     f"{s.flops.model_flop_per_step:.3g} FLOPs per step, {format_seconds(s.step_time_s)} of compute at "
                     f"{sc.simple_mfu:.0%} MFU; FSDP moves {format_gb(s_bytes)} per GPU, {format_seconds(s_time)}"
                     + (f" at {s_bytes / s_time / GB:.0f} GB/s ({s.comm[0].link})." if s_time > 0 else "."))
@@ -391,6 +394,12 @@ def fsdp_question(sc: _Scenario, full: Estimate | None, unsplit_batch: list[str]
     _quarter_batch(sc, q2, s_time)
     q2.estimates["fsdp"] = full
     return q2
+
+
+def family_of_full(best: Estimate, n_gpus: int) -> bool:
+    """Whether the recommendation shards over every GPU as full sharding does, with other options (offloading,
+    another micro-batch): then 'full sharding' in question 2 is not the recommendation's own figures."""
+    return best.plan.dp_shard == n_gpus
 
 
 def _recommended_traffic(best: Estimate) -> str:
@@ -461,7 +470,7 @@ def tp_question(sc: _Scenario, full: Estimate | None, unsplit_batch: list[str]) 
     q3.lines.append(f"Step {format_seconds(tp.step_time_s)} (MFU {tp.mfu:.1%}) against "
                     + ("n/a for full sharding; " if not full
                        else "full sharding, which cannot run this batch; " if unsplit_batch
-                       else f"{format_seconds(full.step_time_s)} for full sharding"
+                       else f"{format_seconds(full.step_time_s)} for full sharding as question 2 runs it"
                        + ("" if full.feasible else " as if it fitted (it does not)") + "; ")
                     + ("feasible." if tp.feasible else "infeasible: " + "; ".join(tp.infeasible_reasons)))
     return q3
@@ -512,14 +521,23 @@ def recommendation_question(sc: _Scenario, result: SearchResult) -> tuple[Questi
                     f"{' (of the FP8 peak)' if sc.job.precision == 'fp8' else ''}, "
                     f"{best.tokens_per_s_per_gpu:,.0f} tokens/s per GPU.")
     if b:
-        q4.lines.append(f"Uncertainty: {b.sentence('such predictions')}.")
+        from meshplan.uncertainty import unvalidated_features
+
+        novel = unvalidated_features(best.plan, sc.job.software)
+        q4.lines.append(f"Uncertainty: {b.sentence('such predictions')}"
+                        + (f"; none of those runs used {', '.join(novel)}, which this plan does: its error may be "
+                           "larger" if novel else "") + ".")
     q4.lines.append("Why: " + binding_resource(best) + ".")
     runner = next((e for e in result.feasible[1:]), None)
     if runner:
         gap = runner.step_time_s / best.step_time_s - 1
-        q4.lines.append(f"Runner-up: {runner.plan.label()} ({runner.plan.to_string()}), "
+        closest = min(result.feasible[1:], key=lambda e: abs(e.step_time_s / best.step_time_s - 1))
+        q4.lines.append(f"Runner-up (second in the ranking): {runner.plan.label()} ({runner.plan.to_string()}), "
                         + ("the same step time" if abs(gap) < 5e-4 else f"{gap:+.1%} step time"
-                           + (" (faster, but within the tie band)" if gap < 0 else "")) + ".")
+                           + (" (faster, but within the tie band)" if gap < 0 else ""))
+                        + (f"; the closest in step time is {closest.plan.label()}, "
+                           f"{closest.step_time_s / best.step_time_s - 1:+.1%}" if closest is not runner else "")
+                        + ".")
     q4.lines += _other_families(sc.model, result, best)
     q4.lines += _faster_within_the_band(result, best)
     return q4, best

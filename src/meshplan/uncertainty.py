@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from meshplan.calibration import uncertainty_band
 from meshplan.cost.estimate import Estimate
+from meshplan.specs import Plan
 
 
 def attach_band(est: Estimate, *, accelerator: str, software: str, moe: bool = False) -> Estimate:
@@ -17,3 +18,25 @@ def attach_band(est: Estimate, *, accelerator: str, software: str, moe: bool = F
     where the catalog has a band."""
     band = uncertainty_band(accelerator, software, moe)
     return est if band is None else replace(est, uncertainty=band)
+
+
+UNVALIDATED = (
+    ("schedule", ("zb-h1", "zb-v", "gpipe"), "the {v} pipeline schedule"),
+    ("sharding", ("zero1", "zero2"), "DeepSpeed {v}"),
+    ("cp_impl", ("allgather",), "context parallelism by all-gather"),
+)
+"""Plan options no published run of the calibration data used (the rows of docs/validation.md): a band from
+runs without them says nothing of how well meshplan predicts them."""
+
+
+def unvalidated_features(plan: Plan, software: str) -> list[str]:
+    """What ``plan`` (on ``software``) runs that no published run of the calibration used."""
+    out = [text.format(v=getattr(plan, field)) for field, values, text in UNVALIDATED
+           if getattr(plan, field) in values and (field != "schedule" or plan.pp > 1)]
+    if software == "deepspeed":
+        out.append("the DeepSpeed stack")
+    if plan.offload_layers and plan.sharding == "fsdp":
+        out.append("activation offloading with Megatron-FSDP")
+    elif plan.sharding == "fsdp" and software == "megatron" and plan.shard_degree > 1 and plan.pp > 1:
+        out.append("Megatron-FSDP under a pipeline")
+    return out

@@ -111,7 +111,8 @@ def _read_toml(what: str, ref: str, kind: str) -> tuple[dict[str, Any], str]:
         entry = _catalog_dir(kind).joinpath(f"{ref}.toml")
         if len(ref) > 100 or not entry.is_file():
             raise SpecError(what, f"unknown name {ref[:60]!r}; catalog has: {', '.join(_names(kind))} "
-                                  "(or give a path to a .toml spec file)")
+                                  + ("(or give a path to a .toml spec file or a Hugging Face config.json)"
+                                     if kind == "models" else "(or give a path to a .toml spec file)"))
         text, origin = entry.read_text(), f"catalog:{kind}/{ref}"
     return parse_toml(text, what, origin), origin
 

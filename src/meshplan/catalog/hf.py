@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.errors import SpecError
+from meshplan.fileio import read_input_text
 from meshplan.specs import ModelSpec
 
 SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "gpt_oss", "gemma",
@@ -71,10 +72,13 @@ def load_hf_config(path: str | Path) -> ModelSpec:
     if not p.is_file():
         raise SpecError("model", f"config file {str(path)!r} not found (a Hugging Face config.json is read from "
                                  "disk; nothing is downloaded)")
+    text = read_input_text(p, "model", kind="config file")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SpecError("model", f"{p}: not a JSON config.json ({exc})") from None
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise SpecError("model", f"{p}: not a JSON config.json ({str(exc)[:200]})") from None
+    except ValueError:  # a number of thousands of digits
+        raise SpecError("model", f"{p}: not a JSON config.json (a number of thousands of digits)") from None
     if not isinstance(data, dict):
         raise SpecError("model", f"{p}: a config.json holds one JSON object")
     return model_from_hf(data, name=p.parent.name if p.name == "config.json" and p.parent.name else p.stem,
@@ -90,6 +94,10 @@ def model_from_hf(data: dict[str, Any], *, name: str = "hf-model",
     if kind not in _DEFAULTS:
         raise SpecError("model.model_type", f"{kind!r} is not read; supported: {', '.join(SUPPORTED)}")
     c = {**_DEFAULTS[kind], **{k: v for k, v in data.items() if v is not None or k == "sliding_window"}}
+    filled = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                          "num_attention_heads", "num_key_value_heads") if data.get(k) is None and k in c]
+    if filled:  # as transformers' config class fills them; said in the spec's source, which catalog --model shows
+        source += f"; {', '.join(filled)} not in the file: transformers' defaults for {kind} taken"
     for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
         if not isinstance(c.get(key), int) or isinstance(c.get(key), bool):
             raise SpecError(f"model.{key}", f"must be a whole number in config.json; got {c.get(key)!r}")

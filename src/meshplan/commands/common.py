@@ -18,7 +18,12 @@ DEFAULT_SEQ_LEN = 4096
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with errors on one line (and its exit status 2)."""
+    """argparse with errors on one line (and its exit status 2), and no abbreviated flags: ``--node 2`` is an
+    error, not --nodes (a typo must not run another scenario)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"meshplan: error: {message}\n")

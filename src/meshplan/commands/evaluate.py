@@ -98,6 +98,9 @@ def _notes(job: Any, plan: Any) -> list[str]:
     from meshplan.specs.plan import stack_mismatch
 
     out = []
+    if job.software == "generic":
+        out.append("no software stack named: timed with the parameters every stack shares and the band of stacks "
+                   "the fit had not seen; --stack megatron, torchtitan or deepspeed times it as that stack runs it")
     if job.software != "generic" or job.compiled or job.cuda_graphs or job.fp8_attention or job.fused_grouped_mlp:
         out.append(f"software stack: {job.software}"
                    + (", torch.compile'd blocks (job.compiled)" if job.compiled else "")

@@ -65,8 +65,9 @@ def _failure_rate(text: str) -> str:
 def add_job_flags(group: Any) -> None:
     """The job and economics flags, on an argparse group (the scenario group of every command)."""
     group.add_argument("--stack", type=_one_of(SOFTWARE), default=None, metavar="NAME",
-                       help=f"software stack ({', '.join(SOFTWARE)}); the search then runs only what it offers "
-                            "(default: the job file's, else generic)")
+                       help=f"software stack ({', '.join(SOFTWARE)}); the search then runs only what it offers. "
+                            "Default: the job file's; where none is named, plan, report, sweep and compare answer "
+                            "per stack and assume one (docs/outputs.md), evaluate and export time a generic stack")
     group.add_argument("--precision", type=_one_of(PRECISIONS), default=None, metavar="NAME",
                        help=f"GEMM precision ({', '.join(PRECISIONS)})")
     group.add_argument("--optimizer", type=_one_of(OPTIMIZERS), default=None, metavar="NAME",

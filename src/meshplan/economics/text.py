@@ -79,7 +79,7 @@ def summary_lines(s: Summary) -> list[str]:
         lines.append("  cost: no price for this accelerator (--price-per-gpu-hour)")
     if s.energy_j is not None:
         lines.append(f"  energy: {banded(s.energy_j, format_energy_j)}: {st.board_power_w:,.0f} W per GPU (board "
-                     f"power, host not included) x PUE {st.pue:.2f} (--pue)")
+                     f"power; hosts, NICs and switches not counted) x PUE {st.pue:.2f} (--pue)")
     if g.job_mtbf_s is None:
         lines.append("  goodput: 100 % (no failures assumed: no checkpoint needed)")
     else:

@@ -150,12 +150,17 @@ def export(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, fmt
         args, program = _mds_args(model, job, plan, b), "pretrain_gpt.py"
     else:
         args, program = ["--deepspeed", "--deepspeed_config", "ds_config.json"], "your_training_script.py"
-    head = ["deepspeed", "--num_nodes", str(cluster.n_nodes), "--num_gpus", str(cluster.gpus_per_node), program]
+    hosts = ["--hostfile", "hostfile"] if cluster.n_nodes > 1 else []
+    head = ["deepspeed", *hosts, "--num_nodes", str(cluster.n_nodes), "--num_gpus", str(cluster.gpus_per_node),
+            program]
     runner = " with Megatron-DeepSpeed (deepspeedai/Megatron-DeepSpeed@4efb479d)" if program == "pretrain_gpt.py" \
         else ": the ds_config goes with your training script (deepspeed.initialize(config=...))"
     text = "\n".join([comment_block([f"meshplan: {plan.label()} [{plan.to_string()}] for DeepSpeed {VERSION}{runner}",
                                      f"model {model.name}, {cluster.n_gpus} x {cluster.accelerator.name}",
                                      "add your data and tokenizer arguments (--data-path, --tokenizer-type ...)",
+                                     *([f"hostfile: one line per node, '<host> slots={cluster.gpus_per_node}', "
+                                        f"{cluster.n_nodes} lines (DeepSpeed's launcher reaches the nodes by ssh)"]
+                                       if cluster.n_nodes > 1 else []),
                                      "assumed (DeepSpeed decides these itself):"]),
                       comment_block(assumptions, "#   - "),
                       "cat > ds_config.json <<'EOF'", body, "EOF", shell_command(head, args)])

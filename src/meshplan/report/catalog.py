@@ -85,7 +85,8 @@ def cluster_text(cluster: ClusterSpec) -> str:
     a, i, n = cluster.accelerator, cluster.intra, cluster.inter
     fp8 = f", FP8 {a.fp8_flop_per_s / 1e12:,.0f}" if a.fp8_flop_per_s else ""
     return "\n".join([
-        f"cluster {cluster.name}: {cluster.n_nodes:,} nodes x {cluster.gpus_per_node} {a.name} = "
+        f"cluster {cluster.name}: {cluster.n_nodes:,} node{'s' if cluster.n_nodes != 1 else ''} x "
+        f"{cluster.gpus_per_node} {a.name} = "
         f"{cluster.n_gpus:,} GPUs",
         f"  {a.name}: {a.description}; dense BF16 {a.bf16_flop_per_s / 1e12:,.0f}{fp8} TFLOP/s; HBM "
         f"{a.hbm_capacity_bytes / GiB:.2f} GiB at {a.hbm_bytes_per_s / 1e12:.2f} TB/s",

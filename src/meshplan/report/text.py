@@ -86,8 +86,8 @@ def ranked_table(estimates: list[Estimate], top: int) -> list[str]:
                      str(e.n_microbatches), *timing_cells(e),
                      format_gib(e.memory.peak_bytes), "yes" if e.feasible else "no",
                      "" if e.feasible else e.infeasible_reasons[0][:70]])
-    return _table(rows, ["#", "plan", "options", "micro-batch", "m", "step", "MFU", "exposed comm", "peak mem", "fits",
-                         "why not"])
+    return _table(rows, ["#", "plan", "options", "mbs,recompute", "m", "step", "MFU", "exposed comm", "peak mem",
+                         "fits", "why not"])
 
 
 def stack_lines(a: PlanAnalysis) -> list[str]:

@@ -478,7 +478,8 @@ class _Walk:
                      "and within the tie band the simpler plan wins")
         text += ")"
         if math.isinf(speedup) and base_then is not None and base_then.infeasible_reasons:
-            text += f": {base_then.infeasible_reasons[0]}"
+            reason = base_then.infeasible_reasons[0]  # the recommendation's, not the new plan's
+            text += f": the recommendation {reason}" if reason.startswith("needs ") else f": {reason}"
         return _WalkEnd(lo, "change", Condition(
             condition=knob.name, direction=direction, value=hi, last_same_value=lo, unit=knob.unit,
             base_value=knob.base, plan=other.plan.label(), plan_string=structural_key(other.plan), speedup=speedup,
