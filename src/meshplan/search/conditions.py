@@ -21,9 +21,11 @@ from meshplan.units import GB, format_tokens
 
 Scenario = tuple[ModelSpec, ClusterSpec, JobSpec]
 
-SearchFn = Callable[[ModelSpec, ClusterSpec, JobSpec], list[Estimate]]
+SearchFn = Callable[[ModelSpec, ClusterSpec, JobSpec, Callable[[Plan], bool]], list[Estimate]]
 """The feasible plans of a full search of a scenario, ranked as ``plan`` ranks them (with the leading plans
-re-timed by the simulator): what confirms a condition of change."""
+re-timed by the simulator): what confirms a condition of change. Its last argument tells the plans of
+another layout than the recommendation's (True) from the others: the walk reads the first and the fastest
+of them, and the search may leave out what cannot be either (search.leading.search_leading)."""
 TimeFn = Callable[[ModelSpec, ClusterSpec, JobSpec, Plan], Estimate | None]
 """A plan evaluated in a scenario and timed as that search times its leading plans (None where it cannot be
 built)."""
@@ -376,7 +378,10 @@ class _Walk:
 
     def full(self, v: float) -> list[Estimate]:
         scenario = self.knob.apply(v)
-        return [] if scenario is None else self.search_best(*scenario)
+        if scenario is None:
+            return []
+        mine_key = self.key_at(v)
+        return self.search_best(*scenario, lambda p: layout_key(p) != mine_key)
 
     def screen(self, v: float) -> Screen:
         """Whether any plan can be built at ``v``, whether any fits, and whether the recommendation changes
@@ -385,7 +390,7 @@ class _Walk:
         if scenario is None:
             return Screen(False, False, False)
         if self.candidates is None:
-            ranked = self.search_best(*scenario)
+            ranked = self.full(v)
             return Screen(True, bool(ranked), self.changed(v, ranked))
         model, cluster, job = scenario
         mine_plan = _sized_mine(self.base.plan, model, cluster, job)

@@ -104,20 +104,7 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
     t0 = time.perf_counter()
     space = space or Space()
     compute = compute_params_for(cluster.accelerator.name, job.software)
-    plans: list[Plan] = []
-    variants, base_of = [], []  # option variants, and the index of each one's default plan
-    # each structure with the recomputation the job allows (JobSpec.recompute); its variants are derived
-    # from the unrestricted structure, since an option may rule out a mode (MoE overlap, full recomputation)
-    for base in enumerate_plans(model, cluster, job, space):
-        p = with_job_recompute(base, job)
-        if p is None:
-            continue
-        plans.append(p)
-        for v in option_variants(model, cluster, job, base) if space.options else ():
-            rv = with_job_recompute(v, job)
-            if rv is not None:
-                variants.append(rv)
-                base_of.append(len(plans) - 1)
+    plans, variants, base_of = enumerate_space(model, cluster, job, space)
     total = len(plans) + len(variants)
 
     def tick(i: int) -> None:
@@ -144,6 +131,26 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
         ranked = _refine(ranked, refine_top, compute, workers)
     return SearchResult(ranked=ranked, n_plans=len(ranked), n_configurations=n_cfg,
                         elapsed_s=time.perf_counter() - t0, n_pruned=bb.n_pruned)
+
+
+def enumerate_space(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space
+                    ) -> tuple[list[Plan], list[Plan], list[int]]:
+    """The structures (each with its default options), their option variants, and the index of each variant's
+    structure, every plan with the recomputation the job allows (JobSpec.recompute); a structure's variants
+    are derived from it unrestricted, since an option may rule out a mode (MoE overlap, full recomputation)."""
+    plans: list[Plan] = []
+    variants, base_of = [], []
+    for base in enumerate_plans(model, cluster, job, space):
+        p = with_job_recompute(base, job)
+        if p is None:
+            continue
+        plans.append(p)
+        for v in option_variants(model, cluster, job, base) if space.options else ():
+            rv = with_job_recompute(v, job)
+            if rv is not None:
+                variants.append(rv)
+                base_of.append(len(plans) - 1)
+    return plans, variants, base_of
 
 
 class _BranchAndBound:
@@ -244,19 +251,30 @@ def _configurations(model: ModelSpec, job: JobSpec, plans: list[Plan]) -> int:
                for p in plans)
 
 
-def _refine(ranked: list[Estimate], refine_top: int, compute: ComputeParams, workers: int | None) -> list[Estimate]:
-    """``ranked`` with its ``refine_top`` best feasible plans, and the best feasible plan of each family,
-    re-timed by the timeline simulator (on up to ``workers`` cores), re-ranked."""
-    from meshplan.sim.simulate import refine
-
+def refine_targets(ranked: list[Estimate], refine_top: int) -> list[Estimate]:
+    """The plans of ``ranked`` (closed-form, ranked) that the simulator re-times: the ``refine_top`` best
+    feasible plans and the best feasible plan of each family, so that families compare like with like."""
     top = [e for e in ranked if e.feasible][:refine_top]
     seen = {id(e) for e in top}
-    for e in ranked:  # and the best feasible plan of each family, so that families compare like with like
+    for e in ranked:
         fam = family(e.plan)
         if e.feasible and id(e) not in seen and all(family(t.plan) != fam for t in top):
             top.append(e)
             seen.add(id(e))
-    timed = parallel_map(lambda e: refine(e, slowdown=compute.comm_slowdown,
-                                          step_overhead_s=compute.step_overhead_s), top, workers)
-    refined = {id(e): r for e, r in zip(top, timed, strict=True)}
+    return top
+
+
+def refine_all(estimates: list[Estimate], compute: ComputeParams, workers: int | None) -> list[Estimate]:
+    """``estimates`` re-timed by the timeline simulator (on up to ``workers`` cores)."""
+    from meshplan.sim.simulate import refine
+
+    return parallel_map(lambda e: refine(e, slowdown=compute.comm_slowdown,
+                                         step_overhead_s=compute.step_overhead_s), estimates, workers)
+
+
+def _refine(ranked: list[Estimate], refine_top: int, compute: ComputeParams, workers: int | None) -> list[Estimate]:
+    """``ranked`` with its ``refine_top`` best feasible plans, and the best feasible plan of each family,
+    re-timed by the timeline simulator (on up to ``workers`` cores), re-ranked."""
+    top = refine_targets(ranked, refine_top)
+    refined = {id(e): r for e, r in zip(top, refine_all(top, compute, workers), strict=True)}
     return rank([refined.get(id(e), e) for e in ranked])
