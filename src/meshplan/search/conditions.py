@@ -292,7 +292,7 @@ def find_conditions(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, recomm
         return _walk(knob, direction, factor, recommended, search_best, candidates, steps, bisections, mfu, timed,
                      exhaustive)
 
-    ends = parallel_map(walk, range(len(walks)), workers, done=progress)
+    ends = parallel_map(walk, range(len(walks)), workers, done=progress, distributable=True)
     conditions = [e.condition for e in ends if e.condition]
     held = [_held_range(knob, ends[2 * i], ends[2 * i + 1]) for i, knob in enumerate(knobs)]
     return conditions, [h for h in held if h.low_value != h.high_value]

@@ -99,7 +99,7 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, name: str, value
             res = search_leading(*scenario, space, mfu=mfu, refine_top=REFINE_TOP)
         return SweepPoint(value, res.recommended, {f: e for f, e in res.best_by_family().items() if e.feasible})
 
-    return parallel_map(point, sorted(scenarios.items()), workers, done=progress)
+    return parallel_map(point, sorted(scenarios.items()), workers, done=progress, distributable=True)
 
 
 def changes(points: list[SweepPoint]) -> list[tuple[float, float, str, str]]:
