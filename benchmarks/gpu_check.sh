@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU, one call: the measurement harness's GPU paths against meshplan's prediction (docs/measure.md,
+# One GPU, one call: the measurement harness's GPU paths against meshplan's prediction (docs/measure-and-crosscheck.md,
 # "Measured on a GPU"). Run from the repository root with torch installed:
 #
 #     bash benchmarks/gpu_check.sh OUTDIR [CLUSTER] [PARTS]

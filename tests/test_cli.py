@@ -59,7 +59,8 @@ def test_plan_overrides_json(capsys):
     assert d["scenario"]["n_gpus"] == 32 and d["scenario"]["global_batch_tokens"] == 2 * 2**20
     assert d["recommended"]["feasible"] is True
     assert d["conditions"] == [] and d["conditions_swept"] is False
-    assert (d["scenario"]["software"], d["scenario"]["compiled"]) == ("generic", False)
+    # no stack named: the analysis is of the stack the recommendation assumes, named in the JSON
+    assert (d["scenario"]["software"], d["scenario"]["compiled"]) == (d["assumed_stack"]["stack"], False)
 
 
 def test_plan_without_conditions_does_not_claim_the_plan_holds(capsys):
@@ -201,7 +202,7 @@ def _catalog_accelerator(name: str) -> str:
     (["evaluate", "--model", "deepseek-v3", "--nodes", "128", "--plan", "pp=16,ep=64,dp_shard=64,schedule=zb-v"],
      "Megatron runs no ZB-V"),
     (["evaluate", "--job", "{dir}", "--plan", "dp_shard=64"], "is a folder"),
-    # found by the twenty-first session's review (tracebacks, hangs, silent misreadings)
+    # inputs that must not raise, hang or be misread
     (["evaluate", "--model", "{big}", "--plan", "dp_shard=-1"], "model.n_layers: must be a whole number from 1 "
                                                                 "to 100,000, got 1000000000000"),
     (["evaluate", "--plan", "pp=2,dp_shard=32,layout=(t*99999)*99999"], "expands to more than 1,000,000"),
@@ -230,7 +231,7 @@ def _catalog_accelerator(name: str) -> str:
     (["evaluate", "--plan", "tp=8,pp=8,mbs=1,recompute=full,recompute_layers=100"], "allowed 1..10"),
 ])
 def test_malformed_inputs_name_the_field_and_exit_2_without_a_traceback(capsys, tmp_path, args, says):
-    """What a user's review found raising instead (ZeroDivisionError, TypeError, UnicodeDecodeError)."""
+    """Each is one line naming the field, exit 2: never a ZeroDivisionError, TypeError or UnicodeDecodeError."""
     fit = '{"schema": "meshplan.profile/1", "collective_fits": {"all_gather@intra_node": {"alpha_s": 1e-5, '
     files = {  # {name} in args -> the file name.toml/.csv/.json written with this content
         "job.toml": "runtime = 5\n",
@@ -276,8 +277,9 @@ def test_malformed_inputs_name_the_field_and_exit_2_without_a_traceback(capsys, 
     ("nodes = 2\n", "cluster.accelerator: is missing"),
 ])
 def test_cluster_file_values_are_checked_under_their_own_keys(capsys, tmp_path, text, says):
-    """A user's review: text in a [node] table raised ValueError from float(); a negative rate was reported
-    as cluster.inter.nic_bytes_per_s in bytes; a file without its accelerator read as an accelerator's."""
+    """Text in a [node] table is a clear error, not a ValueError from float(); a negative rate is reported
+    under the file's own key and unit, not as cluster.inter.nic_bytes_per_s in bytes; a file without its
+    accelerator is not read as an accelerator's."""
     f = tmp_path / "cluster.toml"
     f.write_text(text)
     code, _, err = run(capsys, "evaluate", "--cluster", str(f), "--plan", "dp_shard=-1")
@@ -292,7 +294,8 @@ def test_runtime_overheads_name_the_field(capsys, tmp_path):
 
 
 def test_the_shard_group_under_context_parallelism_is_named_with_it(capsys):
-    """A user's review: FSDP over cp=8 with dp_shard=1 was shown on the 'dp_shard' group of 8 GPUs."""
+    """FSDP over cp=8 with dp_shard=1 runs on the shard group of the CP ranks, and is named so, not as a
+    'dp_shard' group of 8 GPUs."""
     code, out, _ = run(capsys, "evaluate", "--model", "llama-3-8b", "--nodes", "1", "--batch-tokens", "1M",
                        "--seq-len", "32768", "--plan", "cp=8")
     assert code == 0 and "all_gather      dp_shard_cp  intra_node  8" in out
@@ -312,7 +315,7 @@ def test_a_job_file_takes_token_counts_as_the_command_line_does(capsys, tmp_path
 
 
 def test_expert_tp_may_be_given_as_the_plans_tp(capsys):
-    """The README writes expert-TP as ``etp=tp``: the plan's own tp, as a number would give it."""
+    """docs/plans.md writes expert-TP as ``etp=tp``: the plan's own tp, as a number would give it."""
     args = ["evaluate", "--model", "mixtral-8x7b", "--nodes", "4", "--json", "--plan"]
     code, out, _ = run(capsys, *args, "ep=8,tp=2,dp_shard=-1,etp=tp,sharding=megatron")
     code2, out2, _ = run(capsys, *args, "ep=8,tp=2,dp_shard=16,etp=2,sharding=megatron")
@@ -325,9 +328,9 @@ def test_expert_tp_may_be_given_as_the_plans_tp(capsys):
     ("dp_shard=64,schedule=gpipe", "plan.schedule: applies to a pipeline"),
 ])
 def test_options_of_an_axis_the_plan_does_not_have_are_refused(capsys, plan, says):
-    """A context-parallel exchange without cp, a pipeline schedule or layout without pp: echoed back as if
-    they applied before (a review, twenty-first session). Sequence parallelism at tp=1 stays accepted, as
-    Megatron accepts it (published rows record it so)."""
+    """A context-parallel exchange without cp, a pipeline schedule or layout without pp are refused rather
+    than echoed back as if they applied. Sequence parallelism at tp=1 stays accepted, as Megatron accepts it
+    (published rows record it so)."""
     code, _, err = run(capsys, "evaluate", "--plan", plan)
     assert code == 2 and says in err, err
 
@@ -335,7 +338,7 @@ def test_options_of_an_axis_the_plan_does_not_have_are_refused(capsys, plan, say
 def test_conditions_walk_past_a_depth_the_model_cannot_have(capsys, tmp_path):
     """A four-layer model with one MTP depth: the conditions' layer walk halves the depth to one layer,
     which the model spec refuses (MTP depths below the layers); that value cannot be built, and the report
-    goes on (a review found plan and report stopping there with the spec's error)."""
+    goes on instead of stopping with the spec's error."""
     spec = tmp_path / "tiny.toml"
     spec.write_text('name = "tiny-mtp"\nn_layers = 4\nhidden = 1024\nn_heads = 16\nn_kv_heads = 16\n'
                     'ffn_hidden = 4096\nvocab = 32000\nmtp_layers = 1\n')

@@ -180,7 +180,7 @@ def test_llama_405b_compare_orders_as_each_best_plan_alone(capsys):
     assert code == 0
     d = json.loads(out)
     m = load_model("llama-3.1-405b")
-    j = load_job(None, global_batch_tokens=2**24, seq_len=8192)
+    j = load_job(None, global_batch_tokens=2**24, seq_len=8192, software=d["software"])  # the stack it ran on
     alone = []
     for r in d["rows"]:
         c = load_cluster(r["cluster"], nodes=2048)

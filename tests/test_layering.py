@@ -24,7 +24,7 @@ LAYERS = (
     ("calibration", {"calibration"}),
     ("timeline, bands and profiles", {"sim", "uncertainty", "profile"}),
     ("search", {"search"}),
-    ("analysis", {"explain", "validation", "economics", "frameworks"}),
+    ("analysis", {"explain", "validation", "economics", "frameworks", "stacks"}),
     ("reports", {"report"}),
     ("commands", {"cli", "commands", "compare", "web", "harness"}),
 )

@@ -94,7 +94,7 @@ def test_only_transformer_engine_stacks_store_fp8_activations():
 
 
 def test_kv_all_gather_context_parallelism_holds_the_full_sequence_kv_and_dkv():
-    """A user's review: all-gather CP showed the ring's peak. PyTorch's KV all-gather re-gathers the full
+    """All-gather CP does not hold the ring's peak. PyTorch's KV all-gather re-gathers the full
     sequence's K and V in each layer's backward (2 x S x kv_dim x 2 B per micro-batch: Llama 2 7B at
     S = 131,072, 2.1 GB); Transformer Engine's also accumulates dK, dV for the full sequence (twice that);
     the ring holds blocks only."""
@@ -117,7 +117,7 @@ def test_kv_all_gather_context_parallelism_holds_the_full_sequence_kv_and_dkv():
 
 
 def test_pytorch_tensor_parallelism_saves_the_sequence_parallel_linears_gathered_input():
-    """A reviewer's finding, measured under a fake process group (tests/torch/test_saved_activations.py):
+    """Measured under a fake process group (tests/torch/test_saved_activations.py):
     PyTorch's column-parallel linears save the all-gathered input of QKV and the MLP (2D bytes per token
     each) where Megatron-core saves the rank's shard and gathers it again in backward (2D/t). Llama 3 8B,
     tp=4, one sequence of 4,096 tokens in flight: the difference is 32 layers x 4,096 x 4D x (1 - 1/4), and
@@ -142,7 +142,7 @@ def test_pytorch_tensor_parallelism_saves_the_sequence_parallel_linears_gathered
 
 
 def test_an_eager_swiglu_also_saves_its_activation():
-    """From a review, measured with saved_tensors_hooks (tests/torch/test_saved_activations.py): eager
+    """Measured with saved_tensors_hooks (tests/torch/test_saved_activations.py): eager
     PyTorch's w2(silu(w1 x) * w3 x) saves four tensors of the FFN width (silu's input and output, w3's
     output, the product); torch.compile and Megatron-core's fused SwiGLU save three. Llama 3 8B on one
     GPU, one sequence of 4,096 tokens, no recomputation: 32 layers x 4,096 x 2F bytes apart. A GeLU MLP
@@ -163,7 +163,7 @@ def test_an_eager_swiglu_also_saves_its_activation():
 
 
 def test_parameters_kept_gathered_are_not_counted_twice():
-    """From a review: with reshard_after_forward=False (and so under a pipeline) FSDP2 keeps every unit's
+    """With reshard_after_forward=False (and so under a pipeline) FSDP2 keeps every unit's
     gathered parameters from its forward to its backward; the unit being computed and the one prefetched
     are among them, not two more."""
     from meshplan import JobSpec, evaluate, load_cluster, parse_plan
@@ -179,7 +179,7 @@ def test_parameters_kept_gathered_are_not_counted_twice():
 def test_fsdp2_gathers_an_moe_layer_and_its_experts_together():
     """torchtitan wraps an MoE layer's experts and the rest of its block as two FSDP units and prefetches
     [next block, next block's experts]: the gathered buffers hold both units of a layer, the current and
-    the prefetched (from a review that recomputed them by hand: 872.6 MB, not the larger unit's 704.6 MB)."""
+    the prefetched (computed by hand: 872.6 MB, not the larger unit's 704.6 MB)."""
     from meshplan import JobSpec, evaluate, load_cluster, parse_plan
     from meshplan.cost.params import param_counts
 

@@ -152,7 +152,7 @@ def test_the_memory_question_names_offloading_where_megatron_could_use_it():
 
     analysis = analyse(LLAMA, _gb200(), JOB, with_conditions=False)
     memory = " ".join(analysis.questions[0].lines)
-    assert "activation checkpointing is required" in memory and "offloading the activations of" in memory
+    assert "must recompute activations" in memory and "offloading the activations of" in memory
     assert analysis.result.recommended is not None and analysis.result.recommended.plan.offload_layers
     generic = analyse(LLAMA, _gb200(), replace(JOB, software="generic"), with_conditions=False)
     generic = " ".join(generic.questions[0].lines)

@@ -89,7 +89,7 @@ def test_tp_collectives_of_moe_layers_follow_the_expert_split():
     """A layer issues a TP collective pair for attention and one for its MLP. In Megatron-core under EP the
     routed experts are whole on each rank (ETP = 1) and need none, so an MoE layer without shared experts
     issues one; torchtitan gathers the MoE block's input and reduce-scatters its output all the same
-    (apply_moe_ep_tp), two pairs (from a review against its source)."""
+    (apply_moe_ep_tp), two pairs."""
     def gathers(plan: str) -> int:
         est = _est(plan, model="mixtral-8x7b", nodes=4, batch=1_048_576)
         return sum(e.count for e in est.comm if e.purpose == "SP all-gather before QKV and MLP (forward)")

@@ -96,10 +96,10 @@ def test_first_stage_holds_p_microbatches():
 
 
 def test_interleaved_stages_hold_their_warm_up_chunks():
-    """A reviewer's finding: stage r of Megatron's interleaved schedule runs 2(p - r - 1) + (v - 1)p + 1
-    chunk forwards before its first backward (schedules.py, get_pp_rank_microbatches), chunk (i // p) mod v
-    for forward i. meshplan scaled the first stage's p + (p - 1)/v by (p - r)/p: 1.375 micro-batches on
-    the last of 4 stages at v = 2 against 2.5."""
+    """Stage r of Megatron's interleaved schedule runs 2(p - r - 1) + (v - 1)p + 1 chunk forwards before its
+    first backward (schedules.py, get_pp_rank_microbatches), chunk (i // p) mod v for forward i: 2.5
+    micro-batches on the last of 4 stages at v = 2, not the first stage's p + (p - 1)/v scaled by (p - r)/p
+    (1.375)."""
     def held(stage: int, chunks: tuple[float, ...] = ()) -> float:
         return in_flight_microbatches(schedule="interleaved", pp=4, m=32, vpp=2, stage=stage, layers=20,
                                       chunk_layers=chunks)
@@ -109,8 +109,8 @@ def test_interleaved_stages_hold_their_warm_up_chunks():
     # uneven chunks: the last stage's 5 forwards are 4 of its first chunk (7 layers) and 1 of its second (13)
     assert held(3, (7.0, 13.0)) == pytest.approx((4 * 7 + 13) / 20)
     # a later chunk smaller than the first: the steady state's backward of the small chunk frees less than
-    # its forward of the large one added, and the peak comes after the warm-up (a review's simulation of
-    # Megatron's order: 5.78 on the first stage of p=4, v=2 with chunks of 10 and 8 layers)
+    # its forward of the large one added, and the peak comes after the warm-up (a simulation of Megatron's
+    # order: 5.78 on the first stage of p=4, v=2 with chunks of 10 and 8 layers)
     assert held(0, (10.0, 8.0)) == pytest.approx(5.7777777, rel=1e-6)
     assert held(0, (10.0, 8.0)) > (4 * 10 + 4 * 8 + 3 * 10) / 18  # the warm-up's end
     # fewer micro-batches than the warm-up: all of them
@@ -128,7 +128,7 @@ def test_moe_all_to_all_overlap_holds_one_micro_batch_and_one_layer_without_a_pi
 def test_zb_v_places_the_lm_head_on_the_first_rank():
     """ZB-V's V-shaped placement gives rank r the stages r and 2p - 1 - r, so rank 0 holds the embedding and
     the LM head with its loss (torch.distributed.pipelining's V-style stage_ids_this_rank): its states and
-    logits are charged there, not on the last rank (a review found rank 0 1.4 GiB short). Eight micro-batches:
+    logits are charged there, not on the last rank (1.4 GiB on this plan). Eight micro-batches:
     with many, the middle ranks' per micro-batch receive buffers outweigh the head (test_memory)."""
     from meshplan import JobSpec, evaluate, load_cluster, load_model, parse_plan
     from meshplan.cost.pipeline import head_stage
@@ -149,7 +149,7 @@ def test_zb_v_places_the_lm_head_on_the_first_rank():
 
 def test_zb_v_middle_ranks_are_simulated_without_the_head():
     """Under ZB-V the first stage holds the LM head, so it stands for no middle stage: the simulator times
-    the middle ranks by a head-free one (a review found every middle rank charged the head's time)."""
+    the middle ranks by a head-free one, so that no middle rank is charged the head's time."""
     from meshplan import JobSpec, evaluate, load_cluster, load_model, parse_plan
     from meshplan.cost.stage import bounding_stages
     from meshplan.sim.simulate import simulate
@@ -228,7 +228,7 @@ def test_unequal_stages_stay_near_the_simulated_step(schedule, p, m, times, last
     """With the first stage heavier too, and under the zero-bubble schedules (whose forms were derived on
     uniform stages), the closed form is never above the form on each stage's own times. Under 1F1B it is
     never below the simulated step and within 5 % above it; under the zero-bubble schedules it can fall a
-    little below (a review found -0.2 % in 3,000 draws of these; stage_bubbles_s gives the averages, and
+    little below (-0.2 % in 3,000 draws of these; stage_bubbles_s gives the averages, and
     30 % over at extreme mixes, t_B thirty times t_F)."""
     sim, closed, own = _heavier_ends(schedule, p, m, *times, last=last, first=first)
     assert closed <= own * (1 + 1e-12)

@@ -258,7 +258,7 @@ def test_traffic_floor_is_taken_where_the_compute_bound_is():
     """The compute bound takes the busiest stage; the contention floor added to it must then be one every
     stage reaches. Here the last stage, holding a huge vocabulary's LM head, computes the most, while the
     first, with 20 layers to its 8, carries the most traffic: the sum of the two maxima exceeds the step,
-    and evaluate_within had pruned the plan below its cutoff (found by a review)."""
+    and would prune the plan below its cutoff in evaluate_within."""
     from meshplan import JobSpec, load_cluster, load_model
     from meshplan.calibration import compute_params_for
     from meshplan.cost.bounds import compute_bound_s
@@ -388,7 +388,7 @@ def test_unhidden_in_layer_traffic_is_m_times_one_micro_batchs(model, cluster, j
 
 @given(st.integers(1, 5000))
 def test_micro_batch_divisors_are_every_divisor_largest_first(n):
-    """The divisors are found up to sqrt(n) (a review: a 1e15-token batch had hung the linear scan)."""
+    """The divisors are found up to sqrt(n): a linear scan would hang on a 1e15-token batch."""
     from meshplan.cost.batch import divisors_descending
 
     assert divisors_descending(n) == [d for d in range(n, 0, -1) if n % d == 0]
@@ -400,7 +400,7 @@ def test_micro_batch_divisors_are_every_divisor_largest_first(n):
 def test_the_search_finds_plans_at_any_sequence_length(model, cluster, seq_len, seqs):
     """Whatever the sequence length (odd, or not a multiple of TP), the search enumerates plans, evaluates
     them without raising (each passes validate_plan), and finds the data-parallel plans at least: an odd
-    length had emptied it (the review of the twenty-first session)."""
+    length must not empty it."""
     from meshplan import JobSpec, Space, search
 
     job = JobSpec(global_batch_tokens=seqs * seq_len, seq_len=seq_len)

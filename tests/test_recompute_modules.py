@@ -173,8 +173,8 @@ def test_a_fused_grouped_mlp_has_no_separate_activation_to_recompute():
 def test_megatron_selective_core_attention_re_runs_the_fused_kernel():
     """Megatron-core checkpoints the core attention whenever 'core_attn' is among its modules
     (checkpoint_core_attention), FlashAttention's fused kernel too: plain recompute=selective runs the
-    attention forward again in the backward, with CP its exchanges, and it counts in the hardware FLOPs (a
-    review found it priced at nothing). PyTorch plans keep the convention that FlashAttention recomputes
+    attention forward again in the backward, with CP its exchanges, and it counts in the hardware FLOPs:
+    it is not free. PyTorch plans keep the convention that FlashAttention recomputes
     the scores in its own backward."""
     from meshplan import JobSpec, evaluate, load_cluster, load_model, parse_plan
     from meshplan.cost.flops import attention_recomputed
@@ -201,7 +201,7 @@ def test_megatron_selective_core_attention_re_runs_the_fused_kernel():
 def test_the_bound_keys_megatron_selective_attention_exchanges_by_the_plan_s_recomputation():
     """The memoised per-layer traffic of the bound depends on whether selective recomputation re-runs the
     CP exchanges: a plan without recomputation evaluated after one with it keeps a bound below its step
-    time (a review found the cache shared, and the bound above the step)."""
+    time (a cache shared between the two would put the bound above the step)."""
     from meshplan import JobSpec, evaluate, load_cluster, load_model, parse_plan
     from meshplan.calibration import compute_params_for
     from meshplan.cost.bounds import step_time_lower_bound_s

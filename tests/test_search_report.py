@@ -1,6 +1,5 @@
 """Search, recommendation, conditions of change, sweep and report (issue: search every plan)."""
 
-import base64
 import json
 from html.parser import HTMLParser
 
@@ -25,8 +24,8 @@ def plan_json():
     import io
 
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert main(["plan", "--json"]) == 0
+    with contextlib.redirect_stdout(buf):  # the engine's answer: one search over every stack's plans
+        assert main(["plan", "--json", "--stack", "generic"]) == 0
     return json.loads(buf.getvalue())
 
 
@@ -143,7 +142,7 @@ def test_a_condition_with_the_same_degrees_names_the_options_that_change():
     assert changed_label(wide, parse_plan("dp_replicate=2,tp=4,pp=16,async_tp=true", 128)) == (
         "PP=16 x TP=4 x DDP=2 (schedule=zb-v)")
     assert changed_label(parse_plan("tp=8,pp=8", 64), rec) == "PP=8 x TP=8 (1f1b)"  # other degrees: its schedule
-    # and options, which two plans of one label may differ in alone (a review read a ZB-V plan as the 1F1B one)
+    # and options, which two plans of one label may differ in alone (a ZB-V plan must not read as the 1F1B one)
     megatron = parse_plan("tp=4,pp=16,sharding=megatron,async_tp=true", 64)
     zbv = parse_plan("dp_replicate=2,tp=4,pp=8,schedule=zb-v,async_tp=true", 64)
     assert changed_label(zbv, megatron) == "PP=8 x TP=4 x DDP=2 (zb-v, async-TP)"
@@ -221,37 +220,76 @@ def test_sweep_bad_range_is_one_line(capsys):
     assert code == 2 and "sweep.vary" in capsys.readouterr().err
 
 
-class _Images(HTMLParser):
+class _Page(HTMLParser):
+    """The tags of a page, what its elements load from elsewhere, and its scripts' text."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.images: list[str] = []
         self.tags: list[str] = []
+        self.external: list[str] = []
+        self.scripts: list[tuple[dict, str]] = []
+        self._script: dict | None = None
 
     def handle_starttag(self, tag, attrs):
         self.tags.append(tag)
-        if tag == "img":
-            self.images.append(dict(attrs)["src"])
+        a = dict(attrs)
+        self.external += [a[k] for k in ("src", "href") if a.get(k)]
+        if tag == "script":
+            self._script = a
+
+    def handle_data(self, data):
+        if self._script is not None:
+            self.scripts.append((self._script, data))
+            self._script = None
 
 
-def test_report_html_is_self_contained_with_valid_images(capsys, tmp_path):
+def test_report_html_is_one_interactive_self_contained_file(capsys, tmp_path):
     code, _ = _run(capsys, "report", *SMALL, "--space", "dp-tp", "--no-conditions", "--out", str(tmp_path))
     assert code == 0
     html = (tmp_path / "report.html").read_text()
-    parser = _Images()
-    parser.feed(html)
-    assert {"html", "body", "table", "h2"} <= set(parser.tags)
-    assert len(parser.images) >= 4  # step breakdown, memory, two sweeps
-    for src in parser.images:
-        assert src.startswith("data:image/png;base64,")
-        assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    page = _Page()
+    page.feed(html)
+    assert {"html", "body", "table", "h2", "script"} <= set(page.tags)
+    assert page.external == []  # nothing loaded from elsewhere: the charts' library and data are inline
+    data = [json.loads(text) for attrs, text in page.scripts if attrs.get("type") == "application/json"]
+    assert len(data) == 1
+    kinds = [c["kind"] for c in data[0]]
+    assert kinds == ["memory", "time", "pareto", "timeline", "sweep", "sweep"]
+    code_text = "".join(text for attrs, text in page.scripts if not attrs.get("type"))
+    assert "echarts" in code_text and "meshplanCharts" in code_text
+    # the charts draw the plan command's figures: the top plans' memory by term against the HBM line
+    plan = json.loads(_run(capsys, "plan", *SMALL, "--space", "dp-tp", "--no-conditions", "--json")[1])
+    memory = data[0][0]
+    top = [(i, p) for i, p in enumerate(plan["plans"], 1) if p["feasible"]][:6]
+    assert [r["label"] for r in memory["rows"]] == [f"#{i} {p['plan']['label']}" for i, p in top]
+    assert memory["rows"][0]["terms"] == pytest.approx(
+        {k: v / 2**30 for k, v in plan["recommended"]["memory"]["terms"].items() if v > 0})
+    assert memory["capacity_gib"] == pytest.approx(plan["recommended"]["memory"]["capacity_bytes"] / 2**30)
     md = (tmp_path / "report.md").read_text()
-    assert "## 4." in md and "![" in md
+    assert "## 4." in md and "![" in md  # PNG charts beside the Markdown where matplotlib is installed
+    for name in ("memory.png", "step_breakdown.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "not computed (--no-conditions)" in md and "holds over every range swept" not in md
     # list items escape what Markdown would read as emphasis (a plan's layout, 'dp_shard'), as table cells do
     from meshplan.report.html import _md_cell, _md_text
     assert _md_text("layout=Et*4|(t*5|)*4t*4L, dp_shard=8") == "layout=Et\\*4|(t\\*5|)\\*4t\\*4L, dp\\_shard=8"
     assert _md_cell("a|b*c") == "a\\|b\\*c"
     assert "dp\\_shard" in md and "dp_shard" not in md.replace("dp\\_shard", "")
+
+
+def test_the_html_report_needs_no_matplotlib(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "from meshplan.cli import main\n"
+            f"sys.exit(main(['report', '--model', 'llama-2-7b', '--nodes', '2', '--batch-tokens', '512K', "
+            f"'--space', 'dp-tp', '--no-conditions', '--out', {str(tmp_path)!r}]))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "meshplanCharts.render" in (tmp_path / "report.html").read_text()
+    md = (tmp_path / "report.md").read_text()
+    assert "![" not in md and "pip install 'meshplan[plot]'" in md and not list(tmp_path.glob("*.png"))
 
 
 def test_report_where_no_plan_fits_says_there_is_nothing_to_change(capsys, tmp_path):
@@ -351,7 +389,7 @@ def _moe_scenario():
 
 def _offload_scenario():
     """No fully sharded structure fits, but offloading activations (a Megatron option) does, slowly: the
-    family's best is that variant, far outside the tie band (found by a review)."""
+    family's best is that variant, far outside the tie band."""
     from meshplan import JobSpec, load_cluster, load_model
     return (load_model("seed-70b"), load_cluster("h100-sxm", nodes=3, gpus_per_node=6, inter_node_gb_per_s=1),
             JobSpec(global_batch_tokens=1_179_648, seq_len=8192, software="megatron"))
@@ -489,8 +527,8 @@ def test_the_simplified_mode_counts_an_moe_models_active_parameters():
 
 
 def test_a_condition_on_depth_keeps_a_candidate_that_recomputed_more_layers_than_a_stage_now_holds():
-    """Partial recomputation of 15 layers per stage, at half the depth (10 a stage): recompute them all, as
-    the plan did before the check of recompute_layers made the count an error (a reviewer's reproducer)."""
+    """Partial recomputation of 15 layers per stage, at half the depth (10 a stage): recompute them all,
+    rather than drop the candidate because its recompute_layers is now more than a stage holds."""
     from meshplan import JobSpec, load_model
     from meshplan.search.conditions import _resplit
     from meshplan.specs import Plan
@@ -511,9 +549,9 @@ def replace_layers(model, n):
 
 
 def test_question_2_gives_no_step_for_a_batch_full_sharding_cannot_split_and_no_quarter_batch_line_at_the_batch():
-    """A user's review: with 8 sequences per step on 16 GPUs, question 2 printed full sharding's step timed for
-    16 sequences beside the FLOPs of 8, and its 'quarter batch' line at the scenario's own (or a larger)
-    batch; at long sequences 'why the figures differ' did not name attention's FLOPs."""
+    """With 8 sequences per step on 16 GPUs, question 2 gives no full-sharding step (timed for 16 sequences
+    beside the FLOPs of 8) and no 'quarter batch' line at the scenario's own or a larger batch; at long
+    sequences 'why the figures differ' names attention's FLOPs."""
     from meshplan import JobSpec, load_cluster, load_model
     from meshplan.explain import analyse
 
@@ -534,8 +572,9 @@ def test_question_2_gives_no_step_for_a_batch_full_sharding_cannot_split_and_no_
 
 
 def test_a_familys_line_names_its_fastest_plan_where_the_tie_band_ranked_a_simpler_one_first():
-    """From a review: 'Best HSDP plan HSDP=2x4: +1.7 % (2.78 s)' while an HSDP plan with more options took
-    2.74 s; the family's first plan in rank order is the simplest within the tie band, not its fastest."""
+    """A family's line names its fastest plan ('Best HSDP plan HSDP=2x4: +1.7 % (2.78 s)' must not stand
+    beside an HSDP plan with more options at 2.74 s): the family's first plan in rank order is the simplest
+    within the tie band, not its fastest."""
     from meshplan import JobSpec, load_cluster, load_model
     from meshplan.explain import analyse
     from meshplan.search.space import family
@@ -558,7 +597,7 @@ def test_a_familys_line_names_its_fastest_plan_where_the_tie_band_ranked_a_simpl
 def test_the_search_offers_no_partial_reshard_with_dtensor_parameters():
     """FSDP2 cannot reshard TP or EP (DTensor) parameters to a node-sized group after forward
     (FSDPParam.to_sharded_post_forward raises NotImplementedError): no such variant, and only with tp = ep = 1
-    the node-sized one (from a review of what PyTorch runs)."""
+    the node-sized one."""
     from meshplan import JobSpec, load_cluster, load_model
     from meshplan.search.space import option_variants
     from meshplan.specs import parse_plan
@@ -576,8 +615,8 @@ def test_the_search_offers_no_partial_reshard_with_dtensor_parameters():
 def test_a_batch_condition_is_where_another_layout_beats_the_recommendation_by_the_tie_band(plan_json):
     """At the batch a condition names, some plan of another layout is more than the tie band faster than the
     recommendation (both timed as plan times them) or the recommendation does not fit; at the last batch it
-    says the recommendation holds, none is. A review had found a change missed where only the fastest plan,
-    not the simplest one of the tie band, beat the recommendation by more than the band."""
+    says the recommendation holds, none is. A change is found where only the fastest plan, not the simplest
+    one of the tie band, beats the recommendation by more than the band."""
     from meshplan import JobSpec, evaluate, load_cluster, load_model, search
     from meshplan.explain import _try
     from meshplan.search.conditions import layout_key
@@ -664,9 +703,9 @@ def test_the_simulator_counts_zb_vs_two_chunks_per_rank():
 
 
 def test_full_sharding_that_does_not_fit_is_timed_only_as_if_it_fitted():
-    """From a review: on 8 GPUs a 70B model's full sharding does not fit, yet question 2 printed its step as a
-    prediction, question 3 compared the TP alternative with it, and question 1 quoted its recomputation's share
-    of a step it never runs."""
+    """On 8 GPUs a 70B model's full sharding does not fit: question 2 must not print its step as a
+    prediction, question 3 must not compare the TP alternative with it, and question 1 must not quote its
+    recomputation's share of a step it never runs."""
     from meshplan import JobSpec, load_cluster, load_model
     from meshplan.explain import analyse
 
@@ -675,12 +714,13 @@ def test_full_sharding_that_does_not_fit_is_timed_only_as_if_it_fitted():
     assert "Full sharding cannot run here" in " ".join(q[0].lines)
     assert "and it costs" not in " ".join(q[0].lines)
     assert any(line.startswith("As if it fitted (it does not: question 1), predicted (") for line in q[1].lines)
-    assert "and not enough" in " ".join(q[0].lines)
+    assert "even recomputing every layer does not make it fit" in " ".join(q[0].lines)
 
 
 def test_a_moe_models_family_lines_say_they_lack_expert_parallelism():
-    """From a review: on Mixtral 'Best pipeline plan ...: +20.7 %' beside a PP x EP runner-up at +0.3 %: a plan's
-    family is its most distinctive axis, expert parallelism first, so the other families are plans without it."""
+    """On Mixtral, 'Best pipeline plan ...: +20.7 %' must not stand beside a PP x EP runner-up at +0.3 %: a
+    plan's family is its most distinctive axis, expert parallelism first, so the other families are plans
+    without it."""
     from meshplan import JobSpec, load_cluster, load_model
     from meshplan.explain import analyse
 

@@ -171,9 +171,9 @@ def test_a_pipelined_step_charges_no_collective_more_exposure_than_it_takes(plan
 
 
 def test_a_collective_slowed_by_a_shared_link_is_charged_no_more_than_its_time():
-    """From a review: GPT-OSS-120B on one GB200 NVL72 (EP=8 x FSDP=72) waits on its expert all-to-all while
-    FSDP's traffic shares NVLink; the simulator had charged the all-to-all 551 ms in the breakdown while
-    its calls take 321 ms, the ledger's exposed column. The waits beyond its time are the link's sharing."""
+    """GPT-OSS-120B on one GB200 NVL72 (EP=8 x FSDP=72) waits on its expert all-to-all while FSDP's traffic
+    shares NVLink: the all-to-all is charged no more than its calls take (321 ms, the ledger's exposed
+    column), not the 551 ms it waits; the waits beyond its time are the link's sharing."""
     from meshplan.sim.simulate import refine
 
     cluster = load_cluster("gb200", nodes=1)
@@ -192,8 +192,8 @@ def test_a_collective_slowed_by_a_shared_link_is_charged_no_more_than_its_time()
 
 
 def test_a_communication_bound_step_without_a_pipeline_sums_to_its_breakdown():
-    """The steady period's wait before the next micro-batch's compute is part of its time (a reviewer's
-    reproducer: 13 such waits were left out of the breakdown at 5 GB/s per GPU)."""
+    """The steady period's wait before the next micro-batch's compute is part of its time: at 5 GB/s per
+    GPU, 13 such waits belong in the breakdown."""
     from dataclasses import replace
     m, c, j = worked_example()
     slow = replace(c, inter=replace(c.inter, nic_bytes_per_s=5e9))
@@ -225,9 +225,9 @@ def test_a_wait_before_a_pipelined_chunk_recurs_with_every_micro_batch():
 
 
 def test_an_interleaved_pipeline_drains_behind_its_heaviest_stage():
-    """From a review: interleaving had been timed as 1F1B with every stage's idle time divided by v, which
-    also divided the waits of lighter stages held to a heavy last stage's pace, and the critical stage was
-    then the last, whose end leaves out the drain back to the first stage. Timed as 1F1B over m·v
+    """Timing interleaving as 1F1B with every stage's idle time divided by v would also divide the waits of
+    lighter stages held to a heavy last stage's pace, and make the last stage critical, whose end leaves out
+    the drain back to the first stage. Timed as 1F1B over m·v
     micro-batches of 1/v the chunk, the step is the heaviest stage's m chunks plus the fill and the drain
     through the other stages, (p - 1) of their chunks over v (Narayanan et al. 2021 §2.2)."""
     from meshplan.sim.simulate import _interleaved_tasks
@@ -238,8 +238,8 @@ def test_an_interleaved_pipeline_drains_behind_its_heaviest_stage():
         tasks = _interleaved_tasks(pp, v, m, f_s, b_s, [0.0] * pp, 0.0)
         step = max(t.end_s for t in tasks)
         assert step == pytest.approx(heavy * m * (f + b) + (pp - 1) * (f + b) / v)
-        # the trace shows the equivalent schedule's m·v slots, each slot's backward after its forward (a review
-        # found a relabelling into Megatron's chunk order showing a backward before its own forward)
+        # the trace shows the equivalent schedule's m·v slots, each slot's backward after its forward (a
+        # relabelling into Megatron's chunk order would show a backward before its own forward)
         assert sorted({t.mb for t in tasks}) == list(range(m * v))
         for t in tasks:
             if t.kind == "B":
@@ -306,9 +306,9 @@ def test_a_pipelined_step_is_told_from_its_busiest_rank():
 
 
 def test_the_step_ends_when_the_last_rank_finishes_its_optimizer_step():
-    """From a review: the step had added the busiest rank's work after its last backward (optimizer, blocking
-    collectives) to another rank's end, 1.8 % over on an uneven pipeline. A rank that ends its backward early
-    reduces and steps while the others still work: the step is the latest of the ranks' own finishes."""
+    """A rank that ends its backward early reduces and steps while the others still work: the step is the
+    latest of the ranks' own finishes, not the busiest rank's work after its last backward (optimizer,
+    blocking collectives) added to another rank's end (1.8 % over on an uneven pipeline)."""
     from meshplan.cost.pipeline import stand_ins
 
     m, c = load_model("llama-3-8b"), load_cluster("h100-sxm", nodes=2)
@@ -326,8 +326,8 @@ def test_the_step_ends_when_the_last_rank_finishes_its_optimizer_step():
 
 
 def test_a_kinds_simulated_exposure_is_shared_out_whole_among_its_entries():
-    """From a review: an entry's share capped at its own time lost the excess, so the ledger's exposed column
-    summed to less than the breakdown's (1.2 of 2.3 ms on a Mixtral plan)."""
+    """The ledger's exposed column sums to the breakdown's: an entry's share capped at its own time would
+    lose the excess (1.2 of 2.3 ms on a Mixtral plan)."""
     from meshplan.sim.simulate import _share, refine
 
     assert _share(10.0, [1.0, 1.0], [2.0, 100.0]) == pytest.approx([2.0, 8.0])

@@ -388,8 +388,8 @@ def test_fp8_attention_and_fused_grouped_mlps_only_where_a_recipe_sets_them():
 
 @pytest.mark.skipif(not os.path.exists(SHARED), reason="shared data not beside the repository")
 def test_a_malformed_cell_skips_its_row_and_names_the_column():
-    """A user's review: malformed cells were read as blank (a row then skipped for the wrong reason) or as
-    another number ('2x' dropped the TP degree, '2.5' truncated, NaN passed the CI gates)."""
+    """A malformed cell is neither read as blank (which would skip the row for the wrong reason) nor as
+    another number ('2x' dropping the TP degree, '2.5' truncated, NaN passing the CI gates)."""
     import csv
 
     from meshplan.validation.rows import Skip, scenario_from_row

@@ -171,6 +171,11 @@ class PlanAnalysis:
     """Whether the conditions of change were computed (an empty ``conditions`` then means none found)."""
     held_ranges: list[HeldRange] = field(default_factory=list)
     """Per condition, the range checked around the scenario over which the recommendation holds."""
+    stacks: list = field(default_factory=list)
+    """For a job that names no software stack: each stack's best plan (stacks.StackLeader), fastest first;
+    the analysis is of the one the recommendation assumes (``job.software``)."""
+    stack_note: str = ""
+    """Why the recommendation assumes its stack (stacks.assumed_stack)."""
 
 
 @dataclass(slots=True)
@@ -235,16 +240,19 @@ def _fsdp_traffic(est: Estimate) -> tuple[float, float, float, float]:
 
 def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Space | None = None,
             mfu: float | None = None, with_conditions: bool = True, progress: Progress | None = None,
-            workers: int | None = None, exhaustive: bool = False) -> PlanAnalysis:
+            workers: int | None = None, result: SearchResult | None = None, exhaustive: bool = False
+            ) -> PlanAnalysis:
     """Search, recommend, and answer the worked example's four questions for this scenario (the simulator's
     re-timing and the conditions of change on up to ``workers`` cores, default all); ``progress`` shows
-    each phase on the terminal. ``exhaustive``: find the conditions by evaluating every candidate and
-    confirming with full searches, as they are defined (the default gives the same answer with fewer
-    evaluations: search.screen, search.leading)."""
+    each phase on the terminal. ``result``: this scenario's search, where the caller has run it already.
+    ``exhaustive``: find the conditions by evaluating every candidate and confirming with full searches, as
+    they are defined (the default gives the same answer with fewer evaluations: search.screen,
+    search.leading)."""
     space = space or Space()
     progress = progress or Progress(enabled=False)
-    result = search(model, cluster, job, space, mfu=mfu, progress=progress.counter("searching", "plans"),
-                    refine_top=REFINE_TOP, workers=workers)
+    if result is None:
+        result = search(model, cluster, job, space, mfu=mfu, progress=progress.counter("searching", "plans"),
+                        refine_top=REFINE_TOP, workers=workers)
     progress.phase("answering the four questions")
     sc = _Scenario(model, cluster, job, mfu)
     n = cluster.n_gpus
@@ -252,9 +260,9 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
     full = sc.timed(Plan(dp_shard=n))
     # why full sharding cannot split the batch (then its step is timed for a batch it does not run)
     unsplit_batch = batch_split_reasons(job, full.plan)[0] if full else []
-    questions = [memory_question(sc, ddp, full, unsplit_batch), fsdp_question(sc, full, unsplit_batch),
-                 tp_question(sc, full, unsplit_batch)]
     q4, best = recommendation_question(sc, result)
+    questions = [memory_question(sc, ddp, full, unsplit_batch, best), fsdp_question(sc, full, unsplit_batch, best),
+                 tp_question(sc, full, unsplit_batch)]
     conditions: list[Condition] = []
     held: list[HeldRange] = []
     if with_conditions and best is not None:
@@ -268,10 +276,11 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
                         held_ranges=held)
 
 
-def memory_question(sc: _Scenario, ddp: Estimate | None, full: Estimate | None, unsplit_batch: list[str]
-                    ) -> Question:
+def memory_question(sc: _Scenario, ddp: Estimate | None, full: Estimate | None, unsplit_batch: list[str],
+                    best: Estimate | None = None) -> Question:
     """Question 1: can DDP fit, and what does full sharding leave (``ddp`` and ``full``: those plans over
-    every GPU, None where they cannot be built; ``unsplit_batch``: why full sharding cannot split the batch)?"""
+    every GPU, None where they cannot be built; ``unsplit_batch``: why full sharding cannot split the batch;
+    ``best``: the recommendation, whose own memory the answer ends with)? Memory in GiB throughout."""
     q1 = Question("Memory: can DDP fit, and what does full sharding leave?")
     n = sc.cluster.n_gpus
     if ddp:
@@ -281,7 +290,7 @@ def memory_question(sc: _Scenario, ddp: Estimate | None, full: Estimate | None, 
         buckets = ddp.memory.terms.get("ddp_gradient_buckets", 0.0)
         q1.lines.append(f"DDP (a full replica per GPU) {verdict}: model states alone are "
                         f"{format_gib(ddp.memory.static_bytes)} per GPU against {format_gib(ddp.memory.capacity_bytes)}"
-                        f" (simplified: 16 B x parameters = {sc.simplified['ddp'].memory.static_bytes / GB:,.0f} GB)"
+                        f" (simplified: 16 B x parameters = {format_gib(sc.simplified['ddp'].memory.static_bytes)})"
                         + (f", and PyTorch's DDP keeps its gradient buckets, a second copy of the gradients, beside "
                            f"them: {format_gib(buckets)} more" if buckets else "") + ".")
     if full:
@@ -290,7 +299,7 @@ def memory_question(sc: _Scenario, ddp: Estimate | None, full: Estimate | None, 
         q1.lines.append(
             (f"Fully sharded over {n} GPUs" if n > 1 else "On one GPU (nothing to shard over)")
             + f": model states {format_gib(full.memory.static_bytes)} per GPU "
-            f"(simplified: {sc.simplified['fsdp'].memory.static_bytes / GB:.1f} GB); with "
+            f"(simplified: {format_gib(sc.simplified['fsdp'].memory.static_bytes)}); with "
             f"micro-batch {full.plan.mbs} and recompute={full.plan.recompute_label}, activations add "
             f"{format_gib(full.memory.activation_bytes)}, transient buffers (gathered FSDP units, logits) "
             f"{format_gib(full.memory.transient_bytes)} and runtime overheads {format_gib(full.memory.runtime_bytes)}"
@@ -304,7 +313,21 @@ def memory_question(sc: _Scenario, ddp: Estimate | None, full: Estimate | None, 
             line = _recomputation_needed(sc, full)
             if line:
                 q1.lines.append(line)
+    if best is not None and (full is None or best.plan != full.plan):
+        q1.lines.append(_recommended_memory(best))
     return q1
+
+
+def _recommended_memory(best: Estimate) -> str:
+    """The recommendation's own memory: what it recomputes or offloads, and its peak against the HBM."""
+    m, p = best.memory, best.plan
+    how = ("recomputes nothing" if (p.recompute or "none") == "none" and not p.offload_layers
+           else f"offloads the activations of {p.offload_layers} layers to host memory" if p.offload_layers
+           else f"recomputes ({p.recompute_label})")
+    return (f"The recommendation, {p.label()}, {how}: model states {format_gib(m.static_bytes)}, activations "
+            f"{format_gib(m.activation_bytes)}, transient {format_gib(m.transient_bytes)} and runtime "
+            f"{format_gib(m.runtime_bytes)}, a peak of {format_gib(m.peak_bytes)} of {format_gib(m.capacity_bytes)}"
+            + (f" on pipeline stage {m.stage}" if p.pp > 1 else "") + ".")
 
 
 def _recomputation_needed(sc: _Scenario, full: Estimate) -> str:
@@ -315,35 +338,43 @@ def _recomputation_needed(sc: _Scenario, full: Estimate) -> str:
     bare = sc.timed(Plan(dp_shard=n, mbs=1, recompute="none"))
     if bare is None or bare.memory.peak_bytes <= bare.memory.capacity_bytes:
         return ""
-    line = (f"Without recomputation even one sequence per micro-batch needs "
+    line = (f"Full sharding without recomputation: even one sequence per micro-batch needs "
             f"{format_gib(bare.memory.activation_bytes)} of activations (peak "
-            f"{format_gib(bare.memory.peak_bytes)}): activation checkpointing is required, "
-            + (f"and it costs {full.time_breakdown.get('recompute', 0.0) / full.step_time_s:.0%} of the "
-               "step" if full.feasible else "and not enough"))
+            f"{format_gib(bare.memory.peak_bytes)}), so full sharding must recompute activations, "
+            + (f"which costs {full.time_breakdown.get('recompute', 0.0) / full.step_time_s:.0%} of its "
+               "step" if full.feasible else "and even recomputing every layer does not make it fit"))
     # Megatron can offload activations to host memory instead (as the search offers it)
     off = (sc.timed(Plan(dp_shard=n, offload_layers=None))
            if offload_offered(sc.cluster, sc.job, Plan(dp_shard=n)) else None)
     if off is not None and off.feasible and off.plan.offload_layers:
         line += (f"; offloading the activations of {off.plan.offload_layers} layers to host memory "
                  f"instead (micro-batch {off.plan.mbs}) gives a step of {format_seconds(off.step_time_s)}, "
-                 f"{off.step_time_s / full.step_time_s - 1:+.0%} against recomputing")
+                 f"{off.step_time_s / full.step_time_s - 1:+.0%} against recomputing"
+                 if full.feasible else
+                 f"; offloading the activations of {off.plan.offload_layers} layers to host memory instead "
+                 f"(micro-batch {off.plan.mbs}) fits, with a step of {format_seconds(off.step_time_s)}")
     return line + "."
 
 
-def fsdp_question(sc: _Scenario, full: Estimate | None, unsplit_batch: list[str]) -> Question:
-    """Question 2: full sharding's step time and traffic, simplified and predicted, and at a quarter of the
-    batch: is its communication hidden?"""
-    q2 = Question("Step time and FSDP communication: is it hidden?")
+def fsdp_question(sc: _Scenario, full: Estimate | None, unsplit_batch: list[str],
+                  best: Estimate | None = None) -> Question:
+    """Question 2: the recommendation's communication (per axis and link, and how much of it compute
+    hides), then full sharding's, the worked example's plan: simplified and predicted, and at a quarter of
+    the batch. Traffic in decimal GB."""
+    n = sc.cluster.n_gpus
+    rec_is_full = best is not None and full is not None and best.plan == full.plan
+    q2 = Question("Step time and communication: is it hidden?")
+    if best is not None and not rec_is_full:
+        q2.lines.append(_recommended_traffic(best))
     if not full:
         return q2
-    n = sc.cluster.n_gpus
     s = sc.simplified["fsdp"]
     s_bytes = sum(e.bytes_per_gpu for e in s.comm)
     s_time = sum(e.time_s for e in s.comm)
-    q2.lines.append(f"Simplified: {s.flops.model_flop_per_step:.3g} FLOPs per step, "
-                    f"{format_seconds(s.step_time_s)} "
-                    f"at {sc.simple_mfu:.0%} MFU; FSDP moves {format_gb(s_bytes)} per GPU, "
-                    f"{format_seconds(s_time)}"
+    who = f"{best.plan.label()}, the recommendation" if rec_is_full and best else "the worked example's plan"
+    q2.lines.append(f"Full sharding over {n} GPUs ({who}), simplified as the worked example does: "
+                    f"{s.flops.model_flop_per_step:.3g} FLOPs per step, {format_seconds(s.step_time_s)} of compute at "
+                    f"{sc.simple_mfu:.0%} MFU; FSDP moves {format_gb(s_bytes)} per GPU, {format_seconds(s_time)}"
                     + (f" at {s_bytes / s_time / GB:.0f} GB/s ({s.comm[0].link})." if s_time > 0 else "."))
     b, inter, t, exp = _fsdp_traffic(full)
     if unsplit_batch:  # no figures for a batch it does not run
@@ -365,6 +396,25 @@ def fsdp_question(sc: _Scenario, full: Estimate | None, unsplit_batch: list[str]
     return q2
 
 
+def _recommended_traffic(best: Estimate) -> str:
+    """The recommendation's collectives per axis and link: bytes per GPU, time, and the part compute does
+    not hide."""
+    by_axis: dict[tuple[str, str], list] = {}
+    for e in best.comm:
+        by_axis.setdefault((e.axis, e.link), []).append(e)
+    total = sum(e.time_s for e in best.comm)
+    exposed = sum(e.exposed_s for e in best.comm)
+    if not by_axis:
+        return (f"The recommendation, {best.plan.label()}, communicates nothing: step "
+                f"{format_seconds(best.step_time_s)}.")
+    parts = [f"{axis} ({link}) {format_gb(sum(e.bytes_per_gpu for e in es))} per GPU in "
+             f"{format_seconds(sum(e.time_s for e in es))}, {format_seconds(sum(e.exposed_s for e in es))} exposed"
+             for (axis, link), es in sorted(by_axis.items(), key=lambda kv: -sum(e.time_s for e in kv[1]))]
+    return (f"The recommendation, {best.plan.label()}: step {format_seconds(best.step_time_s)}; its collectives "
+            f"take {format_seconds(total)} per step, {format_seconds(exposed)} of it exposed "
+            f"({(1 - exposed / total) if total else 1:.0%} hidden): " + "; ".join(parts) + ".")
+
+
 def _quarter_batch(sc: _Scenario, q2: Question, simplified_traffic_s: float) -> None:
     """Full sharding at a quarter of the batch, in whole sequences per GPU (one at least), added to ``q2``;
     nothing where that is not smaller."""
@@ -378,13 +428,16 @@ def _quarter_batch(sc: _Scenario, q2: Question, simplified_traffic_s: float) -> 
     s_small = sc.simplify(Plan(dp_shard=n), small)
     sc.simplified["fsdp_quarter_batch"] = s_small
     _, _, t2, exp2 = _fsdp_traffic(e_small)
+    compute = s_small.step_time_s
+    hidden = ("which it still hides" if compute >= simplified_traffic_s else
+              f"which it no longer hides ({format_seconds(simplified_traffic_s - compute)} exposed: a step of "
+              f"{format_seconds(simplified_traffic_s)})")
     q2.lines.append(
-        f"At a {small.global_batch_tokens:,}-token batch: simplified step "
-        f"{format_seconds(s_small.step_time_s)} "
-        f"with the same {format_seconds(simplified_traffic_s)} of traffic; predicted step "
+        f"At a quarter of the batch ({small.global_batch_tokens:,} tokens), simplified: "
+        f"{format_seconds(compute)} of compute against the same {format_seconds(simplified_traffic_s)} of FSDP "
+        f"traffic (it does not shrink with the batch), {hidden}; predicted step "
         f"{format_seconds(e_small.step_time_s)}{'' if e_small.feasible else ' as if it fitted'}, "
-        f"{format_seconds(t2)} of FSDP collectives, "
-        f"{format_seconds(exp2)} exposed.")
+        f"{format_seconds(t2)} of FSDP collectives, {format_seconds(exp2)} exposed.")
 
 
 def tp_question(sc: _Scenario, full: Estimate | None, unsplit_batch: list[str]) -> Question:

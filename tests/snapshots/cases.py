@@ -164,7 +164,7 @@ class Case:
         return HERE / f"{self.name}.{'txt' if self.make is plan_text else 'json'}.gz"
 
 
-NO_CONDITIONS = ["--no-conditions"]
+NO_CONDITIONS = ["--no-conditions", "--stack", "generic"]  # the engine: one search over every stack's plans
 DEEPSEEK = ["evaluate", "--model", "deepseek-v3", "--nodes", "32", "--batch-tokens", "16M"]
 CASES = (
     Case("validate_published_runs", [], validate_json),

@@ -2,10 +2,9 @@
 every collective recorded at the dispatcher and compared with meshplan's ledger per (collective, axis).
 
 Tolerance: call counts exact; message bytes exact (rel 1e-9) once FSDP2's dim-0 padding is removed (sized
-exactly from the parameter shapes). Two documented differences (docs/crosscheck.md) are sized exactly too:
-the SP embedding's backward all-gather meshplan omits, and the last TP collective of a block that
-non-reentrant checkpointing does not recompute. Auxiliary TP all-reduces (loss parallel, SP norm-weight
-gradients) are listed, not checked.
+exactly from the parameter shapes), the SP embedding's backward all-gather and the last TP collective of a
+block that non-reentrant checkpointing does not recompute included (docs/measure-and-crosscheck.md).
+Auxiliary TP all-reduces (loss parallel, SP norm-weight gradients) are listed, not checked.
 """
 
 import pytest
@@ -71,8 +70,8 @@ def test_fsdp_padding_is_sized_exactly(spec):
 
 @pytest.mark.parametrize("plan", ["tp=8", "tp=8,recompute=full", "tp=8,sp=false,recompute=full"])
 def test_tp_collectives_match_exactly(spec, plan):
-    """Found by this harness and fixed in meshplan: the SP embedding's backward all-gather, and PyTorch's
-    early-stopping checkpoint that does not re-run a block's last reduction when recomputing."""
+    """Including the SP embedding's backward all-gather, and PyTorch's early-stopping checkpoint, which does
+    not re-run a block's last reduction when recomputing."""
     result = _run(spec, plan)
     assert all(r.exact for r in result.rows if r.modelled), result.rows
 
@@ -176,9 +175,9 @@ def test_ddp_with_tensor_parallelism_is_refused(spec):
 @pytest.mark.parametrize("model", ["mixtral-8x7b", "deepseek-v3"])
 @pytest.mark.parametrize("plan", ["dp_shard=4", "dp_replicate=2,dp_shard=2,recompute=full", "dp_replicate=4,mbs=2"])
 def test_moe_models_match_under_fsdp_and_ddp(model, plan):
-    """From a review: a MoE block without expert parallelism is one FSDP2 unit (experts and the rest gathered
-    together; the ledger had counted two calls), the expert states count in the memory rows, the plan's
-    micro-batch size is the run's, and the reference model builds no MTP module (predicted without it)."""
+    """A MoE block without expert parallelism is one FSDP2 unit (experts and the rest gathered together, one
+    call, not two), the expert states count in the memory rows, the plan's micro-batch size is the run's,
+    and the reference model builds no MTP module (predicted without it)."""
     from meshplan.harness.reference_model import scale_down
 
     result = _run(scale_down(meshplan.load_model(model)), plan)

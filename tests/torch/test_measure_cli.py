@@ -179,8 +179,8 @@ def test_bad_plan_rejected_before_start(capsys):
 
 
 def test_out_folder_created_or_refused_before_start(tmp_path, capsys):
-    """--out's folder is made before measuring (a run used to fail only when writing its results); one
-    that cannot be made is a bad input, exit 2, before any process starts."""
+    """--out's folder is made before measuring, so that a run does not fail only when writing its results;
+    one that cannot be made is a bad input, exit 2, before any process starts."""
     assert main(["measure", "gemm", "--nproc", "1", "--backend", "gloo", "--out", "/proc/no/such/p.json"]) == 2
     assert "cannot create the folder" in capsys.readouterr().err
     from meshplan.harness.measure_cli import check_inputs

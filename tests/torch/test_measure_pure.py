@@ -194,8 +194,8 @@ H200_RESULTS = Path(__file__).parents[2] / "benchmarks" / "results" / "h200-2026
 @pytest.mark.parametrize("name", ["kernels", "kernels_3b_repeat", "step_3b_mbs2", "step_3b_acc4", "step_3b_mbs4_full",
                                   "step_8b_full", "step_3b_mb1x1", "step_3b_mb1x4_run3"])
 def test_measured_h200_profiles_conform_and_compare(name, capsys):
-    """The profiles measured on an H200 (benchmarks/gpu_check.sh; docs/measure.md) are valid profiles, and
-    `measure compare` reads them: kernels against the compute model (the device names the accelerator),
+    """The profiles measured on an H200 (benchmarks/gpu_check.sh; docs/measure-and-crosscheck.md) are valid
+    profiles, and `measure compare` reads them: kernels against the compute model (the device names the accelerator),
     steps against evaluate."""
     from meshplan.cli import main
 
@@ -247,8 +247,8 @@ def test_compare_kernels_of_an_unknown_device_say_so(tmp_path, capsys):
 
 
 def test_compare_times_the_step_as_evaluate_does_and_names_a_malformed_field(tmp_path, capsys):
-    """`measure compare` predicts with the simulator's re-timing, as `evaluate` and `plan` do (a review found
-    the exposed all-gather 44 % apart between the two), and a hand-edited step section is one line naming
+    """`measure compare` predicts with the simulator's re-timing, as `evaluate` and `plan` do (without it the
+    exposed all-gather is 44 % apart between the two), and a hand-edited step section is one line naming
     its field, exit 2, never a traceback."""
     import copy
 
@@ -278,9 +278,8 @@ def test_compare_times_the_step_as_evaluate_does_and_names_a_malformed_field(tmp
 
 
 def test_a_profile_says_what_it_replaces_and_when_it_replaces_nothing():
-    """Collective fits measured with gloo on a CPU replace the cluster's links with loopback rates, which the
-    notes now say (a review saw a 57 s step become 8,826 s without a word about it); a profile with nothing
-    the planner applies says so too."""
+    """Collective fits measured with gloo on a CPU replace the cluster's links with loopback rates, and the
+    notes say so (a 57 s step becomes 8,826 s); a profile with nothing the planner applies says so too."""
     from meshplan.catalog import load_cluster
     from meshplan.profile import apply_profile
 
@@ -297,7 +296,7 @@ def test_a_profile_says_what_it_replaces_and_when_it_replaces_nothing():
 
 def test_measure_rejects_ignored_flags_and_bad_outputs_before_it_starts(tmp_path, capsys):
     """A scenario flag a measurement does not read, an unknown cluster and an --out that is a folder or not a
-    profile are errors before any process starts (a review found them ignored, or caught after the run)."""
+    profile are errors before any process starts, neither ignored nor caught after the run."""
     from meshplan.cli import main
 
     def err(*argv: str) -> str:
@@ -327,6 +326,6 @@ def test_measure_rejects_ignored_flags_and_bad_outputs_before_it_starts(tmp_path
                                                     "n_points": 3}}}, "busbw must be positive"),
 ])
 def test_check_profile_reports_values_of_the_wrong_kind_instead_of_raising(change, says):
-    """Found by a review: these raised TypeError from inside the check."""
+    """Values of the wrong kind are reported, not raised as a TypeError from inside the check."""
     errors = check_profile(_profile(**change))
     assert any(says in e for e in errors), errors

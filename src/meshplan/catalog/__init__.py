@@ -124,26 +124,40 @@ def load_job(path: str | None, *, defaults: dict[str, Any] | None = None, **over
         if not path.endswith(".toml") and not Path(path).exists():
             raise SpecError("job", f"spec file {path!r} not found")
         spec, _ = _read_toml("job", path, "jobs")
-        _reject_unknown("job", spec, {f.name for f in fields(JobSpec)})
-        if "runtime" in spec:
-            _reject_unknown("job.runtime", spec["runtime"], {f.name for f in fields(RuntimeOverheads)})
-            spec["runtime"] = _spec(RuntimeOverheads, "job.runtime", **spec["runtime"])
-        for key in ("global_batch_tokens", "seq_len"):  # '4M', as the command line takes them
-            if isinstance(spec.get(key), str):
-                try:
-                    spec[key] = parse_size(spec[key])
-                except ValueError:
-                    raise SpecError(f"job.{key}", f"must be a whole number of tokens (e.g. 4194304 or '4M'), "
-                                                  f"got {spec[key]!r}") from None
-        if isinstance(spec.get("train_tokens"), str | float):  # '15.6T' or 1.56e13, decimal as datasets are
-            try:
-                spec["train_tokens"] = parse_token_count(str(spec["train_tokens"]))
-            except ValueError:
-                raise SpecError("job.train_tokens", f"must be a whole number of tokens (e.g. '15.6T' or 1e12), got "
-                                                    f"{spec['train_tokens']!r}") from None
-        data.update(spec)
+        data.update(_job_fields(spec))
     data.update({k: v for k, v in overrides.items() if v is not None})
     return _spec(JobSpec, "job", **data)
+
+
+def job_from_data(spec: Any, *, defaults: dict[str, Any] | None = None, **overrides: Any) -> JobSpec:
+    """``load_job`` on a document already parsed (a TOML or JSON table with JobSpec's field names), as a
+    spec sent to ``meshplan serve`` is: no file is read."""
+    data: dict[str, Any] = {**(defaults or {}), **_job_fields(spec)}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return _spec(JobSpec, "job", **data)
+
+
+def _job_fields(spec: Any) -> dict[str, Any]:
+    """A job document's fields, checked and converted (its ``[runtime]`` table, ``'4M'`` token counts)."""
+    _reject_unknown("job", spec, {f.name for f in fields(JobSpec)})
+    spec = dict(spec)
+    if "runtime" in spec:
+        _reject_unknown("job.runtime", spec["runtime"], {f.name for f in fields(RuntimeOverheads)})
+        spec["runtime"] = _spec(RuntimeOverheads, "job.runtime", **spec["runtime"])
+    for key in ("global_batch_tokens", "seq_len"):  # '4M', as the command line takes them
+        if isinstance(spec.get(key), str):
+            try:
+                spec[key] = parse_size(spec[key])
+            except ValueError:
+                raise SpecError(f"job.{key}", f"must be a whole number of tokens (e.g. 4194304 or '4M'), "
+                                              f"got {spec[key]!r}") from None
+    if isinstance(spec.get("train_tokens"), str | float):  # '15.6T' or 1.56e13, decimal as datasets are
+        try:
+            spec["train_tokens"] = parse_token_count(str(spec["train_tokens"]))
+        except ValueError:
+            raise SpecError("job.train_tokens", f"must be a whole number of tokens (e.g. '15.6T' or 1e12), got "
+                                                f"{spec['train_tokens']!r}") from None
+    return spec
 
 
 def _reject_unknown(what: str, data: Any, allowed: set[str]) -> None:
@@ -203,12 +217,16 @@ def load_model(ref: str) -> ModelSpec:
 
         return load_hf_config(ref)
     data, origin = _read_toml("model", ref, "models")
-    allowed = {f.name for f in fields(ModelSpec)}
-    _reject_unknown("model", data, allowed)
+    return model_from_data(data, origin)
+
+
+def model_from_data(data: Any, origin: str) -> ModelSpec:
+    """A model from a document already parsed (a TOML or JSON table with ModelSpec's field names), as
+    ``load_model`` reads one; ``origin`` is its ``source`` where the document gives none."""
+    _reject_unknown("model", data, {f.name for f in fields(ModelSpec)})
     for key in ("name", "n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab"):
         _require("model", data, key)
-    data.setdefault("source", origin)
-    return _spec(ModelSpec, "model", **data)
+    return _spec(ModelSpec, "model", **{"source": origin, **data})
 
 
 def _table(field: str, data: dict[str, Any], key: str) -> dict[str, Any]:

@@ -111,3 +111,9 @@ def space(args: argparse.Namespace) -> Any:
 def progress(args: argparse.Namespace, label: str) -> Progress:
     """The command's progress line: on a terminal, unless --quiet."""
     return Progress(enabled=False if getattr(args, "quiet", False) else None, label=label)
+
+
+def names_no_stack(args: argparse.Namespace, job: Any) -> bool:
+    """Whether the user left the software stack open: the job says 'generic' and --stack does not (``--stack
+    generic`` asks for one search over every stack's plans at once)."""
+    return job.software == "generic" and getattr(args, "stack", None) != "generic"

@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from meshplan.commands.common import DEFAULT_NODES, add_ray, add_scenario, progress
+from meshplan.commands.common import DEFAULT_NODES, add_ray, add_scenario, names_no_stack, progress
 from meshplan.commands.common import job as make_job
 from meshplan.compare import Scenario, chart, compare, scenarios, text, to_json, varies
 from meshplan.economics.flags import settings_from_args
@@ -66,14 +66,23 @@ def register(sub: Any) -> None:
         for s in items:  # bad names and economics flags fail here, in one line, before any search
             settings_from_args(args, load(s))
         space = Space.dp_tp() if args.space == "dp-tp" else Space()
+        note = ""
         with progress(args, "meshplan compare").running() as line:
+            if names_no_stack(args, job):  # one stack for every row: the one plan assumes for the first
+                from meshplan.stacks import with_assumed_stack
+
+                job, note = with_assumed_stack(model, load(items[0]), job, space, mfu=args.mfu, workers=args.jobs,
+                                               progress=line)
             rows = compare(model, job, items, load=load, settings_for=lambda c: settings_from_args(args, c),
                            space=space, mfu=args.mfu, progress=line.counter("searching", "scenarios"),
                            workers=args.jobs)
         if args.plot:
             varying = varies(rows)
             atomic_write_bytes(args.plot, chart(rows, [r.scenario.label(varying) for r in rows]))
-        print(strict_json(to_json(model, job, rows)) if args.json else text(model, job, rows))
+        if args.json:
+            print(strict_json({**to_json(model, job, rows), "stack_note": note}))
+        else:
+            print(text(model, job, rows) + (f"\nevery row searched on {note}" if note else ""))
         return 0
 
     p.set_defaults(func=run)

@@ -107,6 +107,11 @@ def _notes(job: Any, plan: Any) -> list[str]:
     if job.precision == "fp8":
         out.append("MFU and HFU are against the accelerator's dense FP8 peak")
     mismatch = stack_mismatch(job.software, plan)
+    from meshplan.search.space import async_tp_offered
+
+    if plan.async_tp and not async_tp_offered(job, plan):
+        out.append("torchtitan runs async TP only with its model compiled (job.compiled, --compile.enable): "
+                   "the figures assume it runs")
     return out + ([mismatch] if mismatch else [])
 
 

@@ -6,7 +6,17 @@ import argparse
 from typing import Any
 
 from meshplan.argtypes import positive_size
-from meshplan.commands.common import add_jobs, add_profile, add_ray, add_scenario, add_space, progress, scenario, space
+from meshplan.commands.common import (
+    add_jobs,
+    add_profile,
+    add_ray,
+    add_scenario,
+    add_space,
+    names_no_stack,
+    progress,
+    scenario,
+    space,
+)
 from meshplan.fileio import strict_json
 
 
@@ -27,7 +37,6 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshplan.explain import analyse
     from meshplan.report.json import plan_analysis_dict
     from meshplan.report.text import plan_text
 
@@ -37,12 +46,38 @@ def run(args: argparse.Namespace) -> int:
 
         return plan_frameworks(args, model, cluster, job)
     with progress(args, "meshplan plan").running() as line:
-        analysis = analyse(model, cluster, job, space=space(args), mfu=args.mfu,
-                           with_conditions=not args.no_conditions, progress=line, workers=args.jobs)
+        analysis = analysis_of(args, model, cluster, job, line)
+    econ = economics_of(args, analysis)
     if args.json:
         out = plan_analysis_dict(analysis, top=args.top)
         out["profile_notes"] = args.profile_notes
+        out["economics"] = econ.to_dict() if econ else None
         print(strict_json(out))
     else:
-        print("\n".join([*args.profile_notes, plan_text(analysis, top=args.top or 10)]))
+        from meshplan.economics import summary_lines
+
+        print("\n".join([*args.profile_notes, plan_text(analysis, top=args.top or 10,
+                                                        extra=summary_lines(econ) if econ else [])]))
     return 0
+
+
+def analysis_of(args: argparse.Namespace, model: Any, cluster: Any, job: Any, line: Any) -> Any:
+    """The analysis of plan and report: per stack where none is named (meshplan.stacks), else of the job's."""
+    if names_no_stack(args, job):
+        from meshplan.stacks import analyse_by_stack
+
+        return analyse_by_stack(model, cluster, job, space=space(args), mfu=args.mfu,
+                                with_conditions=not args.no_conditions, progress=line, workers=args.jobs)
+    from meshplan.explain import analyse
+
+    return analyse(model, cluster, job, space=space(args), mfu=args.mfu, with_conditions=not args.no_conditions,
+                   progress=line, workers=args.jobs)
+
+
+def economics_of(args: argparse.Namespace, analysis: Any) -> Any:
+    """Time to train, cost, energy and goodput of the recommendation, where a token budget is given."""
+    if analysis.recommended is None:
+        return None
+    from meshplan.economics.flags import evaluate_economics
+
+    return evaluate_economics(args, analysis.recommended, analysis.model, analysis.cluster, analysis.job)

@@ -40,15 +40,15 @@ def sweep_values(job: Any, cluster: Any) -> dict[str, list[float]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshplan.explain import analyse
+    from meshplan.commands.plan import analysis_of
     from meshplan.report.html import write_report
     from meshplan.search.sweep import sweep
 
     out_dir = Path(args.out)
     model, cluster, job = scenario(args)
     with progress(args, "meshplan report").running() as line:
-        analysis = analyse(model, cluster, job, space=space(args), mfu=args.mfu,
-                           with_conditions=not args.no_conditions, progress=line, workers=args.jobs)
+        analysis = analysis_of(args, model, cluster, job, line)
+        job = analysis.job  # the stack the recommendation assumes, where none was named
         sweeps = {name: sweep(model, cluster, job, name, values, space=space(args), mfu=args.mfu, workers=args.jobs,
                               progress=line.counter(f"sweep of {name}", "values"))
                   for name, values in sweep_values(job, cluster).items()}

@@ -6,7 +6,16 @@ import argparse
 from typing import Any
 
 from meshplan.argtypes import output_file, whole_in
-from meshplan.commands.common import add_jobs, add_ray, add_scenario, add_space, progress, scenario, space
+from meshplan.commands.common import (
+    add_jobs,
+    add_ray,
+    add_scenario,
+    add_space,
+    names_no_stack,
+    progress,
+    scenario,
+    space,
+)
 from meshplan.errors import SpecError
 from meshplan.fileio import atomic_write_bytes, strict_json
 
@@ -37,7 +46,13 @@ def run(args: argparse.Namespace) -> int:
     model, cluster, job = scenario(args)
     name, lo, hi = parse_range(args.vary)
     values = geometric(lo, hi, args.points)
+    note = ""
     with progress(args, "meshplan sweep").running() as line:
+        if names_no_stack(args, job):
+            from meshplan.stacks import with_assumed_stack
+
+            job, note = with_assumed_stack(model, cluster, job, space(args), mfu=args.mfu, workers=args.jobs,
+                                           progress=line)
         points = sweep(model, cluster, job, name, values, space=space(args), mfu=args.mfu, workers=args.jobs,
                        progress=line.counter(f"searching at each value of {name}", "values"))
     if not points:
@@ -51,9 +66,9 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_bytes(args.plot, sweep_chart(points, xlabel=name, log_x=log_ticks([p.value for p in points])))
     unit = knob(model, cluster, job, name).unit
     if args.json:
-        print(strict_json(_json(name, unit, points)))
+        print(strict_json({**_json(name, unit, points), "software": job.software, "stack_note": note}))
     else:
-        print(_text(name, unit, lo, hi, points, model, cluster))
+        print(_text(name, unit, lo, hi, points, model, cluster) + (f"\nsearched on {note}" if note else ""))
     return 0
 
 
@@ -89,7 +104,12 @@ def _text(name: str, unit: str, lo: float, hi: float, points: list[Any], model: 
                        f"{p.best.mfu:>6.1%} {p.best.tokens_per_s_per_gpu:>13,.0f}")
         else:
             out.append(f"{_fmt(p.value):>14}  no plan fits")
-    out += [f"between {_fmt(a)} and {_fmt(b)}: {pa} -> {pb}" for a, b, pa, pb in changes(points)]
+    moves = changes(points)
+    out += [f"between {_fmt(a)} and {_fmt(b)}: {pa} -> {pb}" for a, b, pa, pb in moves]
+    if moves:
+        out.append(f"note: every change of the recommended plan is listed, near-ties within the {TIE_BAND:.0%} tie "
+                   "band too; `meshplan plan` names a condition of change only where another plan is more than the "
+                   "tie band faster, or the recommendation stops fitting")
     outside = [p.value for p in points if not lo * (1 - 1e-9) <= p.value <= hi * (1 + 1e-9)]
     if outside:
         steps = {"gpus": f"whole nodes of {cluster.gpus_per_node}", "batch-tokens": "whole sequences",

@@ -22,7 +22,7 @@ Semantics per implementation (formulas.md §3, checked against the sources cited
   repeats the forward collectives (in PyTorch all but the block's last, which early-stopping
   checkpointing skips); the vocab-parallel embedding's reduce-scatter is undone by an all-gather of its
   gradient in backward. These counts match what PyTorch issues under a fake process group
-  (docs/crosscheck.md). An MoE layer: torchtitan gathers the block's input and reduce-scatters its output;
+  (docs/measure-and-crosscheck.md). An MoE layer: torchtitan gathers the block's input and reduce-scatters its output;
   Megatron-core only around its shared experts (the dispatcher moves the routed tokens). Megatron's MLA
   gathers its latents, not the hidden state.
 - Context parallelism: ring passes (cp-1) KV chunks forward and KV plus dKV backward

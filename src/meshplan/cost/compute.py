@@ -79,7 +79,7 @@ class ComputeParams:
     """A software stack's elementwise memory traffic (norms, residual adds, rotary, activation function)
     over the fused minimum that ``layer_times`` counts: eager PyTorch's unfused kernels (rotary by slicing
     and concatenation, separate casts and norms) move about 2.7x that (measured on an H200,
-    docs/measure.md)."""
+    docs/measure-and-crosscheck.md)."""
     moe_gemm_efficiency: float = 0.7
     """Expert (grouped) GEMMs over dense GEMMs of the same shape."""
     moe_layer_overhead_s: float = 0.0
@@ -88,7 +88,7 @@ class ComputeParams:
     the gaps between them. It applies with per-layer CUDA graphs too: the 25.09 token-drop rows, whose
     layers ran as graphs, need it. A whole-iteration graph (JobSpec.cuda_graph_scope 'full_iteration')
     leaves it out: the 2026 Megatron-Bridge recipes that capture the iteration ran faster than the model
-    with it (cross-validated MAPE 6.77 -> 6.63 %, docs/calibration.md, fifth session). The host
+    with it (cross-validated MAPE 6.63 % against 6.77 % with it, docs/validation.md). The host
     synchronisation of the dropless dispatchers (``token_dispatcher.py``: the all-to-all dispatcher copies
     its splits to the host at its ``cuda_sync_point``; the grouped GEMM takes the counts as a host list) is
     ``moe_layer_host_s``, a floor. Fitted on Megatron-core rows (the only MoE rows), applied to every
@@ -104,7 +104,7 @@ class ComputeParams:
     micro-batch 1 took 9.2 and 8.8 ms per layer (from the published tokens/s) on B200 (Megatron-Bridge
     25.11, 26.02) and 9.5 and 9.7 ms on H100 (26.04, 26.06), which has 2.3x less compute: the host's pace,
     not the GPU's; the same layers captured in CUDA graphs (25.09 token-drop recipe) took 4.7 ms on B200.
-    Fitted on the published runs (docs/calibration.md)."""
+    Fitted on the published runs (docs/validation.md)."""
     moe_expert_host_s: float = 0.0
     """Host time added to ``moe_layer_host_s`` per local expert [s]: Transformer Engine's grouped linear
     layers launch and allocate per expert GEMM (``torch.empty`` twice per GEMM, TransformerEngine#1499;
@@ -179,7 +179,7 @@ def attention_length_efficiency(block_len: float, half_len: float, key_len: floa
     One factor for the keys: each thread block streams them past one query tile, and its fixed cost
     (loading the tile, the prologue, the output write) is amortised over the key length. One for the
     queries: short blocks, as in ring context parallelism, give few query tiles per head. A single
-    factor fits the published runs worse (docs/calibration.md, "Tried and not adopted")."""
+    factor fits the published runs worse (docs/validation.md, alternatives tested and rejected)."""
     queries = block_len / (block_len + half_len)
     return queries * (queries if key_len is None else key_len / (key_len + half_len))
 

@@ -256,8 +256,8 @@ def head_input_bytes_per_token(*, hidden: int, tp: int, sp: bool, gathered: bool
     (2D/t, gathered again in the backward) and PyTorch's ColwiseParallel as the all-gather delivered it (2D:
     ``gathered``, as activation_parts_per_token's linears). Neither is under the layers' recomputation
     (torchtitan checkpoints each block; Megatron-core the transformer layers). Without recomputation 0.6-1.3 %
-    of a last stage's activations, with full recomputation 10-45 % (eighteenth session's audit,
-    docs/crosscheck.md). Each of ``mtp_layers`` multi-token-prediction depths (Megatron-core's
+    of a last stage's activations, with full recomputation 10-45 % (an audit of both,
+    docs/measure-and-crosscheck.md). Each of ``mtp_layers`` multi-token-prediction depths (Megatron-core's
     MultiTokenPredictionLayer) saves as much again for its own final norm and its share of the head's
     stacked input, and three layer inputs more: its embedding norm's input (the shifted tokens' embedding)
     and the concatenation of the two normed inputs its eh_proj saves (2 x 2D); its hidden-state norm's
@@ -319,7 +319,7 @@ def logits_bytes_per_token(*, vocab: int, tp: int, loss: str = "eager", losses: 
     every loss keeps what it saves until the backward, and one at a time runs its backward's working set
     (the MTP losses' backwards run after the main one's, each on its own logits). Megatron-core's
     vocab-parallel loss with one MTP depth: (2·4 + 2)·V/t, the two fp32 copies and one bf16 working copy
-    (an audit of megatron/core/tensor_parallel/cross_entropy.py, eighteenth session)."""
+    (an audit of megatron/core/tensor_parallel/cross_entropy.py)."""
     kept = LOSS_SAVED_BYTES_PER_LOGIT[loss] + (2.0 if loss in LOSS_SAVES_LOGITS else 0.0)
     return (LOSS_BYTES_PER_LOGIT[loss] + (losses - 1) * kept) * vocab / tp
 

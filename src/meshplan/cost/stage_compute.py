@@ -171,7 +171,7 @@ def _fsdp_copies_s(c: StageCtx, compute: ComputeParams) -> tuple[float, float, f
     before ``reduce_scatter_stream.wait_stream``) and ``_fsdp_param.py`` (``to_accumulated_grad_if_needed``,
     ``accumulate_unsharded_grad_if_needed``). Not for other sharding, nor for stacks that shard in place
     (ZERO_COPY_FSDP_STACKS), nor without sharding (DDP). On one rank FSDP2 skips the gather and casts
-    instead: the H200 measured that cast and the gradient copy-in, docs/measure.md."""
+    instead: the H200 measured that cast and the gradient copy-in, docs/measure-and-crosscheck.md."""
     plan, job = c.plan, c.job
     if plan.sharding != "fsdp" or plan.shard_degree == 1 or job.software in ZERO_COPY_FSDP_STACKS:
         return 0.0, 0.0, 0.0

@@ -509,9 +509,9 @@ class KnownDifference:
 
 def known_differences(model_spec: ModelSpec, plan: Plan, *, seq_len: int, mbs: int, n_micro: int
                       ) -> list[KnownDifference]:
-    """Differences between what PyTorch issues and meshplan's ledger that remain documented rather than
-    modelled, sized for one run (docs/crosscheck.md). Currently none: the two this harness found were fixed
-    in meshplan's ledger (meshplan.cost.comm):
+    """Differences between what PyTorch issues and meshplan's ledger that are documented rather than
+    modelled, sized for one run (docs/measure-and-crosscheck.md). None: both collectives PyTorch issues that a
+    simpler ledger would miss are in meshplan's (meshplan.cost.comm):
 
     1. With sequence parallelism the vocab-parallel embedding's output reduce-scatter has an all-gather of
        the output gradient as its backward (torch ``Redistribute.backward`` of Partial->Shard(1); Megatron
@@ -536,7 +536,7 @@ def _ddp_buckets(ddp: DDPRecord, predicted_calls: float) -> KnownDifference:
 
 
 def known_memory_differences(model_spec: ModelSpec, plan: Plan) -> dict[str, tuple[float, str]]:
-    """Memory terms PyTorch holds differently, sized [bytes] with the reason (docs/crosscheck.md)."""
+    """Memory terms PyTorch holds differently, sized [bytes] with the reason (docs/measure-and-crosscheck.md)."""
     out: dict[str, tuple[float, str]] = {}
     if plan.tp > 1 and plan.dp_shard == 1:
         vd = model_spec.vocab * model_spec.hidden

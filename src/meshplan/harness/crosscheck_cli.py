@@ -2,7 +2,7 @@
 
 Imported by the CLI on every run, so it never imports torch at import time; the command checks for torch
 and says how to install it (exit 2) when it is missing. Exit 1 when a collective or memory term differs
-beyond the stated tolerance (docs/crosscheck.md).
+beyond the stated tolerance (docs/measure-and-crosscheck.md).
 """
 
 from __future__ import annotations

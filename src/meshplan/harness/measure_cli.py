@@ -1,4 +1,4 @@
-"""``meshplan measure``: the command line of the measurement harness (docs/measure.md).
+"""``meshplan measure``: the command line of the measurement harness (docs/measure-and-crosscheck.md).
 
 Sub-commands ``gemm``, ``collectives`` and ``step`` run under ``torchrun``: either meshplan starts it
 (``--nproc N``: ``python -m torch.distributed.run --standalone --nproc-per-node N -m
@@ -202,7 +202,8 @@ def _run(args: argparse.Namespace) -> int:
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         print(f"meshplan: error: measure {args.measure_command} runs under torchrun (RANK and WORLD_SIZE are not "
               "set); pass --nproc N to start N processes here, or launch "
-              f"`torchrun ... -m {WORKER_MODULE} {args.measure_command} ...` (docs/measure.md)", file=sys.stderr)
+              f"`torchrun ... -m {WORKER_MODULE} {args.measure_command} ...` (docs/measure-and-crosscheck.md)",
+              file=sys.stderr)
         return 2
     check_inputs(args, int(os.environ["WORLD_SIZE"]))
     from meshplan.harness.measure.rank import run

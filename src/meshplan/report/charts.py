@@ -7,6 +7,7 @@ import io
 
 from meshplan.cost.estimate import Estimate
 from meshplan.errors import SpecError
+from meshplan.report.chartdata import SWEEP_AXES
 from meshplan.search.rank import TIE_BAND
 from meshplan.search.space import FAMILY_NAMES
 from meshplan.search.sweep import SweepPoint, changes
@@ -83,12 +84,6 @@ def memory_chart(estimates: list[Estimate], labels: list[str] | None = None) -> 
         cap = estimates[0].memory.capacity_bytes / GiB
         limit = (cap, f"HBM capacity ({cap:.1f} GiB)")
     return _stacked(rows, "GiB per GPU (most loaded stage)", "Memory per GPU by term", limit)
-
-
-SWEEP_AXES = {"batch-tokens": "global batch [tokens per step]",
-              "inter-node-bandwidth": "inter-node bandwidth [GB/s per GPU per direction]",
-              "gpus": "GPUs", "seq-len": "sequence length [tokens]", "layers": "layers"}
-"""The x-axis title of a sweep of each condition (sweep --vary NAME), with its unit."""
 
 
 def sweep_chart(points: list[SweepPoint], *, xlabel: str, log_x: bool) -> bytes:

@@ -1,4 +1,4 @@
-"""Stable JSON schema of estimates and searches (documented in the README, section "JSON schema").
+"""Stable JSON schema of estimates and searches (documented in docs/outputs.md).
 
 Units: every ``*_bytes`` is bytes, every ``*_s`` seconds, FLOPs are counts. Schema versions are in
 the ``schema`` field and change only when a field is removed or changes meaning.
@@ -88,7 +88,7 @@ def plan_analysis_dict(a: Any, *, top: int | None = None) -> dict[str, Any]:
     infeasible ones with reasons), the answers to the four questions and the conditions of change."""
     r = a.result
     plans = r.ranked if top is None else r.ranked[:top]
-    return {
+    out = {
         "schema": PLAN_SCHEMA,
         "scenario": {
             "model": a.model.name, "cluster": a.cluster.name, "n_nodes": a.cluster.n_nodes,
@@ -119,4 +119,10 @@ def plan_analysis_dict(a: Any, *, top: int | None = None) -> dict[str, Any]:
         "held_ranges": [{"condition": h.condition, "low_value": h.low_value, "high_value": h.high_value,
                          "base_value": h.base_value, "unit": h.unit, "low_end": h.low_end, "high_end": h.high_end,
                          "text": h.text} for h in a.held_ranges],
+        "n_plans_listed": len(plans),
+        "n_plans_left_out": len(r.ranked) - len(plans),
+        "stacks": [{"stack": s.stack, "best": estimate_dict(s.best) if s.best else None, "why_none": s.why_none}
+                   for s in a.stacks],
+        "assumed_stack": {"stack": a.job.software, "why": a.stack_note} if a.stacks else None,
     }
+    return out

@@ -90,14 +90,40 @@ def ranked_table(estimates: list[Estimate], top: int) -> list[str]:
                          "why not"])
 
 
-def plan_text(a: PlanAnalysis, *, top: int = 10) -> str:
+def stack_lines(a: PlanAnalysis) -> list[str]:
+    """For a job that names no stack: each stack's best plan with its band, fastest first, and which one the
+    recommendation assumes."""
+    if not a.stacks:
+        return []
+    from meshplan.stacks import STACK_NAMES
+
+    out = ["Software stacks (none was named: each stack's best plan, searched over what it runs and timed with "
+           "its own calibration; fastest first):"]
+    for s in a.stacks:
+        e = s.best
+        if e is None:
+            out.append(f"  {s.name:<12} no plan: {s.why_none}")
+            continue
+        band = f" ({e.uncertainty.low:+.0%} .. {e.uncertainty.high:+.0%})" if e.uncertainty else ""
+        out.append(f"  {s.name:<12} {e.plan.label()} [{e.plan.to_string()}]: {format_seconds(e.step_time_s)}{band}, "
+                   f"MFU {e.mfu:.1%}, {e.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, peak "
+                   f"{format_gib(e.memory.peak_bytes)}")
+    name = STACK_NAMES.get(a.job.software, a.job.software)
+    out.append(f"The recommendation below assumes {name}: {a.stack_note}. Name a stack (--stack megatron, "
+               "torchtitan, deepspeed, ...) for its own answer.")
+    return [*out, ""]
+
+
+def plan_text(a: PlanAnalysis, *, top: int = 10, extra: list[str] | None = None) -> str:
+    """The plan command's report; ``extra``: lines after the four questions (time to train, cost, goodput)."""
     r = a.result
     lines = [f"meshplan plan: {a.model.name} on {a.cluster.name}, {a.cluster.n_nodes} "
              f"node{'s' if a.cluster.n_nodes != 1 else ''} x "
              f"{a.cluster.gpus_per_node} GPU{'s' if a.cluster.gpus_per_node != 1 else ''}, "
              f"{a.job.global_batch_tokens:,} tokens per step, sequence "
              f"{a.job.seq_len}, {a.job.optimizer}, {a.job.precision}"
-             + (f", {a.job.software}" if a.job.software != "generic" else "")
+             + (f", stack {a.job.software}" + (" (assumed)" if a.stacks else "") if a.job.software != "generic"
+                else "")
              + (", torch.compile" if a.job.compiled else "")
              + (f", CUDA graphs ({a.job.cuda_graph_scope})" if a.job.cuda_graphs else "")
              + (", FP8 attention" if a.job.fp8_attention else "")
@@ -105,7 +131,8 @@ def plan_text(a: PlanAnalysis, *, top: int = 10) -> str:
              f"searched {r.n_plans + r.n_pruned:,} plans ({r.n_configurations:,} configurations with micro-batch "
              f"sizes and recompute modes) in {r.elapsed_s:.2f} s: {r.n_plans:,} evaluated, {len(r.feasible):,} of "
              f"them feasible (fit in memory and split the batch); {r.n_pruned:,} option variants pruned (provably "
-             "outside the tie band, or needing more memory than a default that does not fit)", ""]
+             "outside the tie band, or needing more memory than a default that does not fit)", "",
+             *stack_lines(a)]
     for i, q in enumerate(a.questions, 1):
         lines.append(f"{i}. {q.title}")
         lines += [f"   {line}" for line in q.lines]
@@ -123,9 +150,12 @@ def plan_text(a: PlanAnalysis, *, top: int = 10) -> str:
             elif not a.conditions_swept and a.result.recommended is not None:
                 lines.append("   When to change the plan: not computed (--no-conditions).")
         lines.append("")
-    lines.append(f"Top {min(top, len(r.ranked))} of {len(r.ranked):,} plans (within {TIE_BAND:.0%} of the fastest, "
-                 "fewer axes and options rank first, so step times need not ascend; infeasible plans are listed "
-                 "with reasons in --json):")
+    if extra:
+        lines += [*extra, ""]
+    lines.append(f"Top {min(top, len(r.ranked))} of {len(r.ranked):,} plans, in the ranking's order: first the plans "
+                 f"within {TIE_BAND:.0%} of the fastest, by fewer axes and options, then more memory headroom (so "
+                 "step times need not ascend); then the others by step time; infeasible plans last, listed with "
+                 "reasons in --json:")
     lines += ranked_table(r.ranked, top)
     infeasible = [e for e in r.ranked if not e.feasible]
     if infeasible:

@@ -77,7 +77,9 @@ def held_sentence(held: list[HeldRange], any_change: bool) -> str:
         return ""
     lead = "Short of those changes it holds" if any_change else "The recommendation holds over every range swept"
     return (f"{lead} (re-evaluated with the leading plans at each halving and doubling, none more than "
-            f"{TIE_BAND:.0%} faster): " + "; ".join(h.text for h in held) + ".")
+            f"{TIE_BAND:.0%} faster): " + "; ".join(h.text for h in held) + f". Within these ranges `meshplan sweep` "
+            f"may name other plans: it lists every change of the recommended plan, those within the {TIE_BAND:.0%} "
+            "tie band too, which are no reason to change a plan.")
 
 
 def structural_key(plan: Plan) -> str:

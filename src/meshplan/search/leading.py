@@ -45,8 +45,8 @@ from meshplan.search.search import (
     _BranchAndBound,
     _no_cyclic_gc,
     enumerate_space,
-    refine_all,
-    refine_targets,
+    refine_rounds,
+    retime_all,
     search,
 )
 from meshplan.search.space import Space, family
@@ -117,10 +117,10 @@ class _Leading:
         bb.by_bound([self.fits[k] for k in self.base_of], len(self.plans), lambda i: None)
         variants = bb.results[n_structures:]
         while True:
-            closed, ranked = self.ranking(variants)
-            todo = self.wanted(closed, ranked)
+            rankings = self.ranking(variants)
+            todo = self.wanted(rankings)
             if not todo:
-                return LeadingResult([e for e in ranked if e.feasible], self.evaluated, len(self.plans))
+                return LeadingResult([e for e in rankings[-1] if e.feasible], self.evaluated, len(self.plans))
             for k, threshold in todo:
                 self.time_below(k, threshold)
 
@@ -166,42 +166,55 @@ class _Leading:
                 if k in self.timed:
                     best = min(best, self.timed[k].step_time_s)
 
-    def ranking(self, variants: list[Estimate]) -> tuple[list[Estimate], list[Estimate]]:
+    def ranking(self, variants: list[Estimate]) -> list[list[Estimate]]:
         """The closed-form ranking of the plans evaluated (structures in their order, then the variants, a
-        variant that settles on its structure's choices ranked once, as the full search does) and the
-        ranking after re-timing its leading plans."""
+        variant that settles on its structure's choices ranked once, as the full search does), then the
+        rankings of each round of re-timing (search.refine_rounds), the last the answer."""
         seen: set[Plan] = set()
         results = [self.timed[k] for k in sorted(self.timed)] + variants
         closed = rank([e for e in results if not (e.plan in seen or seen.add(e.plan))])
-        targets = refine_targets(closed, self.refine_top)
-        new = [e for e in targets if id(e) not in self.refined]  # re-timed in an earlier round: kept
-        for e, r in zip(new, refine_all(new, self.compute, 1), strict=True):
-            self.refined[id(e)] = r
-        retimed = {id(e): self.refined[id(e)] for e in targets}
-        return closed, rank([retimed.get(id(e), e) for e in closed])
+        return refine_rounds(closed, self.refine_top, self.retime)
 
-    def wanted(self, closed: list[Estimate], ranked: list[Estimate]) -> list[tuple[int, float]]:
+    def retime(self, todo: list[Estimate]) -> list[Estimate]:
+        """``todo`` re-timed by the simulator, each plan once over the rounds of every ranking."""
+        new = [e for e in todo if id(e) not in self.refined]
+        for e, r in zip(new, retime_all(new, self.compute, 1), strict=True):
+            self.refined[id(e)] = r
+        return [self.refined[id(e)] for e in todo]
+
+    def wanted(self, rankings: list[list[Estimate]]) -> list[tuple[int, float]]:
         """The structures not yet evaluated whose bound does not rule them out of what is read, each with the
-        threshold its step time must beat to matter: the closed-form tie band and its ``refine_top``-th plan,
-        the tie band after re-timing, and the fastest plan of its class there."""
-        feasible = [e for e in closed if e.feasible]
-        if not feasible:
+        threshold its step time must beat to matter: in every ranking the re-timing went through, its tie
+        band, its ``refine_top``-th plan and the fastest plan of the structure's family (each asks the
+        simulator for those: search.to_retime); in the last, the fastest plan of the structure's class."""
+        if not any(e.feasible for e in rankings[0]):
             return [(k, math.inf) for k, ok in enumerate(self.fits) if ok and not self.settled(k, math.inf)]
-        ties = min(e.step_time_s for e in feasible) * (1.0 + TIE_BAND)
-        n_ties = sum(1 for e in feasible if e.step_time_s <= ties)
-        tenth = (feasible[self.refine_top - 1].step_time_s if len(feasible) >= self.refine_top else math.inf
-                 ) if n_ties < self.refine_top else 0.0
-        retimed = [e for e in ranked if e.feasible]
-        retimed_ties = min(e.step_time_s for e in retimed) * (1.0 + TIE_BAND)
-        fastest: dict[Hashable, float] = {}
-        for e in retimed:
-            c = self.classes(e.plan)
-            fastest[c] = min(fastest.get(c, math.inf), e.step_time_s)
-        common = max(ties, tenth, retimed_ties)
+        common, by_family = 0.0, {}
+        for ranked in rankings:
+            feasible = [e for e in ranked if e.feasible]
+            ties = min(e.step_time_s for e in feasible) * (1.0 + TIE_BAND)
+            n_ties = sum(1 for e in feasible if e.step_time_s <= ties)
+            tenth = (feasible[self.refine_top - 1].step_time_s if len(feasible) >= self.refine_top else math.inf
+                     ) if n_ties < self.refine_top else 0.0
+            common = max(common, ties, tenth)
+            for f, t in _fastest(feasible, family).items():
+                by_family[f] = max(by_family.get(f, 0.0), t)
+        by_class = _fastest([e for e in rankings[-1] if e.feasible], self.classes)
         out = []
         for k, ok in enumerate(self.fits):
             if ok:
-                threshold = max(common, fastest.get(self.classes(self.plans[k]), math.inf))
+                plan = self.plans[k]
+                threshold = max(common, by_family.get(family(plan), math.inf),
+                                by_class.get(self.classes(plan), math.inf))
                 if not self.settled(k, threshold):
                     out.append((k, threshold))
         return out
+
+
+def _fastest(estimates: list[Estimate], classes: Callable[[Plan], Hashable]) -> dict[Hashable, float]:
+    """The least step time of each class of ``estimates``."""
+    out: dict[Hashable, float] = {}
+    for e in estimates:
+        c = classes(e.plan)
+        out[c] = min(out.get(c, math.inf), e.step_time_s)
+    return out

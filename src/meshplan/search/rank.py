@@ -8,8 +8,8 @@ from meshplan.cost.validate import sequence_parallel_fits
 from meshplan.specs import Plan
 
 TIE_BAND = 0.05
-"""Step-time differences below 5 % are ties: the model's median cross-validated error is about 6 %
-(README, Validation), so a smaller gap is no reason to take on another parallel axis."""
+"""Step-time differences below 5 % are ties: the model's cross-validated error on published runs is about 6 %
+(MAPE; docs/validation.md), so a smaller gap is no reason to take on another parallel axis."""
 
 
 def complexity(plan: Plan, seq_len: int | None = None) -> int:

@@ -251,20 +251,24 @@ def _configurations(model: ModelSpec, job: JobSpec, plans: list[Plan]) -> int:
                for p in plans)
 
 
-def refine_targets(ranked: list[Estimate], refine_top: int) -> list[Estimate]:
-    """The plans of ``ranked`` (closed-form, ranked) that the simulator re-times: the ``refine_top`` best
-    feasible plans and the best feasible plan of each family, so that families compare like with like."""
-    top = [e for e in ranked if e.feasible][:refine_top]
-    seen = {id(e) for e in top}
-    for e in ranked:
-        fam = family(e.plan)
-        if e.feasible and id(e) not in seen and all(family(t.plan) != fam for t in top):
-            top.append(e)
-            seen.add(id(e))
-    return top
+REFINE_ROUNDS = 4
+"""The most rounds of re-timing a search makes: each re-times what the previous ranking put on top without a
+simulated time (a plan the closed form times fast but the tie band ranked below the first ``refine_top``)."""
+
+Retime = Callable[[list[Estimate]], list[Estimate]]
+"""Estimates re-timed by the timeline simulator, in order."""
 
 
-def refine_all(estimates: list[Estimate], compute: ComputeParams, workers: int | None) -> list[Estimate]:
+def _refine(ranked: list[Estimate], refine_top: int, compute: ComputeParams, workers: int | None) -> list[Estimate]:
+    """``ranked`` with its ``refine_top`` best feasible plans, and the best feasible plan of each family,
+    re-timed by the timeline simulator (on up to ``workers`` cores), re-ranked; repeated until the first
+    ``refine_top`` feasible plans of the ranking and the fastest plan are all re-timed (the simulator times
+    most plans slower than the closed form, so a plan left on the closed form could otherwise overtake the
+    re-timed ones on a time it would not keep)."""
+    return refine_rounds(ranked, refine_top, lambda todo: retime_all(todo, compute, workers))[-1]
+
+
+def retime_all(estimates: list[Estimate], compute: ComputeParams, workers: int | None) -> list[Estimate]:
     """``estimates`` re-timed by the timeline simulator (on up to ``workers`` cores)."""
     from meshplan.sim.simulate import refine
 
@@ -272,9 +276,36 @@ def refine_all(estimates: list[Estimate], compute: ComputeParams, workers: int |
                                          step_overhead_s=compute.step_overhead_s), estimates, workers)
 
 
-def _refine(ranked: list[Estimate], refine_top: int, compute: ComputeParams, workers: int | None) -> list[Estimate]:
-    """``ranked`` with its ``refine_top`` best feasible plans, and the best feasible plan of each family,
-    re-timed by the timeline simulator (on up to ``workers`` cores), re-ranked."""
-    top = refine_targets(ranked, refine_top)
-    refined = {id(e): r for e, r in zip(top, refine_all(top, compute, workers), strict=True)}
-    return rank([refined.get(id(e), e) for e in ranked])
+def refine_rounds(ranked: list[Estimate], refine_top: int, retime: Retime) -> list[list[Estimate]]:
+    """``_refine``'s rankings, the closed-form ``ranked`` first and the final one last, each round's plans
+    re-timed by ``retime``: a round re-times what the ranking before it asks for (``to_retime``)."""
+    rankings = [ranked]
+    timed_ids: set[int] = set()
+    for _ in range(REFINE_ROUNDS):
+        todo = [e for e in to_retime(ranked, refine_top) if id(e) not in timed_ids]
+        if not todo:
+            break
+        timed = retime(todo)
+        refined = {id(e): r for e, r in zip(todo, timed, strict=True)}
+        timed_ids |= {id(r) for r in timed}
+        ranked = rank([refined.get(id(e), e) for e in ranked])
+        rankings.append(ranked)
+    return rankings
+
+
+def to_retime(ranked: list[Estimate], refine_top: int) -> list[Estimate]:
+    """The plans a ranking asks the simulator to time: its first ``refine_top`` feasible plans, the fastest
+    feasible plan, and the best feasible plan of each family (so that families compare like with like)."""
+    feasible = [e for e in ranked if e.feasible]
+    top = feasible[:refine_top]
+    if feasible:
+        fastest = min(feasible, key=lambda e: e.step_time_s)
+        if all(t is not fastest for t in top):
+            top.append(fastest)
+    seen = {id(e) for e in top}
+    for e in feasible:
+        fam = family(e.plan)
+        if id(e) not in seen and all(family(t.plan) != fam for t in top):
+            top.append(e)
+            seen.add(id(e))
+    return top

@@ -117,11 +117,13 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
 
     - TP: sequence parallelism off (all-reduce instead of reduce-scatter/all-gather; not for Megatron MoE
       plans, whose MoE layers refuse TP without it); async TP
-      (torchtitan's micro-pipelined TP, Megatron's TP communication overlap), which needs SP;
+      (torchtitan's micro-pipelined TP, with its model compiled; Megatron's TP communication overlap), which
+      needs SP;
     - CP: every exchange the framework implements (torchtitan ring or all-gather; Megatron also a2a);
     - FSDP2 without a pipeline: ``reshard_after_forward`` False, or the node size (a partial reshard),
       each with gradient sync after every micro-batch or only the last;
-    - FSDP2 under a pipeline: reshard and reduce per micro-batch instead of keeping the stage gathered;
+    - Megatron-FSDP under a pipeline: reshard and reduce per micro-batch instead of keeping the stage
+      gathered (PyTorch's pipelining decides both itself);
     - DDP: all-reduce after every micro-batch instead of ``no_sync`` (torchtitan's only way,
       specs.plan.stack_defaults);
     - Megatron MoE: DeepEP dispatch where it sends less than an all-to-all (the expert-parallel group
@@ -143,7 +145,7 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
     # variants; Megatron's MoE layers run TP only with SP
     if plan.tp > 1 and plan.sp is not False and not (model.is_moe and plan.runs_megatron_layers(job.software)):
         tp_opts.append((False, False))
-        if plan.sharding in ("fsdp", "megatron"):
+        if plan.sharding in ("fsdp", "megatron") and async_tp_offered(job, plan):
             tp_opts.append((None, True))
     cp_opts: list[str | None] = [None]
     if plan.cp > 1:
@@ -157,7 +159,9 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
             rafs.append(gpn)
         syncs: list[str | None] = [None, "last"] if per_replica > 1 else [None]
         dp_opts = [(r, g) for r in rafs for g in syncs]
-    elif sharded:
+    elif sharded and not plan.torch_pipelined(job.software):
+        # Megatron-FSDP under Megatron's pipeline; torch.distributed.pipelining sets both itself (its stage
+        # keeps the parameters gathered and the gradients unsharded until the last micro-batch)
         dp_opts.append((True, "every"))
     elif plan.is_ddp and per_replica > 1 and job.software != "torchtitan":
         # torchtitan runs DDP one way: every micro-batch without a pipeline (its loop has no no_sync;
@@ -185,6 +189,13 @@ def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
                       ep_dispatch=dispatch, ep_overlap=ep_overlap, etp=etp)
     if offload_offered(cluster, job, plan):
         yield replace(plan, offload_layers=None)
+
+
+def async_tp_offered(job: JobSpec, plan: Plan) -> bool:
+    """Whether the stack runs async TP for ``plan``: torchtitan only with its model compiled (its async TP is
+    a torch.compile pass, torch._inductor's micro-pipeline TP; torchtitan refuses it without --compile),
+    the others wherever they run TP with sequence parallelism."""
+    return not (job.software == "torchtitan" and not job.compiled and not plan.runs_megatron_layers(job.software))
 
 
 FAMILY_NAMES = {"ddp": "DDP", "fsdp": "sharded data parallel (FSDP, ZeRO, Megatron)", "hsdp": "HSDP",

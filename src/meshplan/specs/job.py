@@ -113,7 +113,8 @@ class JobSpec:
     """The transformer blocks run under torch.compile: Inductor fuses each chain of elementwise ops (norms
     with their residual adds, rotary, the activation, casts) into one kernel, so their memory traffic is
     the fused minimum instead of the stack's ``elementwise_passes`` (eager PyTorch moves about 2.7x that,
-    measured on an H200, docs/measure.md). Stacks with hand-fused kernels (Megatron-core) are there already."""
+    measured on an H200, docs/measure-and-crosscheck.md). Stacks with hand-fused kernels (Megatron-core) are
+    there already."""
     cuda_graphs: bool = False
     """The transformer layers are captured in CUDA graphs and replayed (Megatron-core's
     ``--enable-cuda-graph`` or ``--cuda-graph-scope full_iteration``, Transformer Engine's

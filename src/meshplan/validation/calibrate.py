@@ -1,6 +1,6 @@
 """Fit the compute model's physical parameters on published runs, and cross-validate the fit.
 
-Procedure (docs/calibration.md):
+Procedure (docs/validation.md):
 1. Parameters: a few global ones (attention efficiency and its block-length constant, the GEMM shape
    constant and the FP8 one relative to it, overlap efficiency, compute slowdown under communication,
    expert-GEMM efficiency), one per accelerator family (``gemm_scale``: training-kernel over best-case
@@ -50,10 +50,10 @@ on Blackwell only the reference stack has rows."""
 
 MEASURED = {("software:torchtitan", "elementwise_passes"): 2.7}
 """Parameters set from a measurement instead of fitted, by (scope, key). torchtitan's eager blocks: an
-eager PyTorch Llama block moved 2.7x the fused minimum of elementwise traffic on an H200 (docs/measure.md).
-Fitted freely since compiled blocks are told apart, it went to 3.7, standing in for launch gains that only
-two eager/compiled pairs of rows separate, with a fixed 3 ms per layer and micro-batch; pinned, the fit's
-MAPE is the same or lower (docs/calibration.md, 2026-11-30, night)."""
+eager PyTorch Llama block moved 2.7x the fused minimum of elementwise traffic on an H200
+(docs/measure-and-crosscheck.md). Fitted freely, it goes to 3.7, standing in for launch gains that only two
+eager/compiled pairs of rows separate, with a fixed 3 ms per layer and micro-batch; pinned, the fit's MAPE is
+the same or lower (docs/validation.md, "Alternatives tested and not adopted")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,9 +160,9 @@ def _row_loss(r: RowResult, state: State) -> float:
 
 MAX_ROUNDS = 8
 TOLERANCE = 0.002
-"""Coordinate descent stops when a round improves the total loss by less than this fraction. Three fixed
-rounds had stopped short: the GEMM shape constant and the per-GPU kernel scales trade off along a valley
-that coordinate steps descend slowly (six rounds: fit MAPE 10.5 % → 9.7 %, cross-validated 12.0 % → 11.0 %)."""
+"""Coordinate descent stops when a round improves the total loss by less than this fraction (at most
+MAX_ROUNDS rounds). A few fixed rounds stop short of the optimum: the GEMM shape constant and the per-GPU
+kernel scales trade off along a valley that coordinate steps descend slowly."""
 
 
 def total_loss(rows: list[RowResult], state: State) -> float:
@@ -281,7 +281,7 @@ def folds(rows: list[RowResult], k: int) -> list[list[RowResult]]:
     on about (k-1)/k of each kind of run, as the catalog's own fit does on all of them; a split by the
     hash alone could leave a fold's training set with few rows of a small stratum (56 MoE rows in three
     GPU families), and the out-of-fold error of those rows then measured the split more than the model
-    (docs/calibration.md, ninth session). A row added or dropped moves only rows of its own stratum to
+    (docs/validation.md, "The procedure"). A row added or dropped moves only rows of its own stratum to
     other folds."""
     strata: dict[str, list[RowResult]] = {}
     for r in rows:
@@ -509,7 +509,7 @@ def rows_by_stack(rows: list[RowResult]) -> dict[str, int]:
 def to_toml(state: State, *, source: str, summary: dict, bands: dict[str, dict[str, float]],
             stack_rows: dict[str, int]) -> str:
     """The fitted parameters as catalog/calibration/fitted.toml."""
-    lines = ["# Written by `meshplan validate --calibrate`; see docs/calibration.md for the procedure.",
+    lines = ["# Written by `meshplan validate --calibrate`; see docs/validation.md for the procedure.",
              f"source = {source!r}"]
     lines += [toml_line(k, v) for k, v in summary.items()]
     lines += state_toml(state)

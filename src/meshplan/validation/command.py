@@ -361,7 +361,7 @@ def _calibrate(args: argparse.Namespace, results: list[RowResult]) -> tuple[Any,
     bands = cal.uncertainty_bands(results) | cal.unseen_stack_bands(results)
     cv_sum = summary(results, use_cv=True)["tokens_per_s_per_gpu"]
     text = cal.to_toml(state, source=f"fitted on {len(modelled)} rows of {Path(args.path).name} by "
-                                     "meshplan validate --calibrate (docs/calibration.md)",
+                                     "meshplan validate --calibrate (docs/validation.md)",
                        summary={"rows": float(len(modelled)), "cv_mape": cv_sum["mape"] or 0.0,
                                 "cv_median_ape": cv_sum["median_ape"] or 0.0}, bands=bands,
                        stack_rows=cal.rows_by_stack(modelled))

@@ -5,5 +5,5 @@ least-squares fit of a collective sweep), ``trace`` (exposed communication from 
 ``profile_io`` (the ``meshplan.profile/1`` file: build, merge, check, write), ``compare``
 (predicted against measured) and ``launch`` (start the ranks under torchrun, stop them, report the
 failed one). ``rank`` (what each rank runs) and the measuring modules ``timing``, ``dist``, ``gemm``,
-``collectives`` and ``step`` import torch and run under ``torchrun`` (see docs/measure.md).
+``collectives`` and ``step`` import torch and run under ``torchrun`` (see docs/measure-and-crosscheck.md).
 """

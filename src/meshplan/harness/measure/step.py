@@ -162,7 +162,7 @@ def run_step(cfg: StepConfig, ctx: RunContext, *, progress=None) -> dict[str, An
     baseline_rss = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * (1 if sys.platform == "darwin" else 1024)
     model, _mesh = build_parallel_model(cfg, ctx)
     # torchtitan's default AdamW implementation, "fused" (one kernel over each parameter's states) on GPUs:
-    # the foreach one makes several passes and holds parameter-sized temporaries (docs/measure.md)
+    # the foreach one makes several passes and holds parameter-sized temporaries (docs/measure-and-crosscheck.md)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=ctx.device.type == "cuda")
     gen = torch.Generator(device="cpu").manual_seed(1234)
     tokens = torch.randint(0, cfg.spec.vocab, (cfg.n_microbatches, cfg.mbs, cfg.seq_len + 1), generator=gen)

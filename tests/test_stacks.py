@@ -1,0 +1,69 @@
+"""A job that names no software stack is answered per stack: each stack's best plan with its own band, and a
+recommendation that says which stack it assumes (meshplan.stacks)."""
+
+import json
+
+import pytest
+
+from meshplan import JobSpec, load_cluster, load_model
+from meshplan.cli import main
+from meshplan.cost.estimate import Band
+from meshplan.stacks import StackLeader, assumed_stack, stack_leaders
+
+
+def _leader(stack: str, step_s: float, band: tuple[float, float] | None):
+    class E:  # what assumed_stack reads of an estimate
+        step_time_s = step_s
+        uncertainty = Band(band[0], band[1], 10, "test") if band else None
+    return StackLeader(stack, E(), None)  # type: ignore[arg-type]
+
+
+def test_the_fastest_stack_is_assumed_unless_a_better_validated_one_is_within_the_tie_band():
+    fast, close, far = _leader("deepspeed", 10.0, (-0.3, 0.6)), _leader("megatron", 10.3, (-0.06, 0.06)), \
+        _leader("torchtitan", 12.0, (-0.1, 0.2))
+    chosen, why = assumed_stack([fast, close, far])
+    assert chosen is close and "tie band" in why and "better validated" in why
+    chosen, why = assumed_stack([fast, _leader("megatron", 11.0, (-0.06, 0.06)), far])  # 10 % slower: no tie
+    assert chosen is fast and "fastest" in why
+    assert assumed_stack([StackLeader("megatron", None, None, "nothing fits")]) == (None, "no stack runs a plan "
+                                                                                         "that fits")
+
+
+def test_leaders_are_ordered_by_step_time_and_deepspeed_says_why_it_has_no_moe_plan():
+    leaders = stack_leaders(load_model("mixtral-8x7b"), load_cluster("h100-sxm", nodes=4),
+                            JobSpec(global_batch_tokens=1 << 21, seq_len=4096), workers=1)
+    ran = [s for s in leaders if s.best]
+    assert [s.best.step_time_s for s in ran] == sorted(s.best.step_time_s for s in ran)
+    assert all(s.best.uncertainty is not None for s in ran)  # each with its own band
+    ds = next(s for s in leaders if s.stack == "deepspeed")
+    assert ds.best is None and "DeepSpeed-MoE" in ds.why_none and leaders[-1] is ds
+
+
+@pytest.mark.slow
+def test_the_default_plan_names_its_stack_and_shows_each_stacks_leader(capsys):
+    assert main(["plan", "--no-conditions", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    head = out.splitlines()[0]
+    assert "(assumed)" in head
+    assert "Software stacks (none was named" in out and "The recommendation below assumes" in out
+    for name in ("Megatron-LM", "torchtitan", "DeepSpeed"):
+        assert f"\n  {name}" in out
+    assert main(["plan", "--no-conditions", "--quiet", "--json", "--top", "3"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["assumed_stack"]["stack"] in ("megatron", "torchtitan", "deepspeed")
+    assert d["scenario"]["software"] == d["assumed_stack"]["stack"]
+    assert d["stacks"][0]["stack"] == min(d["stacks"], key=lambda s: s["best"]["step_time_s"])["stack"]
+    assert d["n_plans_listed"] == 3 and d["n_plans_left_out"] > 0
+
+
+@pytest.mark.slow
+def test_a_sweep_with_no_stack_named_runs_on_the_stack_plan_assumes(capsys):
+    args = ["--model", "llama-3-8b", "--nodes", "1", "--seq-len", "8192", "--batch-tokens", "1M", "--quiet"]
+    assert main(["plan", *args, "--no-conditions", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert main(["sweep", *args, "--vary", "batch-tokens=512K..1M", "--points", "2", "--json"]) == 0
+    sweep = json.loads(capsys.readouterr().out)
+    assert sweep["software"] == plan["assumed_stack"]["stack"]
+    at_base = next(p for p in sweep["points"] if p["value"] == 1 << 20)
+    assert at_base["best"]["plan"]["string"] == plan["recommended"]["plan"]["string"]
+    assert at_base["best"]["step_time_s"] == pytest.approx(plan["recommended"]["step_time_s"])
