@@ -4,9 +4,10 @@ records at each value. Its answer is the full search's (``search.search``), on e
 The full search lists every plan: each structure evaluated in full, then the option variants by their lower
 bound (branch and bound). A sweep point reads the recommendation and the best plan of each family; a
 condition's confirmation the plans of another layout than the recommendation's, the first and the fastest of
-them. Both are read from the ranking after the simulator re-times the leading plans (``refine_targets``: the
-ten best and the best of each family), so they depend on the plans near the top of the closed-form ranking
-and near the top of each class of plans they read, not on the thousands of structures far behind.
+them. Both are read from the ranking after the simulator re-times the leading plans (``search.refine_rounds``:
+in rounds, each re-timing the ten best of the ranking before it, its fastest and the best of each family), so
+they depend on the plans near the top of those rankings and near the top of each class of plans they read,
+not on the thousands of structures far behind.
 
 ``search_leading`` therefore evaluates the structures lazily:
 
@@ -15,11 +16,12 @@ and near the top of each class of plans they read, not on the thousands of struc
 2. each family's fastest structure is found by branch and bound on those bounds, so that the option variants
    then run the full search's own branch and bound from the same state (the fastest plan and each family's
    best), and evaluate and prune exactly the variants it does;
-3. every other structure is evaluated only where its bound does not rule it out of what is read: the tie
-   band of the closed-form ranking, its ten best, the tie band after re-timing, and the fastest plan of the
-   structure's class (``classes``: its family for a sweep, other layout or not for a condition). A structure
-   slower than all of those cannot change the plans re-timed, the recommendation, nor the first or fastest
-   plan of any class. Each is evaluated within a cutoff (``cost.step.evaluate_within``: the estimate
+3. every other structure is evaluated only where its bound does not rule it out of what is read: in each
+   ranking the re-timing goes through, its tie band, its ten best and the fastest plan of the structure's
+   family (what that round re-times), and in the last, the fastest plan of the structure's class
+   (``classes``: its family for a sweep, other layout or not for a condition). A structure slower than all
+   of those cannot change the plans re-timed, the recommendation, nor the first or fastest plan of any
+   class. Each is evaluated within a cutoff (``cost.step.evaluate_within``: the estimate
    ``evaluate`` would give where the plan beats the cutoff, else a proof that it does not); as structures join,
    the thresholds are recomputed until none is left to evaluate.
 

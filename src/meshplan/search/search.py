@@ -95,8 +95,36 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space | 
     ``refine_top`` best feasible plans are then re-timed by the timeline simulator (on up to ``workers``
     cores, default all) and re-ranked."""
     with _no_cyclic_gc():
-        return _search(model, cluster, job, space, mfu=mfu, progress=progress, refine_top=refine_top,
-                       workers=workers)
+        result = _search(model, cluster, job, space, mfu=mfu, progress=progress, refine_top=refine_top,
+                         workers=workers)
+    key = _scenario_key(model, cluster, job, space, mfu, refine_top)
+    _RECENT.pop(key, None)
+    _RECENT[key] = result
+    while len(_RECENT) > RECENT_SEARCHES:
+        del _RECENT[next(iter(_RECENT))]
+    return result
+
+
+RECENT_SEARCHES = 4
+"""Searches this process keeps (``recent_search``): the stacks' searches of ``plan``, for a sweep of the same
+scenario that passes through its own value."""
+_RECENT: dict[tuple[object, ...], SearchResult] = {}
+"""The last searches, by ``_scenario_key``."""
+
+
+def recent_search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space | None = None, *,
+                  mfu: float | None = None, refine_top: int = 0) -> SearchResult | None:
+    """The result of a search this process ran (or inherited when forked) on a scenario equal to this one,
+    field by field, with the same space, MFU and re-timing: what ``search`` would return again; None if none
+    of the last RECENT_SEARCHES was."""
+    return _RECENT.get(_scenario_key(model, cluster, job, space, mfu, refine_top))
+
+
+def _scenario_key(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space | None, mfu: float | None,
+                  refine_top: int) -> tuple[object, ...]:
+    """A search's inputs by value: the specs' reprs (every field, floats as they round-trip; some hold dicts,
+    so they do not hash)."""
+    return repr(model), repr(cluster), repr(job), repr(space or Space()), mfu, refine_top
 
 
 def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space | None, *, mfu: float | None,

@@ -12,7 +12,7 @@ from meshplan.errors import SpecError
 from meshplan.parallel import parallel_map
 from meshplan.search.conditions import changed_label, knob, structural_key, unsplit
 from meshplan.search.leading import LeadingResult, search_leading
-from meshplan.search.search import REFINE_TOP, SearchResult, search
+from meshplan.search.search import REFINE_TOP, SearchResult, recent_search, search
 from meshplan.search.space import Space
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec
 from meshplan.specs._validate import MAX_INT
@@ -92,11 +92,12 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, name: str, value
     def point(item: tuple[float, tuple[ModelSpec, ClusterSpec, JobSpec]]) -> SweepPoint:
         value, scenario = item
         # re-timed as plan re-times its leading plans, so that a sweep point and plan give one step time
-        res: SearchResult | LeadingResult
+        res: SearchResult | LeadingResult | None
         if exhaustive:
             res = search(*scenario, space, mfu=mfu, refine_top=REFINE_TOP, workers=1)
-        else:
-            res = search_leading(*scenario, space, mfu=mfu, refine_top=REFINE_TOP)
+        else:  # the scenario's own value was searched already where plan chose its stack
+            res = (recent_search(*scenario, space, mfu=mfu, refine_top=REFINE_TOP)
+                   or search_leading(*scenario, space, mfu=mfu, refine_top=REFINE_TOP))
         return SweepPoint(value, res.recommended, {f: e for f, e in res.best_by_family().items() if e.feasible})
 
     return parallel_map(point, sorted(scenarios.items()), workers, done=progress, distributable=True)
