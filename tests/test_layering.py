@@ -16,8 +16,8 @@ PACKAGE = SRC / "meshplan"
 
 LAYERS = (
     # bottom to top: a unit (a top-level module or package of meshplan) imports from its layer and below
-    ("foundation", {"errors", "units", "memo", "references", "parallel", "progress", "extras", "fileio",
-                    "argtypes"}),
+    ("foundation", {"errors", "units", "memo", "references", "parallel", "distributed", "progress", "extras",
+                    "fileio", "argtypes"}),
     ("specs", {"specs"}),
     ("catalog", {"catalog"}),
     ("cost", {"cost"}),

@@ -619,7 +619,8 @@ def test_a_batch_condition_is_where_another_layout_beats_the_recommendation_by_t
     one of the tie band, beats the recommendation by more than the band."""
     from meshplan import JobSpec, evaluate, load_cluster, load_model, search
     from meshplan.explain import _try
-    from meshplan.search.conditions import MIN_GAIN, layout_key
+    from meshplan.search.conditions import layout_key
+    from meshplan.search.screen import MIN_GAIN
     from meshplan.search.search import REFINE_TOP
     from meshplan.specs import parse_plan
 

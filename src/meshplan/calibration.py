@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from functools import cache
 from importlib import resources
@@ -35,6 +36,39 @@ def _load(name: str) -> dict[str, Any]:
     return tomllib.loads(entry.read_text()) if entry.is_file() else {}
 
 
+_HEADER = re.compile(r'^\[\s*("[^"]*"|[^\s.\]]+)', re.MULTILINE)
+"""A table header at the start of a line, and the first part of its key ('global' of ``[global]``,
+'fold' of ``[fold.1.global]``)."""
+
+
+@cache
+def _sections(name: str) -> dict[str, str]:
+    """The text of calibration file ``name`` by the first part of its tables' keys ('' for the keys before
+    the first table), each part holding every table under that key, in the file's order."""
+    entry = resources.files("meshplan.catalog").joinpath("calibration", f"{name}.toml")
+    if not entry.is_file():
+        return {}
+    text = entry.read_text()
+    parts: dict[str, list[str]] = {}
+    starts = [(m.start(), m.group(1)) for m in _HEADER.finditer(text)]
+    for (begin, key), end in zip([(0, ""), *starts], [*(b for b, _ in starts), len(text)], strict=True):
+        parts.setdefault(key, []).append(text[begin:end])
+    return {key: "".join(chunks) for key, chunks in parts.items()}
+
+
+@cache
+def _table(name: str, key: str) -> dict[str, Any]:
+    """``_load(name)[key]`` (``key`` '': the keys before the first table), parsing only that part of the
+    file: a prediction reads the parameters, the bands and the rows of each stack, not the stored fold fits
+    that make up most of fitted.toml (meshplan.validation.fold_store), so that the first evaluation in a
+    process does not wait for them. ``tests/test_calibration_load.py`` checks the parts against the whole."""
+    text = _sections(name).get(key)
+    if text is None:
+        return {}
+    tables = tomllib.loads(text)
+    return tables if key == "" else tables.get(key.strip('"'), {})
+
+
 def catalog_fit() -> dict[str, Any]:
     """The catalog's fitted.toml as tables (empty where there is none)."""
     return _load("fitted")
@@ -58,14 +92,14 @@ def params_from(tables: list[dict[str, Any]], source: str) -> ComputeParams:
 
 def compute_params_for(accelerator: str, software: str = "generic") -> ComputeParams:
     """Fitted compute parameters for ``accelerator`` and ``software``; stated defaults where none were fitted."""
-    fitted = _load("fitted")
-    tables = [_load("default")]
-    source = str(_load("default").get("source", "defaults"))
-    if fitted:
-        tables += [fitted.get("global", {}), fitted.get("accelerator", {}).get(family(accelerator), {}),
-                   fitted.get("software", {}).get(software, {}),
-                   fitted.get("stack", {}).get(stack_key(software, accelerator), {})]
-        source = str(fitted.get("source", "fitted"))
+    defaults = _table("default", "")
+    tables = [defaults]
+    source = str(defaults.get("source", "defaults"))
+    if _sections("fitted"):
+        tables += [_table("fitted", "global"), _table("fitted", "accelerator").get(family(accelerator), {}),
+                   _table("fitted", "software").get(software, {}),
+                   _table("fitted", "stack").get(stack_key(software, accelerator), {})]
+        source = str(_table("fitted", "").get("source", "fitted"))
     return params_from(tables, source)
 
 
@@ -113,15 +147,14 @@ def uncertainty_band(accelerator: str, software: str, moe: bool = False) -> Band
     were fitted on other runs, much as a source group's runs met when leave-one-source-out hid the only
     stack they ran: the unseen-stack band (unseen_stack_keys), widened at either end to the similar rows'
     band where that is wider. None where the catalog has no band."""
-    fitted = _load("fitted")
-    bands = fitted.get("uncertainty", {})
+    bands = _table("fitted", "uncertainty")
     similar = _first_band(bands, band_keys(accelerator, software, moe),
                           "{rows} similar published runs ({key}; cross-validated residuals)")
-    seen = fitted.get("rows_by_stack", {})
+    seen = _table("fitted", "rows_by_stack")
     if seen_key(software, accelerator, moe) in seen:
         return similar
     kind = "MoE " if moe and seen_key(software, accelerator, False) in seen else ""
-    why = (f"job.software '{software}' has no fitted tables" if software not in fitted.get("software", {})
+    why = (f"job.software '{software}' has no fitted tables" if software not in _table("fitted", "software")
            else f"the fit has no {kind}runs of '{software}' on {accelerator}"
            + (f" or other {family(accelerator)}-family GPUs" if family(accelerator) != accelerator else ""))
     unseen = _first_band(bands, unseen_stack_keys(moe),

@@ -78,7 +78,10 @@ def _run(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         args = parser.parse_args(["plan", *(argv or [])])
-    return int(args.func(args))
+    from meshplan.distributed import on_ray
+
+    with on_ray(getattr(args, "ray", None)):  # --ray: the independent work on Ray (meshplan.distributed)
+        return int(args.func(args))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ from meshplan.economics import Settings, Summary, summarise
 from meshplan.economics.summary import Banded
 from meshplan.economics.text import format_duration_s, format_energy_j, format_usd
 from meshplan.errors import SpecError
-from meshplan.parallel import available_cores, parallel_map
+from meshplan.parallel import available_cores, distributing, parallel_map
 from meshplan.search.search import REFINE_TOP, search
 from meshplan.search.space import Space
 from meshplan.sim.simulate import refine_fitted
@@ -125,9 +125,9 @@ def compare(model: ModelSpec, job: JobSpec, items: list[Scenario], *, load: Call
         return evaluate_scenario(model, job, s, load=load, settings_for=settings_for, space=space, mfu=mfu)
 
     rows: list[Row] = []
-    batch = workers or available_cores()
+    batch = len(items) if distributing() else workers or available_cores()  # (on Ray: every scenario at once)
     for i in range(0, len(items), batch):
-        rows += parallel_map(one, items[i:i + batch], workers)
+        rows += parallel_map(one, items[i:i + batch], workers, distributable=True)
         if progress:
             progress(len(rows), len(items))
     return sorted(rows, key=lambda r: -r.fastest.tokens_per_s if r.fastest else 0.0)

@@ -16,6 +16,7 @@ from meshplan.cost.validate import without_unsplit_sp
 from meshplan.errors import SpecError
 from meshplan.progress import Progress
 from meshplan.search.conditions import Condition, HeldRange, find_conditions
+from meshplan.search.leading import search_leading
 from meshplan.search.rank import TIE_BAND
 from meshplan.search.search import REFINE_TOP, SearchResult, search
 from meshplan.search.space import FAMILY_NAMES, Space, family
@@ -240,10 +241,14 @@ def _fsdp_traffic(est: Estimate) -> tuple[float, float, float, float]:
 
 def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Space | None = None,
             mfu: float | None = None, with_conditions: bool = True, progress: Progress | None = None,
-            workers: int | None = None, result: SearchResult | None = None) -> PlanAnalysis:
+            workers: int | None = None, result: SearchResult | None = None, exhaustive: bool = False
+            ) -> PlanAnalysis:
     """Search, recommend, and answer the worked example's four questions for this scenario (the simulator's
     re-timing and the conditions of change on up to ``workers`` cores, default all); ``progress`` shows
-    each phase on the terminal. ``result``: this scenario's search, where the caller has run it already."""
+    each phase on the terminal. ``result``: this scenario's search, where the caller has run it already.
+    ``exhaustive``: find the conditions by evaluating every candidate and confirming with full searches, as
+    they are defined (the default gives the same answer with fewer evaluations: search.screen,
+    search.leading)."""
     check_scenario("analyse", model, cluster, job, mfu=mfu)
     space = space or Space()
     progress = progress or Progress(enabled=False)
@@ -264,7 +269,7 @@ def analyse(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, *, space: Spac
     held: list[HeldRange] = []
     if with_conditions and best is not None:
         conditions, held = _conditions_of_change(sc, result, best, space, workers,
-                                                 progress.counter("conditions of change", "walks"))
+                                                 progress.counter("conditions of change", "walks"), exhaustive)
     measurements = measure_first(best, conditions) if best else []
     questions.append(q4)
     return PlanAnalysis(model=model, cluster=cluster, job=job, result=result, conditions=conditions,
@@ -576,16 +581,20 @@ def _faster_within_the_band(result: SearchResult, best: Estimate) -> list[str]:
 
 
 def _conditions_of_change(sc: _Scenario, result: SearchResult, best: Estimate, space: Space,
-                          workers: int | None, progress: Callable[[int, int], None] | None = None
+                          workers: int | None, progress: Callable[[int, int], None] | None = None,
+                          exhaustive: bool = False, only: tuple[str, ...] | None = None
                           ) -> tuple[list[Condition], list[HeldRange]]:
     """When to change the plan: the conditions under which another plan is recommended, and the ranges
-    over which ``best`` holds, re-searched with the leading plans of ``result`` as candidates."""
+    over which ``best`` holds, re-searched with the leading plans of ``result`` as candidates (``only``: these
+    conditions, find_conditions' names)."""
     mfu = sc.mfu
 
-    def ranked_at(m: ModelSpec, c: ClusterSpec, j: JobSpec) -> list[Estimate]:
-        # as this search: its leading plans re-timed by the simulator, so that a condition names
-        # what plan would recommend there
-        return search(m, c, j, space, mfu=mfu, refine_top=REFINE_TOP, workers=1).feasible
+    def ranked_at(m: ModelSpec, c: ClusterSpec, j: JobSpec, other: Callable[[Plan], bool]) -> list[Estimate]:
+        # as this search: its leading plans re-timed by the simulator, so that a condition names what plan
+        # would recommend there; of the rest, what the walk reads (search.leading)
+        if exhaustive:
+            return search(m, c, j, space, mfu=mfu, refine_top=REFINE_TOP, workers=1).feasible
+        return search_leading(m, c, j, space, mfu=mfu, refine_top=REFINE_TOP, classes=other).feasible
 
     def timed(m: ModelSpec, c: ClusterSpec, j: JobSpec, p: Plan) -> Estimate | None:
         return _try(m, c, j, p, mfu)
@@ -598,4 +607,4 @@ def _conditions_of_change(sc: _Scenario, result: SearchResult, best: Estimate, s
             seen.add(key)
             candidates.append(e.plan)
     return find_conditions(sc.model, sc.cluster, sc.job, best, ranked_at, candidates=candidates, mfu=mfu,
-                           workers=workers, timed=timed, progress=progress)
+                           workers=workers, timed=timed, progress=progress, exhaustive=exhaustive, only=only)

@@ -23,10 +23,11 @@ def cache_by_identity(n_specs: int, maxsize: int = 1 << 16, n_unkeyed: int = 0) 
 
     def decorate(fn: F) -> F:
         table: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] = {}
+        key_of = _key_function(n_specs, n_unkeyed)
 
         @functools.wraps(fn)
         def wrapper(*args: Any) -> Any:
-            key = (*map(id, args[:n_specs]), *args[n_specs:len(args) - n_unkeyed])
+            key = key_of(args)
             hit = table.get(key)
             if hit is not None:
                 return hit[0]
@@ -40,3 +41,19 @@ def cache_by_identity(n_specs: int, maxsize: int = 1 << 16, n_unkeyed: int = 0) 
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def _key_function(n_specs: int, n_unkeyed: int) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """The key of an argument tuple: the identities of the first ``n_specs``, then the values of the rest
+    but the last ``n_unkeyed``. Written out for the common cases: a search looks keys up millions of times."""
+    if n_unkeyed:
+        return lambda args: (*map(id, args[:n_specs]), *args[n_specs:len(args) - n_unkeyed])
+    if n_specs == 1:
+        return lambda args: (id(args[0]), args[1:])
+    if n_specs == 2:
+        return lambda args: (id(args[0]), id(args[1]), args[2:])
+    if n_specs == 3:
+        return lambda args: (id(args[0]), id(args[1]), id(args[2]), args[3:])
+    if n_specs == 4:
+        return lambda args: (id(args[0]), id(args[1]), id(args[2]), id(args[3]), args[4:])
+    return lambda args: (*map(id, args[:n_specs]), args[n_specs:])

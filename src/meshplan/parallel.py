@@ -8,6 +8,11 @@ only the items and the results are pickled. Elsewhere, or with one worker, the t
 in order. Results come back in the order of the items either way, so the output does not depend on the
 number of workers.
 
+A map marked ``distributable`` (the conditions' walks, sweep points, compared scenarios, the calibration's
+folds: each a series of searches or a fit) goes instead to the mapper ``distributed`` installs, for the
+duration of a command: meshplan.distributed hands such items to a Ray cluster (``--ray``). The local pool
+stays the default.
+
 Workers never outlive their parent: each asks the kernel for SIGKILL when the process that forked it dies
 (prctl PR_SET_PDEATHSIG, Linux), whatever ends it (SIGKILL, a crash, a timeout's kill), and the parent
 kills them itself when the map ends with an error or an interrupt. Workers ignore SIGINT: Ctrl-C reaches
@@ -24,7 +29,7 @@ import pickle
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
 
@@ -33,6 +38,30 @@ R = TypeVar("R")
 
 _task: Callable[[Any], Any] | None = None
 """The function of the pool this worker process belongs to (set in the worker as it starts)."""
+
+Mapper = Callable[[Callable[[Any], Any], Sequence[Any], "Callable[[int, int], None] | None"], list[Any]]
+"""``mapper(fn, items, done)``: ``[fn(x) for x in items]`` elsewhere (a Ray cluster), in the order of the items,
+calling ``done(k, len(items))`` here as results come in."""
+
+_mapper: Mapper | None = None
+"""Where distributable maps go while ``distributed`` is in force (None: the local pool)."""
+
+
+@contextlib.contextmanager
+def distributed(mapper: Mapper) -> Iterator[None]:
+    """Within this block, ``parallel_map(..., distributable=True)`` in this process hands its items to
+    ``mapper`` (meshplan.distributed) instead of forking local workers."""
+    global _mapper
+    previous, _mapper = _mapper, mapper
+    try:
+        yield
+    finally:
+        _mapper = previous
+
+
+def distributing() -> bool:
+    """Whether distributable maps go to a ``distributed`` mapper now (in this process, not in a worker)."""
+    return _mapper is not None and _task is None
 
 PR_SET_PDEATHSIG = 1
 """prctl(2) option: the signal a process receives when its parent dies (linux/prctl.h)."""
@@ -51,12 +80,16 @@ def available_cores() -> int:
 
 
 def parallel_map(fn: Callable[[T], R], items: Sequence[T], workers: int | None = None,
-                 done: Callable[[int, int], None] | None = None) -> list[R]:
+                 done: Callable[[int, int], None] | None = None, *, distributable: bool = False) -> list[R]:
     """``[fn(x) for x in items]``, on up to ``workers`` forked processes (default: every available core).
     ``items`` and the results must pickle; ``fn`` need not. Inside a worker, or in a process that runs other
     threads (which a fork would copy mid-flight), it runs in order. ``done(k, len(items))`` is called in this
     process each time a result is in (k of them). An exception in a task is raised here, after the workers
-    are ended."""
+    are ended. ``distributable``: while ``distributed`` is in force, the items go to its mapper instead
+    (``fn`` must then pickle too, by value where it is a closure: Ray's cloudpickle does)."""
+    if distributable and distributing() and items:
+        assert _mapper is not None
+        return _mapper(fn, items, done)
     n = min(len(items), available_cores() if workers is None else workers)
     if n <= 1 or sys.platform != "linux" or _task is not None or threading.active_count() > 1:
         out = []

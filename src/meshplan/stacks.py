@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from meshplan.cost.estimate import Estimate
 from meshplan.explain import PlanAnalysis, analyse
+from meshplan.parallel import available_cores, parallel_map
 from meshplan.progress import Progress
 from meshplan.search.rank import TIE_BAND
 from meshplan.search.search import REFINE_TOP, SearchResult, search
@@ -58,16 +59,26 @@ def stack_leaders(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: S
                   stacks: tuple[str, ...] = COMPARED_STACKS) -> list[StackLeader]:
     """Each of ``stacks``' best plan for this scenario, searched and timed as ``meshplan plan --stack`` would
     (its leading plans re-timed by the simulator), with its band; ordered by predicted step time, stacks
-    without a plan that fits last."""
+    without a plan that fits last. The stacks' searches run side by side on up to ``workers`` cores (each
+    then re-times its plans in order), the progress line counting stacks; on one core, in order, counting
+    each search's plans."""
+    searched = [s for s in stacks if not (s == "deepspeed" and model.is_moe)]
+    one_core = min(len(searched), available_cores() if workers is None else workers) <= 1
+
+    def one(stack: str) -> SearchResult:
+        count: Callable[[int, int], None] | None = (
+            progress.counter(f"searching {STACK_NAMES[stack]}'s plans", "plans") if progress and one_core else None)
+        return search(model, cluster, replace(job, software=stack), space or Space(), mfu=mfu, progress=count,
+                      refine_top=REFINE_TOP, workers=workers if one_core else 1)
+
+    done = progress.counter("searching each stack's plans", "stacks") if progress and not one_core else None
+    results = dict(zip(searched, parallel_map(one, searched, workers, done=done), strict=True))
     out = []
     for stack in stacks:
-        if stack == "deepspeed" and model.is_moe:
+        if stack not in results:
             out.append(StackLeader(stack, None, None, "meshplan does not model DeepSpeed-MoE's expert parallelism"))
             continue
-        count: Callable[[int, int], None] | None = (progress.counter(f"searching {STACK_NAMES[stack]}'s plans",
-                                                                      "plans") if progress else None)
-        result = search(model, cluster, replace(job, software=stack), space or Space(), mfu=mfu,
-                        progress=count, refine_top=REFINE_TOP, workers=workers)
+        result = results[stack]
         best = result.recommended
         if best is None:
             out.append(StackLeader(stack, None, result, result.ranked[0].infeasible_reasons[0] if result.ranked

@@ -71,6 +71,12 @@ def add_jobs(p: argparse.ArgumentParser) -> None:
                         "re-timing of the leading plans); default: all available")
 
 
+def add_ray(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run the independent searches or fits on Ray (pip install 'meshplan[ray]'): a local instance, "
+                        "or the cluster at ADDRESS ('auto', 'ray://HOST:10001'); docs/performance.md")
+
+
 def add_space(p: argparse.ArgumentParser) -> None:
     p.add_argument("--space", choices=("full", "dp-tp"), default="full",
                    help="full: every parallelism; dp-tp: DDP, FSDP, HSDP and TP x FSDP only")

@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from meshplan.commands.common import DEFAULT_NODES, add_scenario, names_no_stack, progress
+from meshplan.commands.common import DEFAULT_NODES, add_ray, add_scenario, names_no_stack, progress
 from meshplan.commands.common import job as make_job
 from meshplan.compare import Scenario, chart, compare, scenarios, text, to_json, varies
 from meshplan.economics.flags import settings_from_args
@@ -46,6 +46,7 @@ def register(sub: Any) -> None:
                    help="write a chart of tokens/s and days to train (needs matplotlib: pip install 'meshplan[plot]')")
     p.add_argument("--jobs", type=positive_size, default=None, metavar="N",
                    help="CPU cores for the scenarios (each a whole search); default: all available")
+    add_ray(p)
 
     def run(args: argparse.Namespace) -> int:
         from meshplan.catalog import load_cluster, load_model

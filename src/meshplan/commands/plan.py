@@ -9,6 +9,7 @@ from meshplan.argtypes import positive_size
 from meshplan.commands.common import (
     add_jobs,
     add_profile,
+    add_ray,
     add_scenario,
     add_space,
     names_no_stack,
@@ -29,6 +30,7 @@ def register(sub: Any) -> None:
                     help="plans to list (text: 10; JSON: every plan, which can be tens of MB on a large cluster)")
     pl.add_argument("--no-conditions", action="store_true", help="skip the conditions-of-change sweeps")
     add_jobs(pl)
+    add_ray(pl)
     add_profile(pl)
     add_flags(pl)
     pl.set_defaults(func=run)

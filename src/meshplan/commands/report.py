@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.argtypes import output_dir, positive_size
-from meshplan.commands.common import add_jobs, add_scenario, add_space, progress, scenario, space
+from meshplan.commands.common import add_jobs, add_ray, add_scenario, add_space, progress, scenario, space
 from meshplan.fileio import write_json
 from meshplan.units import GB, MAX_LINK_BYTES_PER_S, MIN_LINK_BYTES_PER_S
 
@@ -23,6 +23,7 @@ def register(sub: Any) -> None:
     rp.add_argument("--top", type=positive_size, default=None,
                     help="with --json: plans to write to report.json (default: every plan)")
     add_jobs(rp)
+    add_ray(rp)
     rp.set_defaults(func=run)
 
 

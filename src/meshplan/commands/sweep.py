@@ -6,7 +6,16 @@ import argparse
 from typing import Any
 
 from meshplan.argtypes import output_file, whole_in
-from meshplan.commands.common import add_jobs, add_scenario, add_space, names_no_stack, progress, scenario, space
+from meshplan.commands.common import (
+    add_jobs,
+    add_ray,
+    add_scenario,
+    add_space,
+    names_no_stack,
+    progress,
+    scenario,
+    space,
+)
 from meshplan.errors import SpecError
 from meshplan.fileio import atomic_write_bytes, strict_json
 
@@ -22,6 +31,7 @@ def register(sub: Any) -> None:
     sw.add_argument("--plot", type=output_file(".png"), metavar="FILE.png",
                     help="write the sweep chart (PNG; needs matplotlib: pip install 'meshplan[plot]')")
     add_jobs(sw)
+    add_ray(sw)
     sw.set_defaults(func=run)
 
 

@@ -11,10 +11,10 @@ from meshplan.cost.comm import StageTraffic, comm_ledger
 from meshplan.cost.compute import ComputeParams
 from meshplan.cost.flops import attention_recomputed
 from meshplan.cost.mesh import axis_groups
-from meshplan.cost.pipeline import head_stage, plan_stage_layers, round_robin_chunks, stage_bubbles_s, stage_layers
+from meshplan.cost.pipeline import head_stage, round_robin_chunks, stage_bubbles_s, stage_layers
 from meshplan.cost.stage import StageCtx, bounding_stages, recomputed_layers
 from meshplan.cost.stage_compute import loss_of, stage_compute_times
-from meshplan.cost.stage_time import stage_comm
+from meshplan.cost.stage_time import stage_traffic
 from meshplan.memo import cache_by_identity
 from meshplan.specs import AcceleratorSpec, ClusterSpec, JobSpec, ModelSpec, Plan
 
@@ -57,11 +57,11 @@ def traffic_floors(ctxs: list[StageCtx], compute: ComputeParams) -> TrafficFloor
     for c in ctxs:
         outside: dict[str, float] = defaultdict(float)
         overlappable = 0.0
-        for e in stage_comm(c, compute):
-            if e.window != "attention":
-                outside[e.link] += e.time_s
-            if e.window != "none":
-                overlappable += e.time_s
+        for on, window, time_s in stage_traffic(c, compute):
+            if window != "attention":
+                outside[on] += time_s
+            if window != "none":
+                overlappable += time_s
         link = max(link, max(outside.values(), default=0.0))
         hideable = min(hideable, overlappable)
     if max(compute.overlap_efficiency, compute.zero3_overlap_efficiency) > 1.0:
@@ -95,13 +95,25 @@ def critical_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
     if not ((plan.tp > 1 and not plan.async_tp) or (plan.cp > 1 and plan.context_impl == "a2a")
             or (plan.ep > 1 and model.n_moe_layers and not plan.ep_overlap)):
         return 0.0
-    stages = plan_stage_layers(model, plan)
     megatron = plan.runs_megatron_layers(job.software)
-    per = _layer_comm_s(model, cluster, job, plan.tp, plan.sequence_parallel, plan.async_tp, megatron, plan.cp,
-                        plan.context_impl, plan.ep, plan.expert_tp, plan.ep_dispatch, plan.ep_overlap, mbs,
-                        attention_recomputed(plan.recompute_key, job.flash_attention, megatron), plan)
+    return _critical_comm_s(model, cluster, job, plan.tp, plan.sequence_parallel, plan.async_tp, megatron, plan.cp,
+                            plan.context_impl, plan.ep, plan.expert_tp, plan.ep_dispatch, plan.ep_overlap,
+                            attention_recomputed(plan.recompute_key, job.flash_attention, megatron), plan.pp,
+                            plan.layout, plan.schedule, plan.vpp, mbs, m, recompute, recompute_layers, plan)
+
+
+@cache_by_identity(n_specs=3, n_unkeyed=1)
+def _critical_comm_s(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, tp: int, sp: bool, async_tp: bool,
+                     megatron: bool, cp: int, context_impl: str, ep: int, etp: int, ep_dispatch: str | None,
+                     ep_overlap: bool, attention_rerun: bool, pp: int, layout: str, schedule: str, vpp: int, mbs: int,
+                     m: int, recompute: str, recompute_layers: int | None, plan: Plan) -> float:
+    """``critical_comm_s`` on the plan fields it reads (memoised: plans that differ in sharding or in their
+    data-parallel options share it; ``plan`` is passed for its mesh groups, which the keyed fields set)."""
+    stages = stage_layers(model, pp, layout, round_robin_chunks(schedule, vpp))
+    per = _layer_comm_s(model, cluster, job, tp, sp, async_tp, megatron, cp, context_impl, ep, etp, ep_dispatch,
+                        ep_overlap, mbs, attention_rerun, plan)
     least = float("inf")
-    head = head_stage(plan.schedule, plan.pp)
+    head = head_stage(schedule, pp)
     # the compute bound takes the busiest of these, which may be a middle one
     for s in bounding_stages(stages, head):
         n_dense, n_moe = stages[s]

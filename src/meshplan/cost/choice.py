@@ -257,15 +257,25 @@ class Choice:
         last = len(self.mbs_list) - 1
         return [first_fit] if self.plan.pp == 1 else sorted({first_fit, (first_fit + last) // 2, last})
 
+    def lenient(self) -> list[tuple[str, int | None]]:
+        """The most lenient combinations at the smallest micro-batch size: the most recomputation, and the
+        most offloading where offered (with the fewest layers that bring it within HBM, else all it may)."""
+        out = [(rc, None) for rc in self.recomputes if rc != OFFLOAD_MODE][-1:]
+        if self.offload_max:
+            out.append((OFFLOAD_MODE, self.fewest_offloaded(self.mbs_list[-1]) or self.offload_max))
+        return out
+
+    def fits_at_all(self) -> bool:
+        """Whether any combination fits (``choose`` then finds the fastest that does): one of the most lenient
+        at the smallest micro-batch size does."""
+        return any(self.fits(rc, self.mbs_list[-1], n) for rc, n in self.lenient())
+
     def choose(self, *, time_infeasible: bool) -> Estimate | None:
         """The fastest feasible combination. If none fits: with a cutoff None, else the combination that
         needs the least memory, infeasible (timed only if ``time_infeasible``). With a cutoff, also None
         when nothing can beat it."""
         mbs = self.mbs_list
-        # the most lenient combinations: the most recomputation, and the most offloading where offered
-        lenient = [(rc, None) for rc in self.recomputes if rc != OFFLOAD_MODE][-1:]
-        if self.offload_max:
-            lenient.append((OFFLOAD_MODE, self.fewest_offloaded(mbs[-1]) or self.offload_max))
+        lenient = self.lenient()
         if not any(self.fits(rc, mbs[-1], n) for rc, n in lenient):  # even those do not fit
             if self.cutoff_s is not None:
                 return None

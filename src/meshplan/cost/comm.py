@@ -115,11 +115,18 @@ class StageTraffic:
     """The stage's index in the pipeline (0 without pipelining), for the links to its neighbours."""
 
 
+Traffic = tuple[str, str, float, str]
+"""One ledger entry as the traffic floors read it: (link, window, time of all its calls [s], mesh axis)."""
+
+
 class _Ledger:
-    def __init__(self, cluster: ClusterSpec, groups: dict[str, Group]) -> None:
+    def __init__(self, cluster: ClusterSpec, groups: dict[str, Group], traffic_only: bool = False) -> None:
         self.cluster = cluster
         self.groups = groups
         self.entries: list[CommEntry] = []
+        self.traffic_only = traffic_only
+        """Record each entry as ``Traffic`` in ``traffic`` instead (the same time, none of the rest)."""
+        self.traffic: list[Traffic] = []
 
     def add(self, op: str, axis: str, purpose: str, phase: str, count: int, message_bytes: float,
             window: str, *, group: Group | None = None, edge_calls: float = 0.0, time_scale: float = 1.0,
@@ -133,6 +140,9 @@ class _Ledger:
             return
         t_one = collective_time_s(op, message_bytes, grp, self.cluster, remote_share=remote_share,
                                   rank_share=rank_share) * time_scale
+        if self.traffic_only:
+            self.traffic.append((grp.link, window, count * t_one, grp.axis))
+            return
         factor = rank_share if op == ALL_TO_ALL and rank_share is not None else busbw_factor(op, grp.size)
         sent = count * message_bytes * factor
         inter = 0.0
@@ -446,7 +456,18 @@ def comm_ledger(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan
     """Every collective of one step on a GPU of the stage described by ``st``; with ``in_layer`` only those
     inside the layers (tensor, context and expert parallelism), without the data-parallel and pipeline
     traffic between them."""
-    led = _Ledger(cluster, groups)
+    return _fill(_Ledger(cluster, groups), model, job, plan, st, in_layer).entries
+
+
+def comm_traffic(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, groups: dict[str, Group],
+                 st: StageTraffic) -> list[Traffic]:
+    """``comm_ledger``'s entries, in its order, as (link, window, time, axis) only: what the traffic floors
+    read (cost.bounds.traffic_floors), without building the entries."""
+    return _fill(_Ledger(cluster, groups, traffic_only=True), model, job, plan, st, False).traffic
+
+
+def _fill(led: _Ledger, model: ModelSpec, job: JobSpec, plan: Plan, st: StageTraffic, in_layer: bool) -> _Ledger:
+    """``led`` with every collective of the stage ``st`` (``in_layer``: only those inside the layers)."""
     if not in_layer:
         _data_parallel(led, plan, job, st)
         _sequence_parallel_grads(led, model, plan, job, st)
@@ -455,4 +476,4 @@ def comm_ledger(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan
     _expert_parallel(led, model, plan, job, st)
     if not in_layer:
         _pipeline(led, model, plan, st)
-    return led.entries
+    return led

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from meshplan.cost.comm import StageTraffic, comm_ledger
+from meshplan.cost.comm import StageTraffic, comm_ledger, comm_traffic
 from meshplan.cost.compute import ComputeParams
 from meshplan.cost.estimate import OTHER_MICROBATCH, CommEntry, StageDetail
 from meshplan.cost.exposure import SHARDED_DP_AXES, absorb_contention, set_exposure
@@ -39,14 +39,27 @@ STALLS = (HOST_BOUND, OFFLOAD)
 """Breakdown keys of waits that stretch a stage's compute (the simulator runs the stretched layers)."""
 
 
-def _stage_ledger(c: StageCtx) -> list[CommEntry]:
-    """Every collective stage ``c.s`` issues in a step (exposure not yet set)."""
+def _stage_traffic(c: StageCtx) -> StageTraffic:
     plan = c.plan
     unpaired = unpaired_microbatches(schedule=plan.schedule, pp=plan.pp, m=c.m, vpp=plan.vpp, stage=c.s)
-    st = StageTraffic(units=c.units, n_layers=c.n_dense + c.n_moe, n_moe_layers=c.n_moe, has_embedding=c.s == 0,
-                      has_lm_head=c.last, tokens=c.tokens, m=c.m, recomputed=c.recomputed, unpaired=unpaired,
-                      stage=c.s)
-    return comm_ledger(c.model, c.cluster, c.job, plan, c.groups, st)
+    return StageTraffic(units=c.units, n_layers=c.n_dense + c.n_moe, n_moe_layers=c.n_moe, has_embedding=c.s == 0,
+                        has_lm_head=c.last, tokens=c.tokens, m=c.m, recomputed=c.recomputed, unpaired=unpaired,
+                        stage=c.s)
+
+
+def _stage_ledger(c: StageCtx) -> list[CommEntry]:
+    """Every collective stage ``c.s`` issues in a step (exposure not yet set)."""
+    return comm_ledger(c.model, c.cluster, c.job, c.plan, c.groups, _stage_traffic(c))
+
+
+def stage_traffic(c: StageCtx, compute: ComputeParams) -> list[tuple[str, str, float]]:
+    """``stage_comm`` as (link, window, time [s]) only, in its order and with the same times: what the traffic
+    floors read (cost.bounds.traffic_floors)."""
+    traffic = comm_traffic(c.model, c.cluster, c.job, c.plan, c.groups, _stage_traffic(c))
+    if c.plan.sharding == "zero3" and compute.zero3_collective_efficiency < 1.0:
+        eff = compute.zero3_collective_efficiency
+        return [(link, window, t / eff if axis in SHARDED_DP_AXES else t) for link, window, t, axis in traffic]
+    return [(link, window, t) for link, window, t, _ in traffic]
 
 
 def stage_comm(c: StageCtx, compute: ComputeParams) -> list[CommEntry]:

@@ -54,6 +54,14 @@ def evaluate_within(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
     return _evaluate(model, cluster, job, plan, mfu=None, compute=compute, cutoff_s=cutoff_s)
 
 
+def fits_at_all(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan,
+                compute: ComputeParams) -> bool:
+    """Whether some micro-batch size and recomputation (or offloading) of ``plan`` fits in memory and splits the
+    batch, as ``evaluate(...).feasible`` has it, from its memory probes alone: no timing. ``plan`` must be
+    valid (``validate_plan``)."""
+    return Choice(model, cluster, job, stack_defaults(job.software, plan), compute, None, None).fits_at_all()
+
+
 def _evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *, mfu: float | None,
               compute: ComputeParams | None, cutoff_s: float | None, time_infeasible: bool = True
               ) -> Estimate | None:

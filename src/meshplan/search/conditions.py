@@ -13,16 +13,19 @@ from meshplan.cost.pipeline import plan_stage_layers
 from meshplan.cost.validate import without_unsplit_sp
 from meshplan.errors import SpecError
 from meshplan.parallel import parallel_map
-from meshplan.search.rank import TIE_BAND, rank
+from meshplan.search.rank import TIE_BAND
+from meshplan.search.screen import Screen, changed, screen
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.specs.layout import is_embedding_loss_layout, resplit
 from meshplan.units import GB, format_tokens
 
 Scenario = tuple[ModelSpec, ClusterSpec, JobSpec]
 
-SearchFn = Callable[[ModelSpec, ClusterSpec, JobSpec], list[Estimate]]
+SearchFn = Callable[[ModelSpec, ClusterSpec, JobSpec, Callable[[Plan], bool]], list[Estimate]]
 """The feasible plans of a full search of a scenario, ranked as ``plan`` ranks them (with the leading plans
-re-timed by the simulator): what confirms a condition of change."""
+re-timed by the simulator): what confirms a condition of change. Its last argument tells the plans of
+another layout than the recommendation's (True) from the others: the walk reads the first and the fastest
+of them, and the search may leave out what cannot be either (search.leading.search_leading)."""
 TimeFn = Callable[[ModelSpec, ClusterSpec, JobSpec, Plan], Estimate | None]
 """A plan evaluated in a scenario and timed as that search times its leading plans (None where it cannot be
 built)."""
@@ -184,11 +187,6 @@ def _knobs(model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> list[_Knob]:
     ]
 
 
-MIN_GAIN = 1.0 + TIE_BAND
-"""A different plan counts as a change only when it beats the recommended plan at the same condition by more
-than the ranking's tie band (or the recommended plan no longer fits there): near-ties are not conditions."""
-
-
 def layout_key(plan: Plan) -> str:
     """A plan's shape independent of the GPU count: its degrees except the data-parallel ones, which are
     replaced by whether they are in use (so FSDP=64 and FSDP=128 are the same layout), and without
@@ -271,15 +269,17 @@ def find_conditions(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, recomm
                     search_best: SearchFn, *, candidates: list[Plan] | None = None, steps: int = 3,
                     bisections: int = 4, only: tuple[str, ...] | None = None, mfu: float | None = None,
                     workers: int | None = None, timed: TimeFn | None = None,
-                    progress: Callable[[int, int], None] | None = None) -> tuple[list[Condition], list[HeldRange]]:
+                    progress: Callable[[int, int], None] | None = None, exhaustive: bool = False
+                    ) -> tuple[list[Condition], list[HeldRange]]:
     """Thresholds, one per condition and direction where the recommendation changes within ``steps``
     doublings (halvings) of the condition, and for each condition the range checked over which it holds.
 
     The recommendation changes where some plan of another layout is more than the tie band faster than it,
     or where it no longer fits (or cannot be built) and another plan does. The walk and the bisection
-    evaluate ``candidates`` (the leading plans of the base search and the best of each family, re-sized to
-    the GPU count) with the closed form at each value, and a value where none of them fits is treated as
-    a possible change; the value where the answer changes is then confirmed by a full search
+    screen ``candidates`` (the leading plans of the base search and the best of each family, re-sized to
+    the GPU count) with the closed form at each value (search.screen: by their lower bounds, as few
+    evaluated as the answer needs; ``exhaustive``: every one), and a value where none of them fits is treated
+    as a possible change; the value where the answer changes is then confirmed by a full search
     (``search_best``) against the recommendation timed as that search times its leading plans
     (``timed``; default the closed form), and the full search's recommendation is the one reported. The
     walks are independent and run on up to ``workers`` cores (default: all; parallel.parallel_map);
@@ -291,9 +291,10 @@ def find_conditions(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, recomm
 
     def walk(i: int) -> _WalkEnd:
         knob, direction, factor = walks[i]
-        return _walk(knob, direction, factor, recommended, search_best, candidates, steps, bisections, mfu, timed)
+        return _walk(knob, direction, factor, recommended, search_best, candidates, steps, bisections, mfu, timed,
+                     exhaustive)
 
-    ends = parallel_map(walk, range(len(walks)), workers, done=progress)
+    ends = parallel_map(walk, range(len(walks)), workers, done=progress, distributable=True)
     conditions = [e.condition for e in ends if e.condition]
     held = [_held_range(knob, ends[2 * i], ends[2 * i + 1]) for i, knob in enumerate(knobs)]
     return conditions, [h for h in held if h.low_value != h.high_value]
@@ -321,28 +322,17 @@ def _held_range(knob: _Knob, below: _WalkEnd, above: _WalkEnd) -> HeldRange:
                      unit=knob.unit, low_end=below.why, high_end=above.why, text=text)
 
 
-def _candidates_at(knob: _Knob, v: float, candidates: list[Plan], mfu: float | None
-                   ) -> tuple[list[Estimate], bool]:
-    """The ``candidates`` that fit at ``v``, ranked (the closed form), and whether any of them can be built
-    there at all."""
-    from meshplan.cost.step import evaluate
-    scenario = knob.apply(v)
-    if scenario is None:
-        return [], False
-    model, cluster, job = scenario
-    ests = []
-    # each candidate with its micro-batch size and recomputation chosen afresh: a longer sequence or a deeper
-    # model changes what fits (the candidates differ only in those then collapse into one)
+def _sized(candidates: list[Plan], model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> list[Plan]:
+    """The ``candidates`` re-sized to the scenario's GPU count and re-split for its layers and sequence (those
+    that cannot be re-sized left out), each with its micro-batch size and recomputation to be chosen afresh: a
+    longer sequence or a deeper model changes what fits (the candidates differ only in those then collapse
+    into one)."""
+    out = []
     for plan in dict.fromkeys(p.unfixed() for p in candidates):
         sized = rescale(plan, cluster.n_gpus) if plan.world_size != cluster.n_gpus else plan
-        if sized is None:
-            continue
-        sized = _resplit(sized, model, job)
-        try:
-            ests.append(evaluate(model, cluster, job, sized, mfu=mfu))
-        except SpecError:
-            continue
-    return [e for e in rank(ests) if e.feasible], bool(ests)
+        if sized is not None:
+            out.append(_resplit(sized, model, job))
+    return out
 
 
 def _between(knob: _Knob, lo: float, hi: float) -> float | None:
@@ -360,11 +350,11 @@ def _between(knob: _Knob, lo: float, hi: float) -> float | None:
 
 def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_best: SearchFn,
           candidates: list[Plan] | None, steps: int, bisections: int, mfu: float | None,
-          timed: TimeFn | None = None) -> _WalkEnd:
+          timed: TimeFn | None = None, exhaustive: bool = False) -> _WalkEnd:
     """Walk ``knob`` from the scenario's value by ``factor`` a step at a time, up to ``steps`` steps, until
     another plan is recommended (bisected ``bisections`` times where the knob is continuous), none fits, or
     the scenario can no longer be built."""
-    return _Walk(knob, direction, base, search_best, candidates, mfu, timed).run(factor, steps, bisections)
+    return _Walk(knob, direction, base, search_best, candidates, mfu, timed, exhaustive).run(factor, steps, bisections)
 
 
 class _Walk:
@@ -372,9 +362,10 @@ class _Walk:
     value (the ``candidates`` re-evaluated, else a full search)."""
 
     def __init__(self, knob: _Knob, direction: str, base: Estimate, search_best: SearchFn,
-                 candidates: list[Plan] | None, mfu: float | None, timed: TimeFn | None) -> None:
+                 candidates: list[Plan] | None, mfu: float | None, timed: TimeFn | None,
+                 exhaustive: bool = False) -> None:
         self.knob, self.direction, self.base, self.search_best = knob, direction, base, search_best
-        self.candidates, self.mfu, self.timed = candidates, mfu, timed
+        self.candidates, self.mfu, self.timed, self.exhaustive = candidates, mfu, timed, exhaustive
         self.base_key = layout_key(base.plan)
 
     def key_at(self, v: float) -> str:
@@ -389,13 +380,24 @@ class _Walk:
 
     def full(self, v: float) -> list[Estimate]:
         scenario = self.knob.apply(v)
-        return [] if scenario is None else self.search_best(*scenario)
+        if scenario is None:
+            return []
+        mine_key = self.key_at(v)
+        return self.search_best(*scenario, lambda p: layout_key(p) != mine_key)
 
-    def probe(self, v: float) -> tuple[list[Estimate], bool]:
-        """The plans that fit at ``v``, ranked, and whether any plan can be built there."""
-        if self.candidates is not None:
-            return _candidates_at(self.knob, v, self.candidates, self.mfu)
-        return self.full(v), self.knob.apply(v) is not None
+    def screen(self, v: float) -> Screen:
+        """Whether any plan can be built at ``v``, whether any fits, and whether the recommendation changes
+        there: the ``candidates`` screened (search.screen), else a full search."""
+        scenario = self.knob.apply(v)
+        if scenario is None:
+            return Screen(False, False, False)
+        if self.candidates is None:
+            ranked = self.full(v)
+            return Screen(True, bool(ranked), self.changed(v, ranked))
+        model, cluster, job = scenario
+        mine_plan = _sized_mine(self.base.plan, model, cluster, job)
+        return screen(model, cluster, job, _sized(self.candidates, model, cluster, job), self.mine_at(v, False),
+                      mine_plan, layout_key, self.key_at(v), mfu=self.mfu, exhaustive=self.exhaustive)
 
     def mine_at(self, v: float, confirming: bool) -> Estimate | None:
         return _evaluate_at(self.knob, v, self.base, self.mfu, self.timed if confirming else None)
@@ -405,11 +407,7 @@ class _Walk:
         ``v``, or the recommendation does not fit there while another plan does."""
         mine_key = self.key_at(v)
         others = [e for e in fitting if layout_key(e.plan) != mine_key]
-        if not others:
-            return False
-        mine = self.mine_at(v, confirming)
-        fastest = min(e.step_time_s for e in others)
-        return mine is None or not mine.feasible or mine.step_time_s >= MIN_GAIN * fastest
+        return bool(others) and changed(self.mine_at(v, confirming), others)
 
     def run(self, factor: float, steps: int, bisections: int) -> _WalkEnd:
         knob = self.knob
@@ -418,15 +416,15 @@ class _Walk:
             v = knob.base * factor**i
             if knob.integer:
                 v = float(round(v))
-            fitting, built = self.probe(v)
-            if not built:
+            at = self.screen(v)
+            if not at.built:
                 return _WalkEnd(self.held(same), "not built")
-            if fitting and not self.changed(v, fitting):
+            if at.fits and not at.changed:
                 same = v
                 continue
             # a change, or none of the plans re-evaluated fits (the full search below may find one that does)
             lo, hi = self.bisect(same, v, bisections)
-            ranked = self.full(hi) if self.candidates is not None else self.probe(hi)[0]
+            ranked = self.full(hi)
             if not ranked:
                 return _WalkEnd(self.held(lo), "none fits", at=knob.applied(hi))
             if not self.changed(hi, ranked, confirming=True):  # the full search keeps it at hi; past hi only
@@ -446,10 +444,10 @@ class _Walk:
             mid = _between(self.knob, lo, hi)
             if mid is None:
                 break
-            fitting, built = self.probe(mid)
-            if not built:
+            at = self.screen(mid)
+            if not at.built:
                 break
-            if not fitting or self.changed(mid, fitting):
+            if not at.fits or at.changed:
                 hi = mid
             else:
                 lo = mid
@@ -498,6 +496,13 @@ def _gain_text(speedup: float, base_then: Estimate | None) -> str:
     return "the recommendation no longer fits" if memory_only else "the recommendation cannot run there"
 
 
+def _sized_mine(plan: Plan, model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> Plan | None:
+    """The recommended ``plan`` re-sized to the scenario's GPU count and re-split for it (None where it cannot
+    be re-sized), its micro-batch size and recomputation to be chosen afresh."""
+    sized = rescale(plan, cluster.n_gpus) if plan.world_size != cluster.n_gpus else plan.unfixed()
+    return None if sized is None else _resplit(sized, model, job)
+
+
 def _evaluate_at(knob: _Knob, value: float, base: Estimate, mfu: float | None, timed: TimeFn | None = None
                  ) -> Estimate | None:
     """The recommended plan itself, re-evaluated at ``value`` and re-sized to its GPU count (None where it
@@ -507,10 +512,9 @@ def _evaluate_at(knob: _Knob, value: float, base: Estimate, mfu: float | None, t
     if scenario is None:
         return None
     model, cluster, job = scenario
-    plan = rescale(base.plan, cluster.n_gpus) if base.plan.world_size != cluster.n_gpus else base.plan.unfixed()
+    plan = _sized_mine(base.plan, model, cluster, job)
     if plan is None:
         return None
-    plan = _resplit(plan, model, job)
     if timed is not None:
         return timed(model, cluster, job, plan)
     try:

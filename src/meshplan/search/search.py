@@ -105,8 +105,36 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space | 
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise SpecError("search.workers", f"must be a whole number of at least 1, got {workers!r}")
     with _no_cyclic_gc():
-        return _search(model, cluster, job, space, mfu=mfu, progress=progress, refine_top=refine_top,
-                       workers=workers)
+        result = _search(model, cluster, job, space, mfu=mfu, progress=progress, refine_top=refine_top,
+                         workers=workers)
+    key = _scenario_key(model, cluster, job, space, mfu, refine_top)
+    _RECENT.pop(key, None)
+    _RECENT[key] = result
+    while len(_RECENT) > RECENT_SEARCHES:
+        del _RECENT[next(iter(_RECENT))]
+    return result
+
+
+RECENT_SEARCHES = 4
+"""Searches this process keeps (``recent_search``): the stacks' searches of ``plan``, for a sweep of the same
+scenario that passes through its own value."""
+_RECENT: dict[tuple[object, ...], SearchResult] = {}
+"""The last searches, by ``_scenario_key``."""
+
+
+def recent_search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space | None = None, *,
+                  mfu: float | None = None, refine_top: int = 0) -> SearchResult | None:
+    """The result of a search this process ran (or inherited when forked) on a scenario equal to this one,
+    field by field, with the same space, MFU and re-timing: what ``search`` would return again; None if none
+    of the last RECENT_SEARCHES was."""
+    return _RECENT.get(_scenario_key(model, cluster, job, space, mfu, refine_top))
+
+
+def _scenario_key(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space | None, mfu: float | None,
+                  refine_top: int) -> tuple[object, ...]:
+    """A search's inputs by value: the specs' reprs (every field, floats as they round-trip; some hold dicts,
+    so they do not hash)."""
+    return repr(model), repr(cluster), repr(job), repr(space or Space()), mfu, refine_top
 
 
 def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space | None, *, mfu: float | None,
@@ -114,20 +142,7 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
     t0 = time.perf_counter()
     space = space or Space()
     compute = compute_params_for(cluster.accelerator.name, job.software)
-    plans: list[Plan] = []
-    variants, base_of = [], []  # option variants, and the index of each one's default plan
-    # each structure with the recomputation the job allows (JobSpec.recompute); its variants are derived
-    # from the unrestricted structure, since an option may rule out a mode (MoE overlap, full recomputation)
-    for base in enumerate_plans(model, cluster, job, space):
-        p = with_job_recompute(base, job)
-        if p is None:
-            continue
-        plans.append(p)
-        for v in option_variants(model, cluster, job, base) if space.options else ():
-            rv = with_job_recompute(v, job)
-            if rv is not None:
-                variants.append(rv)
-                base_of.append(len(plans) - 1)
+    plans, variants, base_of = enumerate_space(model, cluster, job, space)
     total = len(plans) + len(variants)
 
     def tick(i: int) -> None:
@@ -154,6 +169,26 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
         ranked = _refine(ranked, refine_top, compute, workers)
     return SearchResult(ranked=ranked, n_plans=len(ranked), n_configurations=n_cfg,
                         elapsed_s=time.perf_counter() - t0, n_pruned=bb.n_pruned)
+
+
+def enumerate_space(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space
+                    ) -> tuple[list[Plan], list[Plan], list[int]]:
+    """The structures (each with its default options), their option variants, and the index of each variant's
+    structure, every plan with the recomputation the job allows (JobSpec.recompute); a structure's variants
+    are derived from it unrestricted, since an option may rule out a mode (MoE overlap, full recomputation)."""
+    plans: list[Plan] = []
+    variants, base_of = [], []
+    for base in enumerate_plans(model, cluster, job, space):
+        p = with_job_recompute(base, job)
+        if p is None:
+            continue
+        plans.append(p)
+        for v in option_variants(model, cluster, job, base) if space.options else ():
+            rv = with_job_recompute(v, job)
+            if rv is not None:
+                variants.append(rv)
+                base_of.append(len(plans) - 1)
+    return plans, variants, base_of
 
 
 class _BranchAndBound:
@@ -258,6 +293,9 @@ REFINE_ROUNDS = 4
 """The most rounds of re-timing a search makes: each re-times what the previous ranking put on top without a
 simulated time (a plan the closed form times fast but the tie band ranked below the first ``refine_top``)."""
 
+Retime = Callable[[list[Estimate]], list[Estimate]]
+"""Estimates re-timed by the timeline simulator, in order."""
+
 
 def _refine(ranked: list[Estimate], refine_top: int, compute: ComputeParams, workers: int | None) -> list[Estimate]:
     """``ranked`` with its ``refine_top`` best feasible plans, and the best feasible plan of each family,
@@ -265,22 +303,35 @@ def _refine(ranked: list[Estimate], refine_top: int, compute: ComputeParams, wor
     ``refine_top`` feasible plans of the ranking and the fastest plan are all re-timed (the simulator times
     most plans slower than the closed form, so a plan left on the closed form could otherwise overtake the
     re-timed ones on a time it would not keep)."""
+    return refine_rounds(ranked, refine_top, lambda todo: retime_all(todo, compute, workers))[-1]
+
+
+def retime_all(estimates: list[Estimate], compute: ComputeParams, workers: int | None) -> list[Estimate]:
+    """``estimates`` re-timed by the timeline simulator (on up to ``workers`` cores)."""
     from meshplan.sim.simulate import refine
 
+    return parallel_map(lambda e: refine(e, slowdown=compute.comm_slowdown,
+                                         step_overhead_s=compute.step_overhead_s), estimates, workers)
+
+
+def refine_rounds(ranked: list[Estimate], refine_top: int, retime: Retime) -> list[list[Estimate]]:
+    """``_refine``'s rankings, the closed-form ``ranked`` first and the final one last, each round's plans
+    re-timed by ``retime``: a round re-times what the ranking before it asks for (``to_retime``)."""
+    rankings = [ranked]
     timed_ids: set[int] = set()
     for _ in range(REFINE_ROUNDS):
-        todo = [e for e in _to_retime(ranked, refine_top) if id(e) not in timed_ids]
+        todo = [e for e in to_retime(ranked, refine_top) if id(e) not in timed_ids]
         if not todo:
             break
-        timed = parallel_map(lambda e: refine(e, slowdown=compute.comm_slowdown,
-                                              step_overhead_s=compute.step_overhead_s), todo, workers)
+        timed = retime(todo)
         refined = {id(e): r for e, r in zip(todo, timed, strict=True)}
         timed_ids |= {id(r) for r in timed}
         ranked = rank([refined.get(id(e), e) for e in ranked])
-    return ranked
+        rankings.append(ranked)
+    return rankings
 
 
-def _to_retime(ranked: list[Estimate], refine_top: int) -> list[Estimate]:
+def to_retime(ranked: list[Estimate], refine_top: int) -> list[Estimate]:
     """The plans a ranking asks the simulator to time: its first ``refine_top`` feasible plans, the fastest
     feasible plan, and the best feasible plan of each family (so that families compare like with like)."""
     feasible = [e for e in ranked if e.feasible]

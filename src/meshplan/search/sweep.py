@@ -11,7 +11,8 @@ from meshplan.cost.estimate import Estimate
 from meshplan.errors import SpecError
 from meshplan.parallel import parallel_map
 from meshplan.search.conditions import changed_label, knob, structural_key, unsplit
-from meshplan.search.search import REFINE_TOP, search
+from meshplan.search.leading import LeadingResult, search_leading
+from meshplan.search.search import REFINE_TOP, SearchResult, recent_search, search
 from meshplan.search.space import Space
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec
 from meshplan.specs._validate import MAX_INT
@@ -73,9 +74,11 @@ def geometric(lo: float, hi: float, points: int) -> list[float]:
 
 def sweep(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, name: str, values: list[float], *,
           space: Space | None = None, mfu: float | None = None, workers: int | None = None,
-          progress: Callable[[int, int], None] | None = None) -> list[SweepPoint]:
+          progress: Callable[[int, int], None] | None = None, exhaustive: bool = False) -> list[SweepPoint]:
     """The best plan, and the best of each family, at each of ``values`` of condition ``name`` (values where
-    the scenario cannot be built are left out); the searches run on up to ``workers`` cores (default: all)."""
+    the scenario cannot be built are left out); the searches run on up to ``workers`` cores (default: all).
+    Each point is what ``plan`` would recommend there, with the best plan of each family, found by a search
+    for the leading plans (search.leading), or with ``exhaustive`` by the full search, which gives the same."""
     k = knob(model, cluster, job, name)
     if not values or not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
         raise SpecError("sweep.values", "must be a non-empty list of finite numbers")
@@ -89,10 +92,15 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, name: str, value
     def point(item: tuple[float, tuple[ModelSpec, ClusterSpec, JobSpec]]) -> SweepPoint:
         value, scenario = item
         # re-timed as plan re-times its leading plans, so that a sweep point and plan give one step time
-        res = search(*scenario, space, mfu=mfu, refine_top=REFINE_TOP, workers=1)
+        res: SearchResult | LeadingResult | None
+        if exhaustive:
+            res = search(*scenario, space, mfu=mfu, refine_top=REFINE_TOP, workers=1)
+        else:  # the scenario's own value was searched already where plan chose its stack
+            res = (recent_search(*scenario, space, mfu=mfu, refine_top=REFINE_TOP)
+                   or search_leading(*scenario, space, mfu=mfu, refine_top=REFINE_TOP))
         return SweepPoint(value, res.recommended, {f: e for f, e in res.best_by_family().items() if e.feasible})
 
-    return parallel_map(point, sorted(scenarios.items()), workers, done=progress)
+    return parallel_map(point, sorted(scenarios.items()), workers, done=progress, distributable=True)
 
 
 def changes(points: list[SweepPoint]) -> list[tuple[float, float, str, str]]:

@@ -332,7 +332,7 @@ def cross_validate(rows: list[RowResult], *, k: int = 5, rounds: int = MAX_ROUND
         return state
 
     return [FoldFit(held_out_ids(part), state)
-            for part, state in zip(parts, parallel_map(fold, range(len(parts))), strict=True)]
+            for part, state in zip(parts, parallel_map(fold, range(len(parts)), distributable=True), strict=True)]
 
 
 def out_of_fold(rows: list[RowResult], fits: list[FoldFit]) -> dict[int, float]:

@@ -49,6 +49,9 @@ def register(sub: Any) -> None:
                    help="exit 1 if the MAPE of peak memory (rows that report it) exceeds this fraction")
     p.add_argument("--require-fit", action="store_true",
                    help="exit 1 if any measured run is predicted not to fit in memory")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="fit the folds and source groups on Ray (pip install 'meshplan[ray]'): a local instance, or "
+                        "the cluster at ADDRESS ('auto', 'ray://HOST:10001'); docs/performance.md")
     p.set_defaults(func=cmd_validate)
 
 
