@@ -94,11 +94,12 @@ def copies_on_rank_moments(n_experts: int, top_k: int, local_experts: float, n_g
     E, k, g, G, tg = n_experts, top_k, float(local_experts), n_groups, topk_groups
     if E <= 0 or k <= 0 or g <= 0:
         return 0.0, 0.0
-    per_group = E / G if G else 0.0
+    if not (G and tg):
+        return _hypergeometric_moments(E, g, k)
+    per_group = E / G
     inside_one = g <= per_group and per_group % g == 0
     whole_groups = g >= per_group and g % per_group == 0
-    nested = G and tg and (inside_one or whole_groups)
-    if not nested:
+    if not (inside_one or whole_groups):
         return _hypergeometric_moments(E, g, k)
     pool = tg * per_group
     if g <= per_group:  # the rank lies inside one group: chosen or not
