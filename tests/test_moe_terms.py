@@ -158,3 +158,18 @@ def test_router_and_permutation_passes():
     assert passes_over_copies(2, local_experts=1, ep=8) == (3.0, 4.0)
     with pytest.raises(ValueError):
         permute_elements_per_token(8, 10, local_experts=4, ep=8, dispatcher="deepep")
+
+
+def test_an_all_to_all_across_nodes_slows_as_its_transfers_shrink():
+    """The same per-rank buffer spread over more ranks: n - 1 smaller point-to-point transfers, each at its
+    own size efficiency (the fan-out of a large expert-parallel all-to-all)."""
+    from meshplan.catalog import load_cluster
+    from meshplan.cost.collectives import ALL_TO_ALL, all_to_all_peer_efficiency, collective_time_s
+    from meshplan.cost.mesh import Group
+
+    assert all_to_all_peer_efficiency(64 * 2**20, 8, 2 * 2**20) == pytest.approx(8 / 10)
+    assert all_to_all_peer_efficiency(64 * 2**20, 1, 2 * 2**20) == 1.0
+    cluster = load_cluster("h100-sxm", nodes=64)
+    buffer = 128 * 2**20
+    per_byte = [collective_time_s(ALL_TO_ALL, buffer, Group("ep", n, 8), cluster) for n in (16, 64, 256)]
+    assert per_byte[0] < per_byte[1] < per_byte[2]
