@@ -292,7 +292,7 @@ def test_a_profile_says_what_it_replaces_and_when_it_replaces_nothing():
     assert any("measured with gloo on cpu" in n and "h100-sxm" in n for n in notes)
     _, notes = apply_profile(cluster, _profile())
     assert notes == ["profile: nothing in it applies to the planner (no collective fit over two or more message "
-                     "sizes, no BF16 GEMM figure): the catalog's figures stand"]
+                     "sizes, no BF16 GEMM figure, no MoE kernel): the catalog's figures stand"]
 
 
 def test_measure_rejects_ignored_flags_and_bad_outputs_before_it_starts(tmp_path, capsys):
