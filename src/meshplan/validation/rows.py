@@ -40,6 +40,8 @@ class Scenario:
     precision_label: str
     imputed: tuple[str, ...] = ()
     """Settings the row does not state, taken from elsewhere, each with where from."""
+    release: str = ""
+    """The software release the row names (its ``software`` cell, e.g. 'NeMo 26.04.01 / Megatron-Bridge')."""
 
 
 class Skip(Exception):
@@ -587,4 +589,4 @@ def scenario_from_row(idx: int, row: dict[str, str]) -> Scenario:
                     measured_step_time_s=_f(row, "step_time_s"),
                     measured_peak_memory_bytes=None if mem is None else mem * GiB,
                     flops_counting=row.get("flops_counting", ""), precision_label=row["precision"],
-                    imputed=imputed)
+                    imputed=imputed, release=(row.get("software") or "").strip())
