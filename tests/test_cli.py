@@ -168,8 +168,8 @@ def _catalog_accelerator(name: str) -> str:
     (["evaluate", "--plan", "tp=-2,dp_shard=-1"], "plan.tp: must be a whole number of at least 1"),
     (["evaluate", "--job", "{job}", "--plan", "dp_shard=64"], "job.runtime: must be a table"),
     (["evaluate", "--model", "{binary}", "--plan", "dp_shard=64"], "is not UTF-8 text"),
-    (["evaluate", "--profile", "{binary}", "--plan", "dp_shard=64"], "profile: malformed JSON"),
-    (["validate", "{binary}"], "is not a UTF-8 CSV file"),
+    (["evaluate", "--profile", "{binary}", "--plan", "dp_shard=64"], "profile: file"),
+    (["validate", "{binary}"], "is not UTF-8 text"),
     (["validate", "{header}"], "has a header but no data rows"),
     (["validate", "{header}", "--cv", "1"], "validate --cv: must be 0 (no cross-validation) or at least 2"),
     (["validate", "{header}", "--cv", "-1"], "validate --cv: must be 0"),
@@ -181,7 +181,7 @@ def _catalog_accelerator(name: str) -> str:
     (["evaluate", "--plan", "dp_shard=64", "--trace", "{dir}/no/x.json"], "does not exist"),
     (["evaluate", "--plan", "dp_shard=64", "--trace", "{dir}"], "must end in .json"),
     (["sweep", "--vary", "gpus=8..16", "--plot", "{dir}/x.svg"], "must end in .png"),
-    (["sweep", "--vary", "inter-node-bandwidth=1..inf", "--json"], "both finite"),
+    (["sweep", "--vary", "inter-node-bandwidth=1..inf", "--json"], "bad range '1..inf'"),
     (["sweep", "--vary", "seq-len=3000..5000", "--points", "3"], "gives a scenario that can be built"),
     (["evaluate", "--plan", "dp_shard=64", "--nodes", "inf"], "argument --nodes"),
     (["evaluate", "--plan", "dp_shard=64", "--nodes", "1e400"], "argument --nodes"),
@@ -193,14 +193,14 @@ def _catalog_accelerator(name: str) -> str:
     (["evaluate", "--plan", "dp_shard=64", "--job", "{nan_job}"], "job.moe_routing_imbalance"),
     (["evaluate", "--plan", "dp_shard=64", "--profile", "{profile}"], "profile.gemm_best_flop_per_s"),
     (["evaluate", "--plan", "dp_shard=64", "--profile", "{profile_inf}"], "profile.collective_fits.all_gather@"),
-    (["evaluate", "--plan", "dp_shard=64", "--profile", "{profile_slow}"], "at least 1 MB/s"),
+    (["evaluate", "--plan", "dp_shard=64", "--profile", "{profile_slow}"], "from 1 MB/s to 100 TB/s"),
     (["evaluate", "--plan", "dp_shard=-1", "--cluster", "{node3}"], "cluster.node: must be a table"),
     (["evaluate", "--plan", "tp=8,pp=8", "--assumptions", "worked-example"], "no term for pp=8"),
     (["evaluate", "--plan", "dp_shard=64,reshard_after_forward=maybe"], "true, false or a group size"),
     (["evaluate", "--plan", "tp=8,dp_shard=8,reshard_after_forward=4"], "(DTensor) parameters to a smaller group"),
     (["evaluate", "--model", "deepseek-v3", "--nodes", "128", "--plan", "pp=16,ep=64,dp_shard=64,schedule=zb-v"],
      "Megatron runs no ZB-V"),
-    (["evaluate", "--job", "{dir}", "--plan", "dp_shard=64"], "is a directory"),
+    (["evaluate", "--job", "{dir}", "--plan", "dp_shard=64"], "is a folder"),
     # found by the twenty-first session's review (tracebacks, hangs, silent misreadings)
     (["evaluate", "--model", "{big}", "--plan", "dp_shard=-1"], "model.n_layers: must be a whole number from 1 "
                                                                 "to 100,000, got 1000000000000"),
@@ -213,14 +213,14 @@ def _catalog_accelerator(name: str) -> str:
     (["evaluate", "--model", "mixtral-8x7b", "--nodes", "4", "--plan", "ep=-1,dp_shard=32"], "plan.ep: cannot be -1"),
     (["evaluate", "--cluster", "{accname}", "--plan", "dp_shard=-1"], "accelerator.name: must be a string"),
     (["evaluate", "--cluster", "{slownic}", "--plan", "dp_shard=-1"], "cluster.node.nic_gb_per_s: must be a number "
-                                                                      "of at least 0.001"),
+                                                                      "from 0.001 to 100000"),
     (["evaluate", "--model", "{deep}", "--plan", "dp_shard=-1"], "nested too deeply"),
     (["evaluate", "--model", "{json_model}", "--plan", "dp_shard=-1"], "(spec files are TOML, not JSON)"),
     (["evaluate", "--seq-len", "4095", "--batch-tokens", "4193280", "--plan", "tp=8,dp_shard=8"],
      "plan.sp: sequence parallelism splits seq_len=4095 over tp=8"),
     (["sweep", "--vary", "batch-tokens=2M..4M", "--points", "1"], "argument --points: must be from 2 to 200"),
     (["validate", "{header}", "--cv", "2", "--cv-rounds", "0"], "argument --cv-rounds: must be from 1 to 50"),
-    (["validate", "{dir}"], "is not a regular file"),
+    (["validate", "{dir}"], "is a folder"),
     (["validate", "{twice}", "--cv", "0"], "repeats columns vocab"),
     (["validate", "{skipped}", "--cv", "0"], "has no row meshplan can model"),
     (["report", "--out", "", "--no-conditions"], "expected a folder name"),
@@ -267,9 +267,9 @@ def test_malformed_inputs_name_the_field_and_exit_2_without_a_traceback(capsys, 
 
 @pytest.mark.parametrize("text, says", [
     ('accelerator = "h100-sxm"\nnodes = 2\n[node]\nnic_gb_per_s = "fast"\n',
-     "cluster.node.nic_gb_per_s: must be a number of at least 0.001, got 'fast'"),
-    ('accelerator = "h100-sxm"\n[node]\nnic_gb_per_s = -50\n', "cluster.node.nic_gb_per_s: must be a number of "
-                                                               "at least 0.001, got -50"),  # the file's key and value
+     "cluster.node.nic_gb_per_s: must be a number from 0.001 to 100000, got 'fast'"),
+    ('accelerator = "h100-sxm"\n[node]\nnic_gb_per_s = -50\n', "cluster.node.nic_gb_per_s: must be a number from "
+                                                               "0.001 to 100000, got -50"),  # the file's key and value
     ('accelerator = "h100-sxm"\n[node]\nnvls_min_gpus = "five"\n', "cluster.node.nvls_min_gpus: must be a whole "
                                                                    "number from 1"),
     ('accelerator = "h100-sxm"\n[node]\nnic_efficiency = 1.5\n', "cluster.node.nic_efficiency: must be a number in"),

@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from meshplan.units import GB, MIN_LINK_BYTES_PER_S, parse_size
+from meshplan.units import GB, MAX_LINK_BYTES_PER_S, MIN_LINK_BYTES_PER_S, ascii_float, ascii_int, parse_size
 
 
 def _checked(text: str, parse: Callable[[str], float], expected: str, ok: Callable[[float], bool],
@@ -30,28 +30,28 @@ def positive_size(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    return _checked(text, float, "a number", lambda v: 0 < v < math.inf, "positive and finite")
+    return _checked(text, ascii_float, "a number", lambda v: 0 < v < math.inf, "positive and finite")
 
 
 def link_gb_per_s(text: str) -> float:
-    """A link's bandwidth in decimal GB/s: from MIN_LINK_BYTES_PER_S (1 MB/s) to 100 TB/s."""
-    lo = MIN_LINK_BYTES_PER_S / GB
-    return _checked(text, float, "a number of GB/s", lambda v: lo <= v <= 1e5, f"between {lo:g} and 100000")
+    """A link's bandwidth in decimal GB/s: from MIN_LINK_BYTES_PER_S (1 MB/s) to MAX_LINK_BYTES_PER_S (100 TB/s)."""
+    lo, hi = MIN_LINK_BYTES_PER_S / GB, MAX_LINK_BYTES_PER_S / GB
+    return _checked(text, ascii_float, "a number of GB/s", lambda v: lo <= v <= hi, f"between {lo:g} and {hi:g}")
 
 
 def mfu_fraction(text: str) -> float:
     """An assumed MFU: from 0.1 % to 100 %."""
-    return _checked(text, float, "a number", lambda v: 1e-3 <= v <= 1, "in [0.001, 1]")
+    return _checked(text, ascii_float, "a number", lambda v: 1e-3 <= v <= 1, "in [0.001, 1]")
 
 
 def count(text: str) -> int:
-    return int(_checked(text, int, "a whole number", lambda v: v >= 1, "at least 1"))
+    return int(_checked(text, ascii_int, "a whole number", lambda v: v >= 1, "at least 1"))
 
 
 def whole_in(lo: int, hi: int) -> Callable[[str], int]:
     """A whole number from ``lo`` to ``hi``."""
     def check(text: str) -> int:
-        return int(_checked(text, int, "a whole number", lambda v: lo <= v <= hi, f"from {lo} to {hi}"))
+        return int(_checked(text, ascii_int, "a whole number", lambda v: lo <= v <= hi, f"from {lo} to {hi}"))
     return check
 
 

@@ -7,8 +7,10 @@ stderr naming the field and what is allowed, no traceback).
 from __future__ import annotations
 
 import argparse
-import json
+import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 
 from meshplan.argtypes import link_gb_per_s, mfu_fraction, output_dir, output_file, positive_size, whole_in
 from meshplan.errors import SpecError
+from meshplan.fileio import WriteError, atomic_write_bytes, strict_json, write_json
 
 DEFAULT_MODEL = "seed-70b"
 DEFAULT_CLUSTER = "h100-sxm"
@@ -139,7 +142,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         est = replace(est, notes=[*est.notes, mismatch])
     if args.profile_notes:
         est = replace(est, notes=[*est.notes, *args.profile_notes])
-    print(json.dumps(estimate_dict(est), indent=2) if args.json else estimate_text(est))
+    print(strict_json(estimate_dict(est)) if args.json else estimate_text(est))
     return 0
 
 
@@ -154,7 +157,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         out = plan_analysis_dict(analysis, top=args.top if args.top else None)
         out["profile_notes"] = args.profile_notes
-        print(json.dumps(out, indent=2))
+        print(strict_json(out))
     else:
         print("\n".join([*args.profile_notes, plan_text(analysis, top=args.top or 10)]))
     return 0
@@ -182,18 +185,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.plot:
         from meshplan.report.charts import sweep_chart
 
-        Path(args.plot).write_bytes(sweep_chart(points, xlabel=name, log_x=log_ticks([p.value for p in points])))
+        atomic_write_bytes(args.plot, sweep_chart(points, xlabel=name, log_x=log_ticks([p.value for p in points])))
     from meshplan.search.conditions import knob
     from meshplan.search.rank import TIE_BAND
 
     unit = knob(model, cluster, job, name).unit
     if args.json:
-        print(json.dumps({"schema": "meshplan.sweep/1", "condition": name, "unit": unit, "points": [
+        print(strict_json({"schema": "meshplan.sweep/1", "condition": name, "unit": unit, "points": [
             {"value": p.value, "best": estimate_dict(p.best) if p.best else None,
              "best_by_family": {f: {"plan": e.plan.to_string(), "label": e.plan.label(), "step_time_s": e.step_time_s,
                                     "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu} for f, e in p.by_family.items()}}
             for p in points], "changes": [{"from_value": a, "to_value": b, "from_plan": pa, "to_plan": pb}
-                                          for a, b, pa, pb in changes(points)]}, indent=2))
+                                          for a, b, pa, pb in changes(points)]}))
         return 0
     from meshplan.units import format_seconds
 
@@ -245,7 +248,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
         out = plan_analysis_dict(analysis, top=None)
         out["profile_notes"] = args.profile_notes
-        (out_dir / "report.json").write_text(json.dumps(out, indent=2))
+        write_json(out_dir / "report.json", out)
         print(f"wrote {html_path}, {md_path} and {out_dir / 'report.json'}")
     else:
         print(f"wrote {html_path} and {md_path}")
@@ -278,7 +281,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
                        "hidden": m.hidden, "n_heads": m.n_heads, "n_kv_heads": m.n_kv_heads,
                        "ffn_hidden": m.ffn_hidden, "vocab": m.vocab, "moe": m.is_moe, "source": m.source})
     if args.json:
-        print(json.dumps({"accelerators": accels, "models": models}, indent=2))
+        print(strict_json({"accelerators": accels, "models": models}))
         return 0
     print("accelerators (dense TFLOP/s; HBM in GiB and TB/s; links per GPU per direction and NCCL bus bandwidths "
           "(busbw) in decimal GB/s):")
@@ -372,22 +375,62 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that the work unwinds (workers killed, no partial file)."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+def _fail(message: str, code: int) -> int:
+    """One line on stderr (cut to MAX_ERROR_CHARS), and the exit status."""
+    line = " ".join(message.split())
+    if len(line) > MAX_ERROR_CHARS:
+        line = line[:MAX_ERROR_CHARS - 30] + f"... ({len(line):,} characters)"
+    print(f"meshplan: {line}", file=sys.stderr)
+    return code
+
+
+MAX_ERROR_CHARS = 2000
+"""The longest error line the command prints."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "command", None):
-        args = parser.parse_args(["plan", *(argv or [])])
+    """Run one command. Exit status: 0 done, 1 a check failed or a file could not be written, 2 bad input,
+    130 interrupted (Ctrl-C), 143 terminated (SIGTERM), 70 an internal error (one line; MESHPLAN_DEBUG=1
+    shows its traceback)."""
+    in_main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, _terminate) if in_main else None
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "command", None):
+            args = parser.parse_args(["plan", *(argv or [])])
         return int(args.func(args))
     except SpecError as exc:
-        print(f"meshplan: error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(f"error: {exc}", 2)
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    except Terminated:
+        return _fail("terminated", 143)
+    except WriteError as exc:
+        return _fail(f"error: {exc}", 1)
     except OSError as exc:  # a file the checks before the work could not foresee (a read-only file system)
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"meshplan: error: {where}{exc.strerror or exc}", file=sys.stderr)
-        return 1
+        return _fail(f"error: {where}{exc.strerror or exc}", 1)
+    except (RecursionError, MemoryError) as exc:
+        return _fail(f"error: the input is too large or nested too deeply ({type(exc).__name__})", 2)
+    except Exception as exc:  # a bug: one line, the traceback on request
+        if os.environ.get("MESHPLAN_DEBUG"):
+            raise
+        return _fail(f"internal error: {type(exc).__name__}: {exc} (set MESHPLAN_DEBUG=1 for the traceback, and "
+                     "please report it)", 70)
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from meshplan.errors import SpecError
+
+MAX_SPEC_BYTES = 1 << 20
+"""The largest spec file (model, cluster, accelerator, job: TOML or JSON) meshplan reads: 1 MiB, some
+hundred times the largest real one."""
+MAX_DATA_BYTES = 64 << 20
+"""The largest data file meshplan reads (a profile, a published-runs CSV, a framework config): 64 MiB."""
 
 class WriteError(OSError):
     """A file could not be written: ``path`` and the operating system's reason. The destination, if it
@@ -84,3 +91,27 @@ def strict_json(obj: Any, *, indent: int | None = 2) -> str:
 def write_json(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2) -> None:
     """Write ``obj`` to ``path`` as strict JSON (strict_json), atomically, with a final newline."""
     atomic_write_text(path, strict_json(obj, indent=indent) + "\n")
+
+
+def read_input_text(path: str | os.PathLike[str], field: str, *, max_bytes: int = MAX_SPEC_BYTES,
+                    kind: str = "file") -> str:
+    """The UTF-8 text of an input file, or SpecError naming ``field``: not found, not a regular file,
+    larger than ``max_bytes``, unreadable, or not UTF-8. The size is checked before anything is read."""
+    p = Path(path)
+    if not p.is_file():
+        state = "is a folder" if p.is_dir() else "is not a regular file" if p.exists() else "not found"
+        raise SpecError(field, f"{kind} {str(path)!r} {state}")
+    try:
+        size = p.stat().st_size
+        if size > max_bytes:
+            raise SpecError(field, f"{kind} {str(path)!r} is {size:,} bytes; at most {max_bytes:,} are read")
+        with p.open("rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise SpecError(field, f"{kind} {str(path)!r} cannot be read ({_reason(exc)})") from None
+    if len(data) > max_bytes:  # grew while it was read
+        raise SpecError(field, f"{kind} {str(path)!r} is over {max_bytes:,} bytes; at most that many are read")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(field, f"{kind} {str(path)!r} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None

@@ -54,23 +54,25 @@ from typing import Any
 
 from meshplan.cost.collectives import COLLECTIVES
 from meshplan.errors import SpecError
+from meshplan.fileio import MAX_DATA_BYTES, read_input_text
 from meshplan.specs import AcceleratorSpec, ClusterSpec
+from meshplan.specs._validate import MAX_FLOP_PER_S, MIN_EFFICIENCY
 from meshplan.specs.hardware import MAX_LATENCY_S
-from meshplan.units import GB, MIN_LINK_BYTES_PER_S
+from meshplan.units import GB, MAX_LINK_BYTES_PER_S, MIN_LINK_BYTES_PER_S
 
 SCHEMA = "meshplan.profile/1"
 
 
 def load_profile(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError("profile", f"file {str(path)!r} " + ("is not a regular file" if p.exists() else "not found"))
+    text = read_input_text(path, "profile", max_bytes=MAX_DATA_BYTES)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SpecError("profile", f"malformed JSON in {path}: {exc}") from None
+        data = json.loads(text)  # NaN and Infinity parse; the fields that hold them are named when checked
+    except json.JSONDecodeError as exc:
+        raise SpecError("profile", f"malformed JSON in {path}: {str(exc)[:200]}") from None
     except RecursionError:
         raise SpecError("profile", f"malformed JSON in {path}: nested too deeply") from None
+    except ValueError as exc:  # a number of thousands of digits
+        raise SpecError("profile", f"malformed JSON in {path}: {str(exc)[:120]}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         got = data.get("schema") if isinstance(data, dict) else None
         raise SpecError("profile.schema", f"must be {SCHEMA!r}; got {got!r}")
@@ -99,13 +101,15 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
         if op not in COLLECTIVES or link not in ("intra_node", "inter_node"):
             raise SpecError(f"profile.collective_fits.{key}", f"op must be one of {', '.join(COLLECTIVES)} and "
                                                               "link intra_node or inter_node")
-        if not (math.isfinite(busbw) and math.isfinite(alpha)) or (busbw != 0 and busbw < MIN_LINK_BYTES_PER_S):
+        if not (math.isfinite(busbw) and math.isfinite(alpha)) or (busbw != 0 and not MIN_LINK_BYTES_PER_S <= busbw
+                                                                   <= MAX_LINK_BYTES_PER_S):
             raise SpecError(f"profile.collective_fits.{key}", "alpha_s and busbw_bytes_per_s must be finite, and "
-                                                              "a bus bandwidth at least 1 MB/s (or 0: unmeasured)")
-        if alpha > MAX_LATENCY_S:
-            raise SpecError(f"profile.collective_fits.{key}", f"alpha_s must be at most {MAX_LATENCY_S:g} s (a "
-                                                              f"collective's fixed latency); got {alpha:g}")
-        alpha = max(0.0, alpha)
+                                                              "a bus bandwidth from 1 MB/s to 100 TB/s (or 0: "
+                                                              "unmeasured)")
+        if not 0 <= alpha <= MAX_LATENCY_S:
+            raise SpecError(f"profile.collective_fits.{key}", f"alpha_s must be from 0 to {MAX_LATENCY_S:g} s (a "
+                                                              f"collective's fixed latency; measure's fit writes 0 "
+                                                              f"where the best one is negative); got {alpha:g}")
         if busbw <= 0:
             continue
         if link == "intra_node":
@@ -145,10 +149,14 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
             best = float(best)
         except (TypeError, ValueError):
             raise SpecError("profile.gemm_best_flop_per_s", f"must be a number of FLOP/s; got {best!r}") from None
-        if not 1e9 <= best < math.inf:
-            raise SpecError("profile.gemm_best_flop_per_s", f"must be finite and at least 1e9 FLOP/s; got {best!r}")
+        if not 1e9 <= best <= MAX_FLOP_PER_S:
+            raise SpecError("profile.gemm_best_flop_per_s", f"must be from 1e9 to {MAX_FLOP_PER_S:g} FLOP/s; got "
+                                                            f"{best!r}")
         # as the catalog's MAMF figure, the best measured rate is the efficiency curve's asymptote, so that
         # the calibrated gemm_scale (fitted with MAMF taken that way) applies unchanged
+        if best < MIN_EFFICIENCY * accel.bf16_flop_per_s:
+            raise SpecError("profile.gemm_best_flop_per_s", f"{best:g} FLOP/s is below a millionth of the "
+                                                            f"{accel.name} peak: not a measurement of this part")
         eff = min(1.0, best / accel.bf16_flop_per_s)
         accel = replace(accel, gemm_efficiency=eff)
         notes.append(f"profile: best BF16 GEMM {best / 1e12:.3g} TFLOP/s measured on "

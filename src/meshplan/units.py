@@ -28,6 +28,8 @@ MICRO = 1e-6
 MIN_LINK_BYTES_PER_S = 1e6
 """The slowest link rate meshplan takes (1 MB/s: --inter-node-bandwidth, a profile's measured bus bandwidth);
 below it collective times overflow rather than mean anything."""
+MAX_LINK_BYTES_PER_S = 1e14
+"""The fastest link rate meshplan takes (100 TB/s per GPU per direction, some hundred times NVLink 5)."""
 
 Bytes = float
 Seconds = float
@@ -65,6 +67,30 @@ def format_tokens(n: float) -> str:
     return f"{n:.0f}"
 
 
+def ascii_int(text: str) -> int:
+    """``int(text)`` for plain ASCII digits only (an optional sign, no underscores, at most 40 digits):
+    Python's int() also reads other scripts' digits ('٨' is 8) and '1_000', which a spec or a flag should
+    not. ValueError otherwise."""
+    body = text.strip()
+    digits = body[1:] if body[:1] in "+-" else body
+    if not digits or not digits.isascii() or not digits.isdigit() or len(digits) > 40:
+        raise ValueError(f"not a plain whole number: {text!r}")
+    return int(body)
+
+
+def ascii_float(text: str) -> float:
+    """``float(text)`` for an ASCII decimal number ('12.5', '1e3'; not 'nan', 'inf' nor other scripts'
+    digits), finite. ValueError otherwise."""
+    body = text.strip()
+    if not body or not body.isascii() or len(body) > 60 or not any(c.isdigit() for c in body) \
+            or any(c.isalpha() and c not in "eE" for c in body) or "_" in body:
+        raise ValueError(f"not a plain number: {text!r}")
+    value = float(body)
+    if not math.isfinite(value):
+        raise ValueError(f"not a finite number: {text!r}")
+    return value
+
+
 def parse_size(text: str) -> int:
     """Parse '4M', '512K', '4194304', '1.5M' (binary multiples, as token batches are quoted)."""
     t = text.strip().upper()
@@ -73,7 +99,7 @@ def parse_size(text: str) -> int:
         if t.endswith(suffix):
             mult, t = m, t[:-1]
             break
-    value = float(t) * mult
+    value = ascii_float(t) * mult
     if not math.isfinite(value):
         raise ValueError(f"{text!r} is not a finite number")
     if value != int(value):

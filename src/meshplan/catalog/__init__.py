@@ -8,6 +8,7 @@ also be given as a spec file path with the same keys.
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from dataclasses import fields
 from importlib import resources
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.errors import SpecError
+from meshplan.fileio import read_input_text
 from meshplan.specs import (
     AcceleratorSpec,
     ClusterSpec,
@@ -24,9 +26,17 @@ from meshplan.specs import (
     ModelSpec,
     RuntimeOverheads,
 )
-from meshplan.specs._validate import fraction, positive_int, positive_number
+from meshplan.specs._validate import (
+    MAX_BYTES,
+    MAX_BYTES_PER_S,
+    MAX_FLOP_PER_S,
+    efficiency,
+    positive_int,
+    positive_number,
+    shown_list,
+)
 from meshplan.specs.hardware import MAX_LATENCY_S, MIN_FLOP_PER_S, MIN_HBM_BYTES, ExpertGemmPoint
-from meshplan.units import GB, MICRO, MIN_LINK_BYTES_PER_S, TERA, GiB, parse_size
+from meshplan.units import GB, MAX_LINK_BYTES_PER_S, MICRO, MIN_LINK_BYTES_PER_S, TERA, GiB, parse_size
 
 _ACCEL_KEYS = {"name", "description", "bf16_dense_tflop_per_s", "fp8_dense_tflop_per_s", "hbm_capacity_gib",
                "hbm_bandwidth_tb_per_s", "gemm_efficiency", "node", "sources", "expert_gemm",
@@ -55,33 +65,48 @@ def list_models() -> list[str]:
     return _names("models")
 
 
-def _read_toml(what: str, ref: str, kind: str) -> tuple[dict[str, Any], str]:
-    """Load a catalog entry by name, or a spec file by path. Returns (data, origin)."""
-    path = Path(ref)
-    if ref.endswith(".toml") or path.exists():
-        if not path.is_file():
-            kind_of = ("a directory" if path.is_dir() else "not a regular file" if path.exists() else "")
-            raise SpecError(what, f"spec file {ref!r} " + (f"is {kind_of}" if kind_of else "not found")
-                            + ("; give a .toml spec file" if kind == "jobs" else
-                               "; give a .toml spec file or a catalog name"))
-        try:
-            text, origin = path.read_text(encoding="utf-8"), str(path)
-        except UnicodeDecodeError as exc:
-            raise SpecError(what, f"spec file {ref!r} is not UTF-8 text (TOML): {exc.reason} at byte "
-                                  f"{exc.start}") from None
-    else:
-        entry = _catalog_dir(kind).joinpath(f"{ref}.toml")
-        if not entry.is_file():
-            raise SpecError(what, f"unknown name {ref!r}; catalog has: {', '.join(_names(kind))} "
-                                  "(or give a path to a .toml spec file)")
-        text, origin = entry.read_text(), f"catalog:{kind}/{ref}"
+MAX_KEY_PARTS = 16
+"""The most parts a dotted TOML key of a spec file may have (``a.b.c`` has 3; real spec files have 2):
+Python's TOML parser takes time quadratic in a key's parts, minutes for a 200 KB key."""
+_KEY_PART = r"""(?:[A-Za-z0-9_-]+|"[^"\n]{0,200}"|'[^'\n]{0,200}')[ \t]*\.[ \t]*"""
+_DEEP_KEY = re.compile(f"(?:{_KEY_PART}){{{MAX_KEY_PARTS},}}")
+
+
+def parse_toml(text: str, what: str, origin: str) -> dict[str, Any]:
+    """``text`` as TOML, or SpecError naming ``what``: malformed, keys of more than MAX_KEY_PARTS dotted
+    parts, nested too deeply, or a number beyond what Python reads."""
+    if _DEEP_KEY.search(text):
+        raise SpecError(what, f"malformed TOML in {origin}: a dotted key of more than {MAX_KEY_PARTS} parts")
     try:
-        return tomllib.loads(text), origin
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         hint = " (spec files are TOML, not JSON)" if text.lstrip().startswith("{") else ""
-        raise SpecError(what, f"malformed TOML in {origin}: {exc}{hint}") from None
+        raise SpecError(what, f"malformed TOML in {origin}: {str(exc)[:200]}{hint}") from None
     except RecursionError:
         raise SpecError(what, f"malformed TOML in {origin}: nested too deeply") from None
+    except ValueError:  # Python's limit on the digits of an integer it converts (4,300)
+        raise SpecError(what, f"malformed TOML in {origin}: a number of thousands of digits") from None
+
+
+def _read_toml(what: str, ref: str, kind: str) -> tuple[dict[str, Any], str]:
+    """Load a catalog entry by name, or a spec file by path. Returns (data, origin)."""
+    if not isinstance(ref, str) or not ref:
+        raise SpecError(what, f"must be a catalog name or a .toml spec file path, got {ref!r}")
+    path = Path(ref)
+    if ref.endswith(".toml") or path.exists():
+        hint = "; give a .toml spec file" if kind == "jobs" else "; give a .toml spec file or a catalog name"
+        try:
+            text, origin = read_input_text(path, what, kind="spec file"), str(path)
+        except SpecError as exc:
+            raise SpecError(what, exc.message + (hint if "not found" in exc.message or "folder" in exc.message
+                                                  or "regular" in exc.message else "")) from None
+    else:
+        entry = _catalog_dir(kind).joinpath(f"{ref}.toml")
+        if len(ref) > 100 or not entry.is_file():
+            raise SpecError(what, f"unknown name {ref[:60]!r}; catalog has: {', '.join(_names(kind))} "
+                                  "(or give a path to a .toml spec file)")
+        text, origin = entry.read_text(), f"catalog:{kind}/{ref}"
+    return parse_toml(text, what, origin), origin
 
 
 def load_job(path: str | None, *, defaults: dict[str, Any] | None = None, **overrides: Any) -> JobSpec:
@@ -110,10 +135,12 @@ def load_job(path: str | None, *, defaults: dict[str, Any] | None = None, **over
 
 def _reject_unknown(what: str, data: Any, allowed: set[str]) -> None:
     if not isinstance(data, dict):
-        raise SpecError(what, f"must be a table with keys among {', '.join(sorted(allowed))}; got {data!r}")
+        raise SpecError(what, f"must be a table with keys among {', '.join(sorted(allowed))}; got "
+                              f"{shown_list([data], 1)}")
     extra = sorted(set(data) - allowed)
     if extra:
-        raise SpecError(what, f"unknown keys {', '.join(extra)}; allowed: {', '.join(sorted(allowed))}")
+        raise SpecError(what, f"unknown key{'s' if len(extra) > 1 else ''} {shown_list(extra)}; allowed: "
+                              f"{', '.join(sorted(allowed))}")
 
 
 def _require(what: str, data: dict[str, Any], key: str) -> Any:
@@ -141,6 +168,11 @@ def _number(what: str, data: dict[str, Any], key: str, scale: float = 1.0, defau
     else:
         check(f"{what}.{key}", value)
     return value * scale if check is positive_int else float(value) * scale
+
+
+def _link(what: str, data: dict[str, Any], key: str, default: Any = _ABSENT) -> Any:
+    """A link rate in decimal GB/s from the file, in bytes/s: 1 MB/s to 100 TB/s."""
+    return _number(what, data, key, GB, default, least=MIN_LINK_BYTES_PER_S, most=MAX_LINK_BYTES_PER_S)
 
 
 def _spec(cls: type, what: str, **kwargs: Any) -> Any:
@@ -181,15 +213,17 @@ def _accelerator(data: dict[str, Any], origin: str) -> AcceleratorSpec:
         AcceleratorSpec, "accelerator",
         name=_require("accelerator", data, "name"),
         description=data.get("description", ""),
-        bf16_flop_per_s=_number("accelerator", data, "bf16_dense_tflop_per_s", TERA, least=MIN_FLOP_PER_S),
+        bf16_flop_per_s=_number("accelerator", data, "bf16_dense_tflop_per_s", TERA, least=MIN_FLOP_PER_S,
+                                most=MAX_FLOP_PER_S),
         fp8_flop_per_s=_number("accelerator", data, "fp8_dense_tflop_per_s", TERA, None,
-                               least=MIN_FLOP_PER_S),
-        hbm_capacity_bytes=_number("accelerator", data, "hbm_capacity_gib", GiB, least=MIN_HBM_BYTES),
-        hbm_bytes_per_s=_number("accelerator", data, "hbm_bandwidth_tb_per_s", 1e12, least=MIN_LINK_BYTES_PER_S),
-        gemm_efficiency=_number("accelerator", data, "gemm_efficiency", check=fraction),
+                               least=MIN_FLOP_PER_S, most=MAX_FLOP_PER_S),
+        hbm_capacity_bytes=_number("accelerator", data, "hbm_capacity_gib", GiB, least=MIN_HBM_BYTES,
+                                   most=MAX_BYTES),
+        hbm_bytes_per_s=_number("accelerator", data, "hbm_bandwidth_tb_per_s", 1e12, least=MIN_LINK_BYTES_PER_S,
+                                most=MAX_BYTES_PER_S),
+        gemm_efficiency=_number("accelerator", data, "gemm_efficiency", check=efficiency),
         expert_gemm_curve=_expert_gemm_curve(data.get("expert_gemm", []), origin),
-        moe_pass_bytes_per_s=_number("accelerator", data, "moe_pass_bandwidth_gb_per_s", GB, None,
-                                     least=MIN_LINK_BYTES_PER_S),
+        moe_pass_bytes_per_s=_link("accelerator", data, "moe_pass_bandwidth_gb_per_s", None),
         sources=sources,
     )
 
@@ -218,18 +252,17 @@ def _links(node: dict[str, Any]) -> tuple[IntraNodeLink, InterNodeLink]:
     intra = _spec(
         IntraNodeLink, w,
         kind=_require(w, node, "intra_kind"),
-        link_bytes_per_s=_number(w, node, "intra_link_gb_per_s", GB, least=MIN_LINK_BYTES_PER_S),
-        ring_busbw_bytes_per_s=_number(w, node, "ring_busbw_gb_per_s", GB, least=MIN_LINK_BYTES_PER_S),
-        nvls_busbw_bytes_per_s=_number(w, node, "nvls_busbw_gb_per_s", GB, None, least=MIN_LINK_BYTES_PER_S),
+        link_bytes_per_s=_link(w, node, "intra_link_gb_per_s"),
+        ring_busbw_bytes_per_s=_link(w, node, "ring_busbw_gb_per_s"),
+        nvls_busbw_bytes_per_s=_link(w, node, "nvls_busbw_gb_per_s", None),
         nvls_min_gpus=_number(w, node, "nvls_min_gpus", 1, 5, check=positive_int),
-        p2p_bytes_per_s=_number(w, node, "p2p_gb_per_s", GB, _number(w, node, "intra_link_gb_per_s", GB),
-                                least=MIN_LINK_BYTES_PER_S),
+        p2p_bytes_per_s=_link(w, node, "p2p_gb_per_s", None),
         latency_s=_number(w, node, "intra_latency_us", MICRO, 20 * MICRO, most=MAX_LATENCY_S),
     )
     inter = _spec(
         InterNodeLink, w,
-        nic_bytes_per_s=_number(w, node, "nic_gb_per_s", GB, least=MIN_LINK_BYTES_PER_S),
-        efficiency=_number(w, node, "nic_efficiency", 1.0, 0.92, check=fraction),
+        nic_bytes_per_s=_link(w, node, "nic_gb_per_s"),
+        efficiency=_number(w, node, "nic_efficiency", 1.0, 0.92, check=efficiency),
         latency_s=_number(w, node, "inter_latency_us", MICRO, 40 * MICRO, most=MAX_LATENCY_S),
     )
     return intra, inter
@@ -271,7 +304,7 @@ def load_cluster(ref: str, *, nodes: int | None = None, gpus_per_node: int | Non
         gpus_per_node=gpus_per_node if gpus_per_node is not None else _require("cluster.node", node,
                                                                              "gpus_per_node"),
         intra=intra, inter=inter,
-        host_bytes_per_s=_number("cluster.node", node, "host_gb_per_s", GB, None, least=MIN_LINK_BYTES_PER_S),
-        host_memory_bytes=_number("cluster.node", node, "host_memory_gib", GiB, None),
+        host_bytes_per_s=_link("cluster.node", node, "host_gb_per_s", None),
+        host_memory_bytes=_number("cluster.node", node, "host_memory_gib", GiB, None, most=MAX_BYTES),
         sources=_table("cluster.sources", data, "sources"),
     )

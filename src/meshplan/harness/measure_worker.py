@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
         rank = ctx.rank if ctx is not None else int(os.environ.get("RANK", "-1"))
         code = 2 if isinstance(exc, ValueError | SpecError | NotUnderTorchrun) else 1
         line = (f"{type(exc).__name__}: {exc}".strip().splitlines() or [type(exc).__name__])[0][:_MAX_LINE]
-        print(f"meshplan: error: rank {rank}: {line}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"meshplan: error: rank {rank}: {line}\n")  # one write: ranks share the stream
+        sys.stderr.flush()
         if os.environ.get("MESHPLAN_DEBUG"):
             traceback.print_exc()
         errdir = os.environ.get(ERRDIR_ENV)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshplan.explain import PlanAnalysis
+from meshplan.fileio import atomic_write_bytes, atomic_write_text
 from meshplan.report import charts
 from meshplan.report.text import timing_cells
 from meshplan.search.conditions import held_sentence
@@ -109,12 +110,12 @@ def write_report(a: PlanAnalysis, sweeps: dict[str, list[SweepPoint]], out_dir: 
           + "".join(f"<th>{html.escape(c)}</th>" for c in header) + "</tr>"]
     h += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows] + ["</table>"]
     for f in figs:
-        (out_dir / f.name).write_bytes(f.png)
+        atomic_write_bytes(out_dir / f.name, f.png)
         md += [f"## {f.title}", "", f"![{f.title}]({f.name})", ""]
         b64 = base64.b64encode(f.png).decode()
         h += [f"<h2>{html.escape(f.title)}</h2><img alt='{html.escape(f.title)}' src='data:image/png;base64,{b64}'>"]
     h.append("</body></html>")
     html_path, md_path = out_dir / "report.html", out_dir / "report.md"
-    html_path.write_text("\n".join(h))
-    md_path.write_text("\n".join(md))
+    atomic_write_text(html_path, "\n".join(h))
+    atomic_write_text(md_path, "\n".join(md))
     return html_path, md_path

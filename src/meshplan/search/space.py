@@ -19,11 +19,17 @@ from dataclasses import dataclass, replace
 
 from meshplan.cost.step import offload_offered
 from meshplan.cost.validate import ulysses_fits, without_unsplit_sp
+from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
+from meshplan.specs._validate import boolean, one_of, positive_int
+from meshplan.specs.hardware import MAX_GPUS
 from meshplan.specs.plan import (
     FRAMEWORK_CP,
     FRAMEWORK_EP_DISPATCH,
     FRAMEWORK_SCHEDULES,
+    MAX_VPP,
+    SCHEDULES,
+    SHARDING,
     STACK_SCHEDULES,
     STACK_SHARDINGS,
     partial_reshard_blocked,
@@ -50,6 +56,20 @@ class Space:
     max_vpp: int = 4
     options: bool = True
     """Also enumerate each plan's non-default options (``option_variants``)."""
+
+    def __post_init__(self) -> None:
+        if self.max_tp is not None:
+            positive_int("space.max_tp", self.max_tp, MAX_GPUS)
+        positive_int("space.max_vpp", self.max_vpp, MAX_VPP)
+        for name in ("pipeline", "context", "experts", "options"):
+            boolean(f"space.{name}", getattr(self, name))
+        for name, allowed in (("shardings", SHARDING), ("schedules", SCHEDULES)):
+            value = getattr(self, name)
+            if not isinstance(value, tuple | list) or not value:
+                raise SpecError(f"space.{name}", f"must be a non-empty tuple of {', '.join(allowed)}; got {value!r}")
+            for item in value:
+                one_of(f"space.{name}", item, allowed)
+            object.__setattr__(self, name, tuple(value))
 
     @classmethod
     def dp_tp(cls) -> Space:
@@ -186,7 +206,7 @@ def _pipeline_options(model: ModelSpec, pp: int, space: Space) -> Iterator[tuple
         return
     for schedule in space.schedules:
         if schedule == "interleaved":
-            for v in range(2, space.max_vpp + 1):
+            for v in range(2, min(space.max_vpp, (model.n_layers + 2) // pp) + 1):  # a chunk holds a layer
                 chunks = pp * v
                 if model.mtp_layers:
                     if model.n_layers >= chunks:

@@ -13,7 +13,10 @@ from meshplan.search.conditions import changed_label, knob, structural_key, unsp
 from meshplan.search.search import REFINE_TOP, search
 from meshplan.search.space import Space
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec
-from meshplan.units import parse_size
+from meshplan.specs._validate import MAX_INT
+from meshplan.specs.hardware import MAX_GPUS
+from meshplan.specs.model import MAX_LAYERS
+from meshplan.units import GB, MAX_LINK_BYTES_PER_S, MIN_LINK_BYTES_PER_S, ascii_float, parse_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,18 +26,40 @@ class SweepPoint:
     by_family: dict[str, Estimate]
 
 
+RANGES = {"batch-tokens": (1.0, float(MAX_INT)), "inter-node-bandwidth": (MIN_LINK_BYTES_PER_S / GB,
+                                                                           MAX_LINK_BYTES_PER_S / GB),
+          "gpus": (1.0, float(MAX_GPUS)), "seq-len": (1.0, float(1 << 32)), "layers": (1.0, float(MAX_LAYERS))}
+"""The values each condition may take, in its own unit (tokens per step, GB/s per GPU, GPUs, tokens,
+layers): the bounds of the specs it builds."""
+
+
+def _shown(v: float) -> str:
+    return f"{v:,.0f}" if 1e3 <= v < 1e16 else f"{v:g}"
+
+
+def check_range(name: str, lo: float, hi: float) -> None:
+    """SpecError unless ``lo`` <= ``hi`` lie within condition ``name``'s RANGES."""
+    if name not in RANGES:
+        raise SpecError("sweep.vary", f"unknown condition {name[:40]!r}; allowed: {', '.join(RANGES)}")
+    least, most = RANGES[name]
+    if not least <= lo <= hi <= most:
+        raise SpecError("sweep.vary", f"{name} takes values from {_shown(least)} to {_shown(most)}; got "
+                                      f"{_shown(lo)}..{_shown(hi)}")
+
+
 def parse_range(text: str) -> tuple[str, float, float]:
     """'batch-tokens=512K..16M' -> ('batch-tokens', 524288, 16777216)."""
     if "=" not in text or ".." not in text:
-        raise SpecError("sweep.vary", f"expected NAME=LOW..HIGH (e.g. batch-tokens=512K..16M), got {text!r}")
+        raise SpecError("sweep.vary", f"expected NAME=LOW..HIGH (e.g. batch-tokens=512K..16M), got {text[:80]!r}")
     name, rng = text.split("=", 1)
     lo_s, hi_s = rng.split("..", 1)
     try:
-        lo, hi = (float(parse_size(v)) if v.strip()[-1:].upper() in "KMG" else float(v) for v in (lo_s, hi_s))
+        lo, hi = (float(parse_size(v)) if v.strip()[-1:].upper() in "KMG" else ascii_float(v) for v in (lo_s, hi_s))
     except ValueError:
-        raise SpecError("sweep.vary", f"bad range {rng!r}; numbers may end in K, M or G") from None
-    if not 0 < lo < hi < math.inf:
-        raise SpecError("sweep.vary", f"need 0 < LOW < HIGH, both finite, got {rng!r}")
+        raise SpecError("sweep.vary", f"bad range {rng[:80]!r}; numbers may end in K, M or G") from None
+    check_range(name.strip(), lo, hi)
+    if lo == hi:
+        raise SpecError("sweep.vary", f"need LOW < HIGH, got {rng[:80]!r}")
     return name.strip(), lo, hi
 
 
@@ -50,6 +75,9 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, name: str, value
     """The best plan, and the best of each family, at each of ``values`` of condition ``name`` (values where
     the scenario cannot be built are left out); the searches run on up to ``workers`` cores (default: all)."""
     k = knob(model, cluster, job, name)
+    if not values or not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+        raise SpecError("sweep.values", "must be a non-empty list of finite numbers")
+    check_range(name, min(values), max(values))
     scenarios: dict[float, tuple[ModelSpec, ClusterSpec, JobSpec]] = {}
     for v in (float(round(v)) if k.integer else v for v in values):
         scenario = k.apply(v)  # None where it cannot be built, the specs refusing the value included

@@ -4,11 +4,11 @@ with a track per stage showing the schedule of forward, backward and weight-grad
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from meshplan.cost.estimate import Estimate
+from meshplan.fileio import write_json
 from meshplan.sim.simulate import SimResult
 
 US = 1e6
@@ -47,4 +47,4 @@ def chrome_trace(est: Estimate, result: SimResult) -> dict[str, Any]:
 
 
 def write_trace(est: Estimate, result: SimResult, path: Path) -> None:
-    path.write_text(json.dumps(chrome_trace(est, result)))
+    write_json(path, chrome_trace(est, result), indent=None)

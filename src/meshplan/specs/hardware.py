@@ -5,8 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan.errors import SpecError
-from meshplan.specs._validate import fraction, one_of, positive_int, positive_number, text
-from meshplan.units import MIN_LINK_BYTES_PER_S
+from meshplan.specs._validate import (
+    MAX_BYTES,
+    MAX_BYTES_PER_S,
+    MAX_FLOP_PER_S,
+    efficiency,
+    instance,
+    non_negative_number,
+    one_of,
+    positive_int,
+    positive_number,
+    text,
+)
+from meshplan.units import MAX_LINK_BYTES_PER_S, MIN_LINK_BYTES_PER_S
 
 MIN_FLOP_PER_S = 1e9
 """The slowest accelerator a spec may describe (1 GFLOP/s; a GPU of the last decade does 1e13 and more):
@@ -19,6 +30,11 @@ MAX_LATENCY_S = 1.0
 MAX_GPUS = 2**21
 """The largest cluster meshplan plans for (2,097,152 GPUs, some ten times the largest announced training
 clusters): the search enumerates the divisors of the GPU count, and a runaway count would only hang it."""
+
+
+def _link_rate(field: str, value: object) -> None:
+    """A link's rate per GPU per direction: 1 MB/s to 100 TB/s (what --inter-node-bandwidth takes)."""
+    positive_number(field, value, least=MIN_LINK_BYTES_PER_S, most=MAX_LINK_BYTES_PER_S)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,17 +90,19 @@ class AcceleratorSpec:
 
     def __post_init__(self) -> None:
         text("accelerator.name", self.name)
-        text(f"accelerator[{self.name}].description", self.description)
-        positive_number(f"accelerator[{self.name}].bf16_flop_per_s", self.bf16_flop_per_s, least=MIN_FLOP_PER_S)
+        w = f"accelerator[{self.name[:40]}]"
+        text(f"{w}.description", self.description)
+        positive_number(f"{w}.bf16_flop_per_s", self.bf16_flop_per_s, least=MIN_FLOP_PER_S, most=MAX_FLOP_PER_S)
         if self.fp8_flop_per_s is not None:
-            positive_number(f"accelerator[{self.name}].fp8_flop_per_s", self.fp8_flop_per_s, least=MIN_FLOP_PER_S)
-        positive_number(f"accelerator[{self.name}].hbm_capacity_bytes", self.hbm_capacity_bytes, least=MIN_HBM_BYTES)
-        positive_number(f"accelerator[{self.name}].hbm_bytes_per_s", self.hbm_bytes_per_s,
-                        least=MIN_LINK_BYTES_PER_S)
-        fraction(f"accelerator[{self.name}].gemm_efficiency", self.gemm_efficiency)
+            positive_number(f"{w}.fp8_flop_per_s", self.fp8_flop_per_s, least=MIN_FLOP_PER_S, most=MAX_FLOP_PER_S)
+        positive_number(f"{w}.hbm_capacity_bytes", self.hbm_capacity_bytes, least=MIN_HBM_BYTES, most=MAX_BYTES)
+        positive_number(f"{w}.hbm_bytes_per_s", self.hbm_bytes_per_s, least=MIN_LINK_BYTES_PER_S,
+                        most=MAX_BYTES_PER_S)
+        efficiency(f"{w}.gemm_efficiency", self.gemm_efficiency)
+        instance(f"{w}.sources", self.sources, dict, "a table of sources")
         if self.moe_pass_bytes_per_s is not None:
-            positive_number(f"accelerator[{self.name}].moe_pass_bytes_per_s", self.moe_pass_bytes_per_s,
-                            least=MIN_LINK_BYTES_PER_S)
+            positive_number(f"{w}.moe_pass_bytes_per_s", self.moe_pass_bytes_per_s, least=MIN_LINK_BYTES_PER_S,
+                            most=MAX_BYTES_PER_S)
 
     def expert_gemm_points(self, kernel: str, dtype: str, n: int, k: int) -> tuple[tuple[float, float], ...]:
         """(tokens per expert, relative efficiency) of the measured points of one expert shape and launch."""
@@ -114,8 +132,8 @@ class IntraNodeLink:
     """Measured NVLink-SHARP all-reduce busbw; None where NVLS does not exist."""
     nvls_min_gpus: int = 5
     """Smallest group NCCL runs NVLS on (formulas.md §1.4)."""
-    p2p_bytes_per_s: float = 0.0
-    """Measured unidirectional point-to-point copy bandwidth (send/recv)."""
+    p2p_bytes_per_s: float | None = None
+    """Measured unidirectional point-to-point copy bandwidth (send/recv); None: ``link_bytes_per_s``."""
     latency_s: float = 20e-6
     """Fixed latency of one collective call inside a node (launch and setup)."""
     hop_latency_s: float = 3.4e-6
@@ -129,10 +147,16 @@ class IntraNodeLink:
 
     def __post_init__(self) -> None:
         one_of("cluster.intra.kind", self.kind, ("nvswitch", "xgmi"))
-        positive_number("cluster.intra.link_bytes_per_s", self.link_bytes_per_s, least=MIN_LINK_BYTES_PER_S)
-        positive_number("cluster.intra.ring_busbw_bytes_per_s", self.ring_busbw_bytes_per_s,
-                        least=MIN_LINK_BYTES_PER_S)
-        positive_number("cluster.intra.latency_s", self.latency_s, most=MAX_LATENCY_S)
+        for name in ("link_bytes_per_s", "ring_busbw_bytes_per_s", "nvls_busbw_bytes_per_s", "p2p_bytes_per_s"):
+            if name.startswith(("link", "ring")) or getattr(self, name) is not None:
+                _link_rate(f"cluster.intra.{name}", getattr(self, name))
+        if self.p2p_bytes_per_s is None:
+            object.__setattr__(self, "p2p_bytes_per_s", self.link_bytes_per_s)
+        positive_int("cluster.intra.nvls_min_gpus", self.nvls_min_gpus, MAX_GPUS)
+        for name in ("latency_s", "hop_latency_s"):
+            positive_number(f"cluster.intra.{name}", getattr(self, name), most=MAX_LATENCY_S)
+        for name in ("half_size_bytes", "p2p_half_size_bytes"):
+            non_negative_number(f"cluster.intra.{name}", getattr(self, name), most=MAX_BYTES)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -162,9 +186,12 @@ class InterNodeLink:
     call latency added, is within 25 % of that and on the slow side at small sizes."""
 
     def __post_init__(self) -> None:
-        positive_number("cluster.inter.nic_bytes_per_s", self.nic_bytes_per_s, least=MIN_LINK_BYTES_PER_S)
-        fraction("cluster.inter.efficiency", self.efficiency)
-        positive_number("cluster.inter.latency_s", self.latency_s, most=MAX_LATENCY_S)
+        _link_rate("cluster.inter.nic_bytes_per_s", self.nic_bytes_per_s)
+        efficiency("cluster.inter.efficiency", self.efficiency)
+        for name in ("latency_s", "hop_latency_s"):
+            positive_number(f"cluster.inter.{name}", getattr(self, name), most=MAX_LATENCY_S)
+        for name in ("half_size_bytes", "p2p_half_size_bytes"):
+            non_negative_number(f"cluster.inter.{name}", getattr(self, name), most=MAX_BYTES)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,15 +214,20 @@ class ClusterSpec:
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        text("cluster.name", self.name)
+        instance("cluster.accelerator", self.accelerator, AcceleratorSpec, "an AcceleratorSpec")
+        instance("cluster.intra", self.intra, IntraNodeLink, "an IntraNodeLink")
+        instance("cluster.inter", self.inter, InterNodeLink, "an InterNodeLink")
+        instance("cluster.sources", self.sources, dict, "a table of sources")
         positive_int("cluster.nodes", self.n_nodes)
         positive_int("cluster.gpus_per_node", self.gpus_per_node)
         if self.n_nodes * self.gpus_per_node > MAX_GPUS:
             raise SpecError("cluster.nodes", f"at most {MAX_GPUS:,} GPUs in all; got {self.n_nodes:,} nodes x "
                                              f"{self.gpus_per_node} GPUs")
         if self.host_bytes_per_s is not None:
-            positive_number("cluster.node.host_gb_per_s", self.host_bytes_per_s, least=MIN_LINK_BYTES_PER_S)
+            _link_rate("cluster.node.host_gb_per_s", self.host_bytes_per_s)
         if self.host_memory_bytes is not None:
-            positive_number("cluster.node.host_memory_gib", self.host_memory_bytes)
+            positive_number("cluster.node.host_memory_gib", self.host_memory_bytes, most=MAX_BYTES)
 
     @property
     def n_gpus(self) -> int:

@@ -5,7 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.errors import SpecError
-from meshplan.specs._validate import boolean, fraction, non_negative_number, one_of, positive_int, positive_number
+from meshplan.specs._validate import (
+    MAX_BYTES,
+    boolean,
+    fraction,
+    instance,
+    non_negative_number,
+    one_of,
+    positive_int,
+    positive_number,
+)
 from meshplan.units import GiB
 
 OPTIMIZERS = ("adamw", "adamw-bf16-moments", "adam-8bit", "sgd-momentum", "sgd", "adafactor")
@@ -50,8 +59,8 @@ class RuntimeOverheads:
     formulas.md §4.2: max(5 %, 2 GB) suggested)."""
 
     def __post_init__(self) -> None:
-        non_negative_number("job.runtime.cuda_context_bytes", self.cuda_context_bytes)
-        non_negative_number("job.runtime.nccl_bytes_per_group", self.nccl_bytes_per_group)
+        non_negative_number("job.runtime.cuda_context_bytes", self.cuda_context_bytes, most=MAX_BYTES)
+        non_negative_number("job.runtime.nccl_bytes_per_group", self.nccl_bytes_per_group, most=MAX_BYTES)
         fraction("job.runtime.allocator_fraction", self.allocator_fraction, allow_zero=True)
 
 
@@ -115,7 +124,10 @@ class JobSpec:
     flop_convention: str = "palm"
     """Attention FLOPs for MFU: 'palm' (non-causal, 12·L·h_q·S per token) or 'causal' (half)."""
     moe_capacity_factor: float = 1.0
-    """Tokens an expert processes relative to a perfectly balanced share (1.0: dropless, balanced)."""
+    """Tokens an expert processes relative to a perfectly balanced share (1.0: dropless, balanced; above 1,
+    the padding of a capacity above the balanced share). At least 1: below it an expert would process fewer
+    tokens than are routed to it on average, which drops tokens every step and which the model FLOPs
+    (and so MFU) do not describe."""
     moe_routing_imbalance: float = 1.0
     """Busiest expert-parallel rank's tokens over the mean (1.0: balanced; heuristic 1.1-1.5 unmeasured)."""
     runtime: RuntimeOverheads = RuntimeOverheads()
@@ -124,6 +136,7 @@ class JobSpec:
     'torchtitan' (PyTorch FSDP2), 'llm-foundry' (Composer / FSDP1), 'maxtext' (JAX / XLA) or 'generic'."""
 
     def __post_init__(self) -> None:
+        instance("job.runtime", self.runtime, RuntimeOverheads, "a RuntimeOverheads")
         positive_int("job.global_batch_tokens", self.global_batch_tokens)
         positive_int("job.seq_len", self.seq_len, 1 << 32)
         one_of("job.optimizer", self.optimizer, OPTIMIZERS)
@@ -144,7 +157,7 @@ class JobSpec:
             raise SpecError("job.fp8_attention", "needs precision='fp8' and flash_attention=true (a fused kernel)")
         if self.fused_grouped_mlp and self.precision != "fp8":
             raise SpecError("job.fused_grouped_mlp", "needs precision='fp8' (an MXFP8 or NVFP4 recipe)")
-        positive_number("job.moe_capacity_factor", self.moe_capacity_factor, most=1e3)
+        positive_number("job.moe_capacity_factor", self.moe_capacity_factor, least=1.0, most=1e3)
         positive_number("job.moe_routing_imbalance", self.moe_routing_imbalance, most=1e3)
         if self.moe_routing_imbalance < 1.0:
             raise SpecError("job.moe_routing_imbalance", f"must be >= 1.0, got {self.moe_routing_imbalance}")

@@ -14,7 +14,7 @@ import functools
 from dataclasses import dataclass, fields, replace
 
 from meshplan.errors import SpecError
-from meshplan.specs._validate import one_of, positive_int
+from meshplan.specs._validate import MAX_INT, ascii_int, boolean, one_of, positive_int, shown_list, text
 from meshplan.specs.layout import layers_per_stage, parse_layout
 
 DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")
@@ -49,6 +49,13 @@ FRAMEWORK_CP = {"fsdp": ("ring", "allgather"), "megatron": CP_IMPLS, "zero1": ("
 # the all-to-all of one micro-batch with another's compute (--overlap-moe-expert-parallel-comm).
 FRAMEWORK_EP_DISPATCH = {"fsdp": ("alltoall",), "megatron": EP_DISPATCH, "zero1": ("alltoall",),
                          "zero2": ("alltoall",), "zero3": ("alltoall",)}
+
+MAX_VPP = 1024
+"""The most virtual stages (model chunks) per pipeline rank a plan may have; each holds at least a layer."""
+MAX_LAYOUT_CHARS = 10_000
+"""The longest --pipeline-model-parallel-layout string a plan may give."""
+MAX_PLAN_CHARS = 20_000
+"""The longest plan string parse_plan reads."""
 
 # What a plan string may say, and what each key means; aliases on the right.
 _ALIASES = {"fsdp": "dp_shard", "ddp": "dp_replicate", "dp": "dp_replicate", "vp": "vpp",
@@ -142,7 +149,15 @@ class Plan:
     def __post_init__(self) -> None:
         for d in DEGREES:
             positive_int(f"plan.{d}", getattr(self, d))
-        positive_int("plan.vpp", self.vpp)
+        positive_int("plan.vpp", self.vpp, MAX_VPP)
+        for name in ("async_tp", "ep_overlap"):
+            boolean(f"plan.{name}", getattr(self, name))
+        if self.sp is not None:
+            boolean("plan.sp", self.sp)
+        for name in ("layout", "recompute_modules"):
+            text(f"plan.{name}", getattr(self, name))
+        if len(self.layout) > MAX_LAYOUT_CHARS:
+            raise SpecError("plan.layout", f"is {len(self.layout):,} characters; at most {MAX_LAYOUT_CHARS:,}")
         if self.etp is not None:
             positive_int("plan.etp", self.etp)
             if self.etp not in (1, self.tp):
@@ -527,9 +542,12 @@ def recompute_modules_of(recompute_key: str) -> frozenset[str]:
 
 def _int(key: str, raw: str, allowed: str = "an integer") -> int:
     try:
-        return int(raw)
+        return ascii_int(raw)
     except ValueError:
-        raise SpecError(f"plan.{key}", f"must be {allowed}; got {raw!r}") from None
+        if raw.strip().isascii() and raw.strip().isdigit():  # digits, too many of them
+            raise SpecError(f"plan.{key}", f"must be a whole number from 1 to {MAX_INT:,}; got a number of "
+                                           f"{len(raw.strip()):,} digits") from None
+        raise SpecError(f"plan.{key}", f"must be {allowed}; got {shown_list([repr(raw)])}") from None
 
 
 def parse_plan(text: str, world_size: int | None = None) -> Plan:
@@ -537,8 +555,10 @@ def parse_plan(text: str, world_size: int | None = None) -> Plan:
     ``world_size``. Unknown keys and malformed items raise SpecError listing what is allowed."""
     allowed = [f.name for f in fields(Plan)]
     values: dict[str, object] = {}
-    if not text or not text.strip():
+    if not isinstance(text, str) or not text.strip():
         raise SpecError("plan", "is empty; write e.g. 'dp_shard=64' or 'tp=8,dp_shard=8'")
+    if len(text) > MAX_PLAN_CHARS:
+        raise SpecError("plan", f"is {len(text):,} characters; at most {MAX_PLAN_CHARS:,}")
     for item in text.split(","):
         if not item.strip():
             continue

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
+import io
 import math
 import sys
 from pathlib import Path
@@ -12,6 +12,7 @@ from typing import Any
 from meshplan.argtypes import output_file, whole_in
 from meshplan.calibration import UNSEEN_STACK, catalog_fit, compute_params_for
 from meshplan.errors import SpecError
+from meshplan.fileio import atomic_write_bytes, atomic_write_text, strict_json
 from meshplan.validation import calibrate as cal
 from meshplan.validation import fold_store
 from meshplan.validation.calibrate import MAX_ROUNDS, TOLERANCE
@@ -36,7 +37,7 @@ def register(sub: Any) -> None:
                    help="refit every fold (and, with --by-source or --calibrate, every source group) even where the "
                         "catalog stores fits made for these rows (validation.fold_store)")
     p.add_argument("--by-source", action="store_true", help="also leave one source group out at a time")
-    p.add_argument("--calibrate", metavar="TOML",
+    p.add_argument("--calibrate", metavar="TOML", type=output_file(".toml"),
                    help="fit on every row and write to TOML the parameters, the uncertainty bands and the fits of "
                         "k-fold and of leave-one-source-out cross-validation (the catalog's stored ones where they "
                         "were made for these rows and the full fit reproduces the catalog's, unless --cv-refit)")
@@ -232,8 +233,10 @@ def _plot(results: list[RowResult], path: str, use_cv: bool) -> None:
            title="meshplan against published runs (dotted: ±20-25 %)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=120, format=Path(path).suffix.lstrip(".").lower())
     plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def _set_cv(results: list[RowResult], preds: dict[int, float]) -> None:
@@ -331,7 +334,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                            stack_rows=cal.rows_by_stack(modelled))
         text += fold_store.to_toml(fits, rounds=args.cv_rounds, digest=digest)
         text += fold_store.to_toml(source_fits, rounds=args.cv_rounds, digest=digest, by_source=True)
-        Path(args.calibrate).write_text(text)
+        atomic_write_text(args.calibrate, text)
         print(f"wrote {args.calibrate}", file=sys.stderr)
         fold_fits_source += f", written to {args.calibrate}"
         lso_source += f", written to {args.calibrate}"
@@ -363,7 +366,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.plot:
         _plot(results, args.plot, use_cv=cv_sum is not None)
     if args.json:
-        print(json.dumps({"schema": "meshplan.validate/1", "summary": {"fit": fit_sum, "cross_validated": cv_sum,
+        print(strict_json({"schema": "meshplan.validate/1", "summary": {"fit": fit_sum, "cross_validated": cv_sum,
                                                                         "leave_one_source_out": group_sum},
                           "rows": [_record(r) for r in results]}, indent=1))
     else:

@@ -16,7 +16,7 @@ from meshplan.catalog import load_cluster, load_model
 from meshplan.cost.step import evaluate
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
-from meshplan.units import GiB
+from meshplan.units import GiB, ascii_float
 from meshplan.validation.recipes import RecipeSettings, moe_recipe, recipe_layout, recipe_offload, recipe_recompute
 
 
@@ -130,9 +130,9 @@ def _f(row: dict[str, str], key: str) -> float | None:
     if not v:
         return None
     try:
-        x = float(v)
+        x = ascii_float(v)
     except ValueError:
-        raise Skip(f"{key}={v!r}: not a number") from None
+        raise Skip(f"{key}={v[:40]!r}: not a number") from None
     if not math.isfinite(x) or x <= 0:
         raise Skip(f"{key}={v!r}: must be a finite number > 0")
     return x

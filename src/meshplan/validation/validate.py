@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
@@ -13,6 +14,8 @@ from meshplan.cost.compute import ComputeParams
 from meshplan.cost.estimate import Estimate
 from meshplan.cost.step import evaluate
 from meshplan.errors import SpecError
+from meshplan.fileio import MAX_DATA_BYTES, read_input_text
+from meshplan.specs._validate import shown_list
 from meshplan.validation.repeats import config_key, disagreeing_layouts, repeat_floor
 from meshplan.validation.rows import RECOMPUTE_REPLACED, Scenario, Skip, impute_virtual_stages, scenario_from_row
 
@@ -69,25 +72,22 @@ def _relative_error(predicted: float | None, measured: float | None) -> float | 
 
 
 def read_rows(path: str | Path) -> list[dict[str, str]]:
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError("validate", f"file {str(path)!r} " + ("is not a regular file (give a CSV file)" if p.exists()
-                                                              else "not found"))
+    text = read_input_text(path, "validate", max_bytes=MAX_DATA_BYTES, kind="CSV file")
     try:
-        with p.open(newline="", encoding="utf-8") as fh:
+        with io.StringIO(text, newline="") as fh:
             reader = csv.DictReader(fh)
             columns = reader.fieldnames or []
             missing = [c for c in REQUIRED_COLUMNS if c not in columns]
             if not any(c in columns for c in THROUGHPUT_COLUMNS):
                 missing.append(" or ".join(THROUGHPUT_COLUMNS))
             if missing:
-                raise SpecError("validate", f"{path} lacks columns {', '.join(missing)} (see shared/data/README.md)")
+                raise SpecError("validate", f"{path} lacks columns {shown_list(missing)} (see shared/data/README.md)")
             rows = list(reader)
             repeated = sorted({c for c in columns if columns.count(c) > 1})
             if repeated:
-                raise SpecError("validate", f"{path} repeats columns {', '.join(repeated)}")
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise SpecError("validate", f"{path} is not a UTF-8 CSV file: {exc}") from None
+                raise SpecError("validate", f"{path} repeats columns {shown_list(repeated)}")
+    except csv.Error as exc:
+        raise SpecError("validate", f"{path} is not a CSV file: {str(exc)[:200]}") from None
     if not rows:
         raise SpecError("validate", f"{path} has a header but no data rows")
     return rows

@@ -9,12 +9,12 @@ inter-node fits) and the open-ended ``step`` section.
 from __future__ import annotations
 
 import json
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from meshplan.cost.collectives import COLLECTIVES
+from meshplan.fileio import write_json
 from meshplan.profile import SCHEMA
 
 OPS = COLLECTIVES  # the ledger's collective names (meshplan.cost.collectives)
@@ -257,8 +257,5 @@ def write_profile(path: str | Path, profile: dict[str, Any]) -> dict[str, Any]:
     errors = check_profile(data)
     if errors:
         raise ValueError("profile does not match the schema: " + "; ".join(errors))
-    p = Path(path)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
-    tmp.replace(p)
+    write_json(path, data)
     return data

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from meshplan.fileio import atomic_write_bytes
 from meshplan.harness.measure.dist import RunContext
 from meshplan.harness.measure.timing import percentile, sync
 from meshplan.harness.measure.trace import STEP_ANNOTATION, exposed_comm_s, kernel_time_s
@@ -201,7 +202,7 @@ def run_step(cfg: StepConfig, ctx: RunContext, *, progress=None) -> dict[str, An
         prof.export_chrome_trace(str(path))
         trace = json.loads(path.read_text())
         if ctx.is_main and cfg.trace_path is not None:
-            cfg.trace_path.write_text(path.read_text())
+            atomic_write_bytes(cfg.trace_path, path.read_bytes())
     exposed, comm_total = exposed_comm_s(trace)
     kernels = kernel_time_s(trace)
     reserved = int(torch.cuda.max_memory_reserved(ctx.device)) if ctx.device.type == "cuda" else None
