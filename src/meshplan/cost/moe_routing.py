@@ -46,9 +46,7 @@ from __future__ import annotations
 
 import math
 
-TOKEN_DROPS = ("dropless", "drop", "pad")
-"""How an expert treats tokens beyond its capacity (JobSpec.moe_token_drop): 'dropless' keeps them all,
-'drop' drops them, 'pad' drops them and pads every expert up to its capacity (static shapes)."""
+from meshplan.specs.job import TOKEN_DROPS
 
 
 def expected_max_std_normal(n: int) -> float:
