@@ -11,7 +11,7 @@ how they are launched (``GROUPED_KERNELS``):
   (``multi_stream_cublas_gemm`` in ``transformer_engine/common/gemm/cublaslt_gemm.cu``, ``num_compute_streams
   = 4`` in ``util/multi_stream.cpp``; a CUTLASS grouped kernel only on Hopper, in BF16, with
   ``NVTE_USE_CUTLASS_GROUPED_GEMM=1``). Each expert's GEMM then runs at a dense GEMM's efficiency for its
-  own shape, m rows: the shape curve of ``compute.gemm_efficiency``. The 4 streams let small GEMMs share
+  own shape, m rows: the dense shape curve (``gemm_shape.gemm_efficiency``). The 4 streams let small GEMMs share
   the GPU; no overlap is credited here (the calibrated ``ComputeParams.moe_gemm_efficiency`` holds what
   the published runs show of it, docs/moe.md).
 - ``'grouped'``: one kernel over every expert's rows (CUTLASS grouped GEMM, DeepGEMM's M-grouped
@@ -37,8 +37,9 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
+from typing import Any
 
-from meshplan.cost.compute import gemm_efficiency
+from meshplan.cost.gemm_shape import gemm_efficiency
 
 GROUPED_KERNELS = ("per_expert", "grouped")
 """How a rank's expert GEMMs are launched: one dense GEMM per expert, or one grouped kernel (module
@@ -66,7 +67,7 @@ def grouped_gemm_rows(tokens_per_expert: float, n_groups: float, kernel: str) ->
 def grouped_gemm_efficiency(tokens_per_expert: float, n_groups: float, n: float, k: float, *, kernel: str,
                             e_max: float, half_dim: float) -> float:
     """Share of peak the expert GEMMs reach on their rows [0-1] (before the memory floor): the dense shape
-    curve (``compute.gemm_efficiency``) at each expert's m for per-expert GEMMs, at the whole G·m rows of
+    curve (``gemm_shape.gemm_efficiency``) at each expert's m for per-expert GEMMs, at the whole G·m rows of
     a grouped kernel."""
     m = tokens_per_expert if kernel == "per_expert" else grouped_gemm_rows(tokens_per_expert, n_groups, kernel)
     return gemm_efficiency(m, n, k, e_max=e_max, half_dim=half_dim)
@@ -86,7 +87,8 @@ def grouped_gemm_time_s(tokens_per_expert: float, n_groups: float, n: float, k: 
     rows = grouped_gemm_rows(tokens_per_expert, n_groups, kernel)
     if rows <= 0 or n <= 0 or k <= 0:
         return 0.0
-    if measured:
+    if measured:  # measured as 2·G·m·n·k over the time, padding included in the time
+        rows = n_groups * tokens_per_expert
         eff = e_max * interpolate_log(measured, tokens_per_expert)
     else:
         eff = grouped_gemm_efficiency(tokens_per_expert, n_groups, n, k, kernel=kernel, e_max=e_max,
@@ -94,6 +96,14 @@ def grouped_gemm_time_s(tokens_per_expert: float, n_groups: float, n: float, k: 
     compute_s = 2.0 * rows * n * k / (peak_flop_per_s * eff)
     memory_s = operand_bytes * (n_groups * n * k + rows * (n + k)) / hbm_bytes_per_s
     return max(compute_s, memory_s)
+
+
+def measured_points(curve: Sequence[Any], kernel: str, dtype: str, n: float, k: float
+                    ) -> tuple[tuple[float, float], ...]:
+    """(tokens per expert, relative efficiency) of the points of ``curve`` (AcceleratorSpec.expert_gemm_curve)
+    measured at this launch, dtype and shape."""
+    return tuple((p.tokens_per_expert, p.relative_efficiency) for p in curve
+                 if p.kernel == kernel and p.dtype == dtype and p.n == round(n) and p.k == round(k))
 
 
 def interpolate_log(points: Sequence[tuple[float, float]], x: float) -> float:
