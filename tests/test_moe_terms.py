@@ -173,3 +173,34 @@ def test_an_all_to_all_across_nodes_slows_as_its_transfers_shrink():
     buffer = 128 * 2**20
     per_byte = [collective_time_s(ALL_TO_ALL, buffer, Group("ep", n, 8), cluster) for n in (16, 64, 256)]
     assert per_byte[0] < per_byte[1] < per_byte[2]
+
+
+def test_the_busiest_rank_sets_the_all_to_all_and_padding_sends_the_capacity():
+    from meshplan import load_model
+    from meshplan.cost.moe_routing import rank_load, static_load_factor
+    from meshplan.specs import JobSpec
+
+    model = load_model("deepseek-v3")
+    dropless = JobSpec(global_batch_tokens=2**24, seq_len=4096)
+    sent, busiest = rank_load(model, dropless, 4096, 8)
+    assert sent == 1.0
+    assert busiest == pytest.approx(sampling_load_factor(8 * 4096, 256, 8, 8, 8, 4))
+    assert 1.0 < busiest < 1.02
+    padded = JobSpec(global_batch_tokens=2**24, seq_len=4096, moe_token_drop="pad", moe_capacity_factor=1.25)
+    assert rank_load(model, padded, 4096, 8) == (1.25, 1.25)
+    skewed = JobSpec(global_batch_tokens=2**24, seq_len=4096, moe_routing_imbalance=1.3)
+    assert rank_load(model, skewed, 4096, 8)[1] == pytest.approx(1.3 * busiest)
+    assert static_load_factor(skewed) == 1.3 and static_load_factor(padded) == 1.25
+    dropped = JobSpec(global_batch_tokens=2**24, seq_len=4096, moe_token_drop="drop", moe_capacity_factor=1.1,
+                      moe_routing_imbalance=1.3)
+    assert static_load_factor(dropped) == 1.1 and rank_load(model, dropped, 4096, 8) == (1.0, 1.1)
+
+
+def test_a_dropless_job_has_no_capacity():
+    from meshplan.errors import SpecError
+    from meshplan.specs import JobSpec
+
+    with pytest.raises(SpecError, match="job.moe_capacity_factor"):
+        JobSpec(global_batch_tokens=2**24, seq_len=4096, moe_capacity_factor=1.25)
+    with pytest.raises(SpecError, match="job.moe_token_drop"):
+        JobSpec(global_batch_tokens=2**24, seq_len=4096, moe_token_drop="none")

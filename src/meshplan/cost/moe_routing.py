@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 
+from meshplan.specs import JobSpec, ModelSpec
 from meshplan.specs.job import TOKEN_DROPS
 
 
@@ -142,3 +143,31 @@ def busiest_rank_load_factor(group_tokens: float, n_experts: int, top_k: int, ep
         return capacity_factor
     dropless = router_skew * sampling_load_factor(group_tokens, n_experts, top_k, ep, n_groups, topk_groups)
     return min(dropless, capacity_factor) if token_drop == "drop" else dropless
+
+
+def rank_load(model: ModelSpec, job: JobSpec, tokens_per_rank: float, ep: int) -> tuple[float, float]:
+    """(what every rank sends and computes, what the busiest one receives and computes) in routed copies per
+    routed token [copies / (token·k)], for ``model`` and ``job`` at ``tokens_per_rank`` routed tokens per
+    rank on ``ep`` ranks.
+
+    Padded to a capacity, every rank's experts take exactly the capacity (the first, also the second);
+    otherwise each rank sends its own k copies per token (1) and the busiest receives
+    ``busiest_rank_load_factor`` of the mean (dropped tokens are dropped by the router, before the
+    dispatch)."""
+    busiest = busiest_rank_load_factor(tokens_per_rank * ep, model.n_experts, model.top_k, ep,
+                                       token_drop=job.moe_token_drop, capacity_factor=job.moe_capacity_factor,
+                                       router_skew=job.moe_routing_imbalance, n_groups=model.n_expert_groups,
+                                       topk_groups=model.topk_groups)
+    return (job.moe_capacity_factor if job.moe_token_drop == "pad" else 1.0), busiest
+
+
+def static_load_factor(job: JobSpec) -> float:
+    """The busiest rank's routed copies over the mean that do not depend on the micro-batch: the padded
+    capacity, or the router's skew (capped by the capacity where tokens are dropped) [dimensionless]. What
+    the memory model holds activations for (the sampling spread, 0.5-1.5 % on the published layouts, is
+    left to the timing)."""
+    if job.moe_token_drop == "pad":
+        return job.moe_capacity_factor
+    if job.moe_token_drop == "drop":
+        return min(job.moe_routing_imbalance, job.moe_capacity_factor)
+    return job.moe_routing_imbalance
