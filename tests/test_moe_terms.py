@@ -200,7 +200,7 @@ def test_a_dropless_job_has_no_capacity():
     from meshplan.errors import SpecError
     from meshplan.specs import JobSpec
 
-    with pytest.raises(SpecError, match="job.moe_capacity_factor"):
+    with pytest.raises(SpecError, match=r"job\.moe_capacity_factor"):
         JobSpec(global_batch_tokens=2**24, seq_len=4096, moe_capacity_factor=1.25)
-    with pytest.raises(SpecError, match="job.moe_token_drop"):
+    with pytest.raises(SpecError, match=r"job\.moe_token_drop"):
         JobSpec(global_batch_tokens=2**24, seq_len=4096, moe_token_drop="none")
