@@ -84,8 +84,12 @@ class ComputeParams:
     over the fused minimum that ``layer_times`` counts: eager PyTorch's unfused kernels (rotary by slicing
     and concatenation, separate casts and norms) move about 2.7x that (measured on an H200,
     docs/measure.md)."""
-    moe_gemm_efficiency: float = 0.7
-    """Expert (grouped) GEMMs over dense GEMMs of the same shape."""
+    moe_gemm_efficiency: float = 1.0
+    """The routed experts' GEMMs against the model of their launch (meshplan.cost.grouped_gemm: a dense GEMM's
+    shape curve at each expert's tokens for Transformer Engine's one GEMM per expert, the whole rows of a
+    grouped kernel) [dimensionless]. Above 1 where the launch runs faster than its GEMMs one after another:
+    TE issues them on 4 compute streams, so small per-expert GEMMs share the GPU. Fitted on the published
+    MoE runs (docs/moe.md); 1 is the neutral default."""
     moe_layer_overhead_s: float = 0.0
     """Fixed time per MoE layer forward per micro-batch (also in its recomputation), added to the kernels:
     the router's top-k, auxiliary loss and token bookkeeping, small kernels the roofline does not see, and
@@ -115,7 +119,11 @@ class ComputeParams:
     per-expert casts and splits), so the launch time grows with the experts a rank holds. Fitted on the
     published runs."""
     moe_permute_passes: float = 4.0
-    """Memory passes over each routed token copy (permute, unpermute, their gradients: 4 at least)."""
+    """Memory passes over a rank's routed token copies (k·D elements per token) in an MoE layer's forward,
+    twice as many in its backward [passes]: the permutation to the experts, the sort of the received chunks
+    by expert, and their inverses (meshplan.cost.moe_passes counts them: 2.25-3 per forward for a fused or
+    flex dispatcher, 6.25-7 with the all-to-all dispatcher's chunk sort, k = 8 to 2). At least 2: the
+    copies written by the permutation and read back by the un-permutation. Fitted."""
     causal_attention_fraction: float = 0.5
     """Time of a causal attention kernel over the non-causal one of the same shape on long sequences (0.5:
     masked tiles skipped perfectly); shorter ones compute their diagonal tiles whole (causal_time_fraction)."""
