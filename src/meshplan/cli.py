@@ -173,6 +173,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from meshplan.report.json import estimate_dict
     from meshplan.search.sweep import changes, geometric, log_ticks, parse_range, sweep
 
+    if args.plot:
+        from meshplan.extras import require
+
+        require("matplotlib", "plot", "sweep --plot")
     model, cluster, job = _scenario(args)
     name, lo, hi = parse_range(args.vary)
     values = geometric(lo, hi, args.points)
@@ -256,49 +260,22 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
-    from meshplan.catalog import list_accelerators, list_models, load_cluster, load_model
-    from meshplan.cost.params import param_counts
-    from meshplan.units import GB
+    from meshplan.report import catalog as cat
 
-    accels = []
-    for name in list_accelerators():
-        c = load_cluster(name)
-        a = c.accelerator
-        accels.append({"name": name, "description": a.description, "bf16_tflop_per_s": a.bf16_flop_per_s / 1e12,
-                       "fp8_tflop_per_s": None if a.fp8_flop_per_s is None else a.fp8_flop_per_s / 1e12,
-                       "hbm_gib": a.hbm_capacity_bytes / 2**30, "hbm_tb_per_s": a.hbm_bytes_per_s / 1e12,
-                       "gpus_per_node": c.gpus_per_node, "intra": c.intra.kind,
-                       "intra_gb_per_s": c.intra.link_bytes_per_s / GB,
-                       "ring_busbw_gb_per_s": c.intra.ring_busbw_bytes_per_s / GB,
-                       "nvls_busbw_gb_per_s": None if c.intra.nvls_busbw_bytes_per_s is None
-                       else c.intra.nvls_busbw_bytes_per_s / GB,
-                       "nic_gb_per_s": c.inter.nic_bytes_per_s / GB, "sources": a.sources})
-    models = []
-    for name in list_models():
-        m = load_model(name)
-        pc = param_counts(m)
-        models.append({"name": name, "params": pc.total, "active_params": pc.active, "n_layers": m.n_layers,
-                       "hidden": m.hidden, "n_heads": m.n_heads, "n_kv_heads": m.n_kv_heads,
-                       "ffn_hidden": m.ffn_hidden, "vocab": m.vocab, "moe": m.is_moe, "source": m.source})
-    if args.json:
-        print(strict_json({"accelerators": accels, "models": models}))
+    if args.model or args.cluster:
+        from meshplan.catalog import load_cluster, load_model
+
+        model = load_model(args.model) if args.model else None
+        cluster = load_cluster(args.cluster, nodes=args.nodes, default_nodes=1) if args.cluster else None
+        if args.json:
+            print(strict_json({"model": cat.model_summary(model) if model else None,
+                               "cluster": cat.cluster_summary(cluster) if cluster else None}))
+        else:
+            print("\n\n".join(t for t in (cat.model_text(model) if model else "",
+                                           cat.cluster_text(cluster) if cluster else "") if t))
         return 0
-    print("accelerators (dense TFLOP/s; HBM in GiB and TB/s; links per GPU per direction and NCCL bus bandwidths "
-          "(busbw) in decimal GB/s):")
-    for a in accels:
-        fp8 = f"{a['fp8_tflop_per_s']:.0f}" if a["fp8_tflop_per_s"] else "-"
-        nvls = f"{a['nvls_busbw_gb_per_s']:.0f}" if a["nvls_busbw_gb_per_s"] else "-"
-        print(f"  {a['name']:<10} BF16 {a['bf16_tflop_per_s']:>7.1f}  FP8 {fp8:>6}  HBM {a['hbm_gib']:>6.2f} GiB "
-              f"{a['hbm_tb_per_s']:>4.1f} TB/s  {a['gpus_per_node']:>2}/node {a['intra']:<8} "
-              f"{a['intra_gb_per_s']:>4.0f} GB/s (busbw ring {a['ring_busbw_gb_per_s']:.0f}, NVLS {nvls})  NIC "
-              f"{a['nic_gb_per_s']:.0f} GB/s   {a['description']}")
-    print("models:")
-    for m in models:
-        active = f" ({m['active_params'] / 1e9:.1f}B active)" if m["moe"] else ""
-        print(f"  {m['name']:<16} {m['params'] / 1e9:>8.2f}B{active:<18} L={m['n_layers']:<4} h={m['hidden']:<6} "
-              f"heads={m['n_heads']}/{m['n_kv_heads']}  {m['source'][:60]}")
-    print("every number has a source: meshplan catalog --json (in these display units, not the base units of "
-          "plan and evaluate JSON)")
+    listing = cat.listing()
+    print(strict_json(listing) if args.json else cat.listing_text(listing))
     return 0
 
 
@@ -369,8 +346,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_validate(sub)
     _register_harness(sub)
-    ca = sub.add_parser("catalog", help="list accelerators and models with their sources")
-    ca.add_argument("--json", action="store_true")
+    ca = sub.add_parser("catalog", help="list accelerators and models with their sources, or show one")
+    ca.add_argument("--model", default=None, metavar="NAME|FILE",
+                    help="show this model: its spec, parameter counts (total, active per token, embedding) and sizes")
+    ca.add_argument("--cluster", default=None, metavar="NAME|FILE",
+                    help="show this accelerator's node or this cluster file: GPUs, links, memory")
+    ca.add_argument("--nodes", type=positive_size, default=None,
+                    help="with --cluster: nodes (default: the file's, else 1)")
+    ca.add_argument("--json", action="store_true", help="JSON in base units (counts, bytes, bytes/s, FLOP/s)")
     ca.set_defaults(func=cmd_catalog)
     return p
 

@@ -16,22 +16,30 @@ every process of the terminal's group, and the parent alone answers it.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import ctypes
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 _task: Callable[[Any], Any] | None = None
-"""The function of the pool this worker process belongs to (set by _adopt at the worker's start)."""
+"""The function of the pool this worker process belongs to (set in the worker as it starts)."""
+
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal a process receives when its parent dies (linux/prctl.h)."""
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended without answering (killed by the kernel for memory, or crashed)."""
 
 
 def available_cores() -> int:
@@ -42,16 +50,13 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-PR_SET_PDEATHSIG = 1
-"""prctl(2) option: the signal a process receives when its parent dies (linux/prctl.h)."""
-
-
 def parallel_map(fn: Callable[[T], R], items: Sequence[T], workers: int | None = None,
                  done: Callable[[int, int], None] | None = None) -> list[R]:
     """``[fn(x) for x in items]``, on up to ``workers`` forked processes (default: every available core).
     ``items`` and the results must pickle; ``fn`` need not. Inside a worker, or in a process that runs other
     threads (which a fork would copy mid-flight), it runs in order. ``done(k, len(items))`` is called in this
-    process as the first k results are in."""
+    process each time a result is in (k of them). An exception in a task is raised here, after the workers
+    are ended."""
     n = min(len(items), available_cores() if workers is None else workers)
     if n <= 1 or sys.platform != "linux" or _task is not None or threading.active_count() > 1:
         out = []
@@ -61,26 +66,63 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], workers: int | None =
                 done(len(out), len(items))
         return out
     ctx = multiprocessing.get_context("fork")
-    pool = concurrent.futures.ProcessPoolExecutor(n, mp_context=ctx, initializer=_adopt, initargs=(fn, os.getpid()))
+    procs, conns = [], []
     try:
-        results = []
-        for r in pool.map(_run, items):
-            results.append(r)
+        for _ in range(n):
+            parent_end, child_end = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(fn, child_end, os.getpid()), daemon=True)
+            proc.start()
+            child_end.close()
+            procs.append(proc)
+            conns.append(parent_end)
+        return _dispatch(items, procs, conns, done)
+    finally:  # done, failed or interrupted: no worker outlives the map
+        for proc in procs:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                if proc.is_alive():
+                    proc.kill()
+        for proc in procs:
+            with contextlib.suppress(OSError, ValueError, AssertionError):
+                proc.join(timeout=5)
+        for conn in conns:
+            conn.close()
+
+
+def _dispatch(items: Sequence[Any], procs: list[Any], conns: list[Connection],
+              done: Callable[[int, int], None] | None) -> list[Any]:
+    """Hand out the items one at a time to whichever worker is free; collect the results in order."""
+    results: list[Any] = [None] * len(items)
+    todo = iter(range(len(items)))
+    busy: dict[Connection, int] = {}
+    for conn in conns:
+        i = next(todo, None)
+        if i is not None:
+            conn.send((i, items[i]))
+            busy[conn] = i
+    finished = 0
+    while busy:
+        for conn in wait(list(busy)):
+            try:
+                i, ok, value = conn.recv()
+            except (EOFError, OSError):
+                proc = procs[conns.index(conn)]
+                proc.join(timeout=1)
+                raise WorkerDied(f"a worker process ended without answering (exit code {proc.exitcode}; "
+                                 "out of memory?)") from None
+            if not ok:
+                raise value
+            results[i] = value
+            finished += 1
+            del busy[conn]
             if done:
-                done(len(results), len(items))
-    except BaseException:  # an error in a task, Ctrl-C, a SIGTERM turned exception: end the workers now
-        _kill_workers(pool)
-        raise
-    pool.shutdown()
+                done(finished, len(items))
+            nxt = next(todo, None)
+            if nxt is not None:
+                conn.send((nxt, items[nxt]))
+                busy[conn] = nxt
+    for conn in conns:
+        conn.send(None)  # no more work
     return results
-
-
-def _kill_workers(pool: concurrent.futures.ProcessPoolExecutor) -> None:
-    """Kill ``pool``'s workers at once rather than wait for their tasks (shutdown(wait=True) would)."""
-    for proc in list((getattr(pool, "_processes", None) or {}).values()):
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            proc.kill()
-    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -92,14 +134,27 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _adopt(fn: Callable[[Any], Any], parent_pid: int) -> None:
+def _serve(fn: Callable[[Any], Any], conn: Connection, parent_pid: int) -> None:
+    """A worker: take (index, item), answer (index, True, fn(item)) or (index, False, the exception)."""
     global _task
-    _task = fn
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent answers it
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)  # the parent's progress line is the parent's
     _die_with_parent(parent_pid)
-
-
-def _run(item: Any) -> Any:
-    assert _task is not None, "parallel_map worker without its function"
-    return _task(item)
+    _task = fn
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        i, item = job
+        try:
+            answer = (i, True, fn(item))
+        except Exception as exc:  # raised in the parent, as it would have been in order
+            answer = (i, False, exc)
+        try:
+            conn.send(answer)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            conn.send((i, False, RuntimeError(f"{type(answer[2]).__name__} could not be sent back: {exc}")))

@@ -16,6 +16,7 @@ from typing import Any
 from meshplan.cost.collectives import COLLECTIVES
 from meshplan.fileio import write_json
 from meshplan.profile import SCHEMA
+from meshplan.specs._validate import MAX_INT
 
 OPS = COLLECTIVES  # the ledger's collective names (meshplan.cost.collectives)
 LINKS = ("intra_node", "inter_node")
@@ -149,8 +150,8 @@ def check_profile(data: dict[str, Any]) -> list[str]:
             errors.append(f"attention[{i}] lacks {', '.join(missing)}")
         elif not (all(_whole(a[k]) for k in ("b", "s", "heads", "head_dim"))
                   and _positive(a["fwd_median_s"]) and _positive(a["fwd_bwd_median_s"])):
-            errors.append(f"attention[{i}]: b, s, heads, head_dim must be positive integers, fwd_median_s and "
-                          "fwd_bwd_median_s positive numbers")
+            errors.append(f"attention[{i}]: b, s, heads, head_dim must be whole numbers from 1 to {MAX_INT:,}, "
+                          "fwd_median_s and fwd_bwd_median_s positive numbers")
     best = data.get("gemm_best_flop_per_s")
     if best is not None and not (isinstance(best, int | float) and best > 0):
         errors.append("gemm_best_flop_per_s must be a positive number or null")
@@ -179,8 +180,8 @@ def check_profile(data: dict[str, Any]) -> list[str]:
             continue  # reported above
         if not isinstance(g, dict) or not all(_whole(g[k]) for k in "mnk") or not isinstance(g["dtype"], str) \
                 or not _positive(g["median_s"]):
-            errors.append(f"gemm[{i}]: m, n, k must be positive integers, dtype a string, median_s a positive "
-                          "number")
+            errors.append(f"gemm[{i}]: m, n, k must be whole numbers from 1 to {MAX_INT:,}, dtype a string, "
+                          "median_s a positive number")
     if data.get("moe") is not None:
         errors += _moe_errors(data["moe"])
     step = data.get("step")
@@ -196,11 +197,18 @@ def check_profile(data: dict[str, Any]) -> list[str]:
 
 
 def _positive(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < float("inf")
+    """A positive number a float holds finitely (an int of 400 digits is not one)."""
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return False
+    try:
+        return 0 < float(v) < float("inf")
+    except OverflowError:
+        return False
 
 
 def _whole(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+    """A positive whole number within the specs' range (a GEMM dimension, a batch, a head count)."""
+    return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_INT
 
 
 def _step_errors(step: dict[str, Any]) -> list[str]:
