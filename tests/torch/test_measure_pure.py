@@ -401,3 +401,22 @@ def test_catalog_expert_gemm_points_need_a_source(tmp_path):
     bad.write_text(text + "\n[[expert_gemm]]\n" + point)
     with pytest.raises(SpecError, match="needs a source"):
         load(str(bad))
+
+
+def test_measured_moe_kernels_are_compared_with_the_model():
+    from meshplan.cost.grouped_gemm import grouped_gemm_time_s
+    from meshplan.harness.measure.compare import kernel_comparison
+
+    profile = {**new_profile(device="NVIDIA H100 80GB HBM3", backend="nccl", world_size=1, nproc_per_node=1),
+               "moe": _moe_section()}
+    accel, rows, note = kernel_comparison(profile, None)
+    assert accel.name == "h100-sxm" and note is None
+    experts = [r for r in rows if r.kernel.startswith("experts per_expert bf16 8x64x1024x512")]
+    params = compute_params_for("h100-sxm", "generic")
+    peak, e_max, hd = gemm_curve(accel, params, "bf16")
+    expected = grouped_gemm_time_s(64, 8, 1024, 512, kernel="per_expert", peak_flop_per_s=peak, e_max=e_max,
+                                   half_dim=hd, hbm_bytes_per_s=accel.hbm_bytes_per_s * params.memory_efficiency)
+    assert experts[0].predicted_s == pytest.approx(expected / params.moe_gemm_efficiency)
+    permute = next(r for r in rows if r.kernel.startswith("moe permute"))
+    assert permute.predicted_s == pytest.approx(4e6 / (accel.hbm_bytes_per_s * params.memory_efficiency))
+    assert permute.measured_s == 1e-3

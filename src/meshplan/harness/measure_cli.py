@@ -198,7 +198,7 @@ def check_inputs(args: argparse.Namespace, world_size: int | None) -> None:
 
 SCENARIO_USED = {"step": ("model", "cluster", "batch_tokens", "seq_len", "json"),
                  "gemm": ("model", "cluster", "seq_len", "json"),
-                 "moe": ("model", "seq_len", "json")}
+                 "moe": ("model", "cluster", "seq_len", "json")}
 """The scenario flags each measurement reads (argtypes.reject_unused rejects the others)."""
 
 

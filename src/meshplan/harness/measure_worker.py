@@ -301,6 +301,13 @@ def _moe(args: argparse.Namespace, ctx: Any, profile: dict, say) -> str:
     for p in passes:
         lines.append(f"  {p.name:<11}{p.bytes_moved / 1e6:>10.2f} MB{p.timing.median_s * 1e3:>11.3f} ms"
                      f"{p.bytes_moved / p.timing.median_s / 1e9:>9.3g} GB/s")
+    if gpu:
+        from meshplan.harness.measure.compare import kernel_comparison, kernel_text
+
+        found = kernel_comparison({**profile, "gemm": [], "attention": []}, args.cluster)
+        if found is not None:
+            accel, rows, note = found
+            lines += ["", kernel_text(rows, accel, note)]
     return "\n".join(lines)
 
 
