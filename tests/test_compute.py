@@ -217,7 +217,8 @@ def test_compiled_blocks_move_the_fused_minimum_of_elementwise_traffic():
     from dataclasses import replace
 
     from meshplan import JobSpec, parse_plan
-    from meshplan.cost.step import evaluate, step_time_lower_bound_s
+    from meshplan.cost.bounds import step_time_lower_bound_s
+    from meshplan.cost.step import evaluate
     m, c = load_model("llama-3-8b"), load_cluster("h100-sxm")
     job = JobSpec(global_batch_tokens=8 * 2 * 8192, seq_len=8192, software="torchtitan")
     plan = parse_plan("dp_shard=8,mbs=1,recompute=full")
@@ -238,8 +239,9 @@ def test_fp8_attention_runs_the_attention_core_faster_by_its_cited_ratio():
     from dataclasses import replace
 
     from meshplan import JobSpec, parse_plan
+    from meshplan.cost.bounds import step_time_lower_bound_s
     from meshplan.cost.compute import FP8_ATTENTION_SPEEDUP
-    from meshplan.cost.step import evaluate, step_time_lower_bound_s
+    from meshplan.cost.step import evaluate
     from meshplan.errors import SpecError
     m, c = load_model("llama-3-8b"), load_cluster("h100-sxm")
     job = JobSpec(global_batch_tokens=8 * 2 * 8192, seq_len=8192, precision="fp8", software="megatron")

@@ -5,7 +5,8 @@ from hypothesis import strategies as st
 
 from meshplan import JobSpec, load_cluster, load_model
 from meshplan.cost.compute import ComputeParams
-from meshplan.cost.step import HOST_BOUND, evaluate
+from meshplan.cost.stage_time import HOST_BOUND
+from meshplan.cost.step import evaluate
 from meshplan.explain import binding_resource, measure_first
 from meshplan.specs.plan import parse_plan
 

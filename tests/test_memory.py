@@ -271,21 +271,23 @@ def test_only_pytorch_pipelines_pay_for_the_buffers():
 
 
 def _stage_memory_terms(plan_str: str, stage: int, m_target: int = 8, loss: str = "auto"):
-    """A timed stage's memory terms (cost.step's own stage contexts) for Llama 3 8B on torchtitan, with
+    """A timed stage's memory terms (cost.fixed_plan's own stage contexts) for Llama 3 8B on torchtitan, with
     ``m_target`` micro-batches of one sequence."""
     from meshplan import JobSpec, load_cluster, parse_plan
+    from meshplan.cost.batch import batch_split_reasons
+    from meshplan.cost.fixed_plan import plan_shared, stage_ctxs
     from meshplan.cost.params import param_counts
-    from meshplan.cost.step import _plan_shared, _stage_ctxs, _stage_memory, batch_split_reasons
+    from meshplan.cost.stage_memory import stage_memory
 
     model, cluster = load_model("llama-3-8b"), load_cluster("h100-sxm", nodes=1, gpus_per_node=4)
     job = JobSpec(global_batch_tokens=4096 * m_target, seq_len=4096, software="torchtitan", loss=loss)
     plan = parse_plan(plan_str, cluster.n_gpus)
     counts = param_counts(model)
-    shared = _plan_shared(model, counts, cluster, job, plan)
+    shared = plan_shared(model, counts, cluster, job, plan)
     _, m = batch_split_reasons(job, plan)
     assert m == m_target
-    ctx = next(c for c in _stage_ctxs(model, counts, cluster, job, plan, m, shared) if c.s == stage)
-    return model, _stage_memory(ctx, shared.static[stage]).terms
+    ctx = next(c for c in stage_ctxs(model, counts, cluster, job, plan, m, shared) if c.s == stage)
+    return model, stage_memory(ctx, shared.static[stage]).terms
 
 
 def test_the_loss_stage_holds_the_heads_inputs_for_its_own_micro_batches():

@@ -46,7 +46,7 @@ def test_the_copies_wait_only_where_the_link_cannot_keep_up_with_the_layers():
     for layer i's: with N <= L - 2 uniform layers of time t and copies of time c >= t, the forward waits
     N·c - (L-2)·t, and so does the backward with its own layer time; with N = L - 1 each layer waits for
     the copy before it, however fast the link."""
-    from meshplan.cost.step import offload_stalls_s
+    from meshplan.cost.offload import offload_stalls_s
 
     fwd, bwd = offload_stalls_s(0.0145, 0.0286, [0.122] * 40, 80)
     assert fwd == pytest.approx(40 * 0.122 - 78 * 0.0145) and bwd == pytest.approx(40 * 0.122 - 78 * 0.0286)

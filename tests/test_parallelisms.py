@@ -172,7 +172,7 @@ def test_the_bound_and_the_bubble_take_megatron_mla_as_evaluate_does():
     all-reduce after the backward adds its own time to the step, not a stall to every pipeline slot."""
     from meshplan import ModelSpec
     from meshplan.calibration import compute_params_for
-    from meshplan.cost.step import step_time_lower_bound_s
+    from meshplan.cost.bounds import step_time_lower_bound_s
 
     toy = ModelSpec(name="mla-toy", n_layers=8, hidden=4096, n_heads=8, n_kv_heads=8, head_dim=64,
                     ffn_hidden=1024, vocab=1024, q_lora_rank=4096, kv_lora_rank=4096, qk_rope_head_dim=64,
@@ -648,7 +648,7 @@ def test_pipeline_warm_up_stalls_on_the_layers_unhidden_collectives():
 def test_a_middle_stage_of_heavier_layers_is_timed():
     """DeepSeek-V3 at PP=16: 3 dense and 1 MoE layer first, 4 MoE layers in the middle (as many layers,
     heavier ones), 1 MoE layer and MTP last; uniform and remainder-first splits add no middle stage."""
-    from meshplan.cost.step import bounding_stages
+    from meshplan.cost.stage import bounding_stages
     assert bounding_stages([(3, 1)] + [(0, 4)] * 14 + [(0, 1)]) == [0, 1, 15]
     assert bounding_stages([(3, 1), (0, 4), (1, 4), (0, 4), (0, 2)]) == [0, 1, 2, 4]
     assert bounding_stages([(10, 0)] * 8) == [0, 7]

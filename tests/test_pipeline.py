@@ -151,7 +151,7 @@ def test_zb_v_middle_ranks_are_simulated_without_the_head():
     """Under ZB-V the first stage holds the LM head, so it stands for no middle stage: the simulator times
     the middle ranks by a head-free one (a review found every middle rank charged the head's time)."""
     from meshplan import JobSpec, evaluate, load_cluster, load_model, parse_plan
-    from meshplan.cost.step import bounding_stages
+    from meshplan.cost.stage import bounding_stages
     from meshplan.sim.simulate import simulate
 
     assert bounding_stages([(4, 0)] * 8) == [0, 7] and bounding_stages([(4, 0)] * 8, head=0) == [0, 1, 7]

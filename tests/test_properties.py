@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from tests.strategies import clusters, jobs, models
 
 from meshplan import Plan, evaluate
+from meshplan.cost.choice import OFFLOAD_MODE
 from meshplan.cost.collectives import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -21,7 +22,6 @@ from meshplan.cost.collectives import (
 )
 from meshplan.cost.mesh import group
 from meshplan.cost.pipeline import bubble_fraction
-from meshplan.cost.step import OFFLOAD_MODE
 from meshplan.errors import SpecError
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -175,7 +175,7 @@ def test_partial_recompute_trades_memory_for_time(model, cluster, job, tp, pp, d
 def test_step_time_lower_bound_never_exceeds_the_step_time(model, cluster, job, data):
     """The search prunes option variants with this bound: it must hold for every plan it could meet."""
     from meshplan.calibration import compute_params_for
-    from meshplan.cost.step import step_time_lower_bound_s
+    from meshplan.cost.bounds import step_time_lower_bound_s
     from meshplan.search.space import Space, enumerate_plans, option_variants
 
     plans = list(enumerate_plans(model, cluster, job, Space(max_vpp=2)))
@@ -191,7 +191,8 @@ def test_step_time_lower_bound_never_exceeds_the_step_time(model, cluster, job, 
 def _draw_combination(model, cluster, job, data):
     """A plan of the search space (a structure or one of its option variants) with one of its micro-batch
     sizes and recompute modes, or None where the space is empty."""
-    from meshplan.cost.step import micro_batch_sizes, recompute_options
+    from meshplan.cost.batch import micro_batch_sizes
+    from meshplan.cost.choice import recompute_options
     from meshplan.search.space import Space, enumerate_plans, option_variants
 
     plans = list(enumerate_plans(model, cluster, job, Space(max_vpp=2)))
@@ -213,7 +214,7 @@ def test_combination_bound_never_exceeds_its_step_time(model, cluster, job, data
     """evaluate skips a micro-batch size and recompute mode whose bound (compute, bubble and the
     communication no compute hides) cannot beat the best one timed: the bound must hold for each."""
     from meshplan.calibration import compute_params_for
-    from meshplan.cost.step import _compute_bound_s
+    from meshplan.cost.bounds import compute_bound_s
 
     drawn = _draw_combination(model, cluster, job, data)
     if drawn is None:
@@ -221,7 +222,7 @@ def test_combination_bound_never_exceeds_its_step_time(model, cluster, job, data
     plan, b, rc = drawn
     compute = compute_params_for(cluster.accelerator.name, job.software)
     est = evaluate(model, cluster, job, replace(plan, mbs=b).with_recompute(rc), compute=compute)
-    assert _compute_bound_s(model, cluster, job, plan, compute, b, rc) <= est.step_time_s * (1 + 1e-9)
+    assert compute_bound_s(model, cluster, job, plan, compute, b, rc) <= est.step_time_s * (1 + 1e-9)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -232,22 +233,23 @@ def test_traffic_floors_never_exceed_the_step_time(model, cluster, job, data):
     a micro-batch size, or of the largest for every size): both floors must hold for every recomputation
     at that size, and the largest size's for every combination the plan could choose."""
     from meshplan.calibration import compute_params_for
-    from meshplan.cost.step import _Choice, _compute_bound_s
+    from meshplan.cost.bounds import compute_bound_s
+    from meshplan.cost.choice import Choice
 
     drawn = _draw_combination(model, cluster, job, data)
     if drawn is None:
         return
     plan, b, rc = drawn
     compute = compute_params_for(cluster.accelerator.name, job.software)
-    choice = _Choice(model, cluster, job, plan, compute, None, None)
+    choice = Choice(model, cluster, job, plan, compute, None, None)
     est = evaluate(model, cluster, job, replace(plan, mbs=b).with_recompute(rc), compute=compute)
     for floors in (choice.floors(b), choice.floors(0)):
         assert floors.link_s <= est.step_time_s * (1 + 1e-9)
-        assert _compute_bound_s(model, cluster, job, plan, compute, b, rc) + floors.contention_s <= (
+        assert compute_bound_s(model, cluster, job, plan, compute, b, rc) + floors.contention_s <= (
             est.step_time_s * (1 + 1e-9))
     # and the largest micro-batch size choose finds anything may fit at (for a search: with a cutoff) holds
     # every one that does
-    searching = _Choice(model, cluster, job, plan, compute, None, float("inf"))
+    searching = Choice(model, cluster, job, plan, compute, None, float("inf"))
     searching.choose(time_infeasible=False)
     assert not est.feasible or b <= searching.mbs_list[searching.largest]
 
@@ -259,16 +261,18 @@ def test_traffic_floor_is_taken_where_the_compute_bound_is():
     and evaluate_within had pruned the plan below its cutoff (found by a review)."""
     from meshplan import JobSpec, load_cluster, load_model
     from meshplan.calibration import compute_params_for
-    from meshplan.cost.step import _Choice, _compute_bound_s, evaluate_within
+    from meshplan.cost.bounds import compute_bound_s
+    from meshplan.cost.choice import Choice
+    from meshplan.cost.step import evaluate_within
 
     model = replace(load_model("llama-3.2-3b"), vocab=1_048_576)
     cluster = load_cluster("h100-sxm", nodes=2)
     job = JobSpec(global_batch_tokens=64 * 4096, seq_len=4096)
     compute = compute_params_for(cluster.accelerator.name, job.software)
     plan = Plan(pp=2, tp=8, async_tp=True, sp=True, sharding="megatron", layout="Et*20|t*8L")
-    floors = _Choice(model, cluster, job, plan, compute, None, None).floors(8)
+    floors = Choice(model, cluster, job, plan, compute, None, None).floors(8)
     fixed = evaluate(model, cluster, job, replace(plan, mbs=8, recompute="none"), compute=compute)
-    assert _compute_bound_s(model, cluster, job, plan, compute, 8, "none") + floors.contention_s <= fixed.step_time_s
+    assert compute_bound_s(model, cluster, job, plan, compute, 8, "none") + floors.contention_s <= fixed.step_time_s
     best = evaluate(model, cluster, job, plan, compute=compute)
     assert best.feasible
     within = evaluate_within(model, cluster, job, plan, cutoff_s=best.step_time_s * 1.02, compute=compute)
@@ -281,7 +285,8 @@ def test_choice_bound_respects_a_fixed_partial_recomputation(model, cluster, job
     """A plan that fixes recompute='full' with recompute_layers=k is timed with k layers recomputed; the
     bound that prunes its micro-batch sizes must charge those k, not every layer."""
     from meshplan.calibration import compute_params_for
-    from meshplan.cost.step import _Choice, micro_batch_sizes
+    from meshplan.cost.batch import micro_batch_sizes
+    from meshplan.cost.choice import Choice
     from meshplan.search.space import Space, enumerate_plans
 
     plans = [p for p in enumerate_plans(model, cluster, job, Space(max_vpp=2)) if not p.ep_overlap]
@@ -290,7 +295,7 @@ def test_choice_bound_respects_a_fixed_partial_recomputation(model, cluster, job
     plan = replace(data.draw(st.sampled_from(plans)), recompute="full", recompute_layers=1)
     b = data.draw(st.sampled_from(micro_batch_sizes(job, plan.dp)))
     compute = compute_params_for(cluster.accelerator.name, job.software)
-    choice = _Choice(model, cluster, job, plan, compute, None, None)
+    choice = Choice(model, cluster, job, plan, compute, None, None)
     est = evaluate(model, cluster, job, replace(plan, mbs=b), compute=compute)
     assert choice.bound("full", b) <= est.step_time_s * (1 + 1e-9)
 
@@ -301,7 +306,8 @@ def test_evaluate_finds_the_fastest_recomputation_that_fits(model, cluster, job,
     """With the micro-batch size fixed, evaluate chooses the recompute mode and the number of partially
     recomputed layers by bounds and bisection: it must find what timing every one of them finds. Small
     memories force the choice."""
-    from meshplan.cost.step import micro_batch_sizes, recompute_options
+    from meshplan.cost.batch import micro_batch_sizes
+    from meshplan.cost.choice import recompute_options
     from meshplan.search.space import Space, enumerate_plans, option_variants
 
     cluster = replace(cluster, accelerator=replace(cluster.accelerator, hbm_capacity_bytes=hbm_gib * 2**30))
@@ -353,16 +359,18 @@ def test_option_variants_said_to_need_more_memory_do(model, cluster, job, data):
 def test_unhidden_in_layer_traffic_is_m_times_one_micro_batchs(model, cluster, job, data):
     """The bound memoises the communication no compute hides for one micro-batch and scales it by the
     micro-batch count: it must equal that traffic in the step's whole ledger, stage by stage."""
+    from meshplan.cost.batch import micro_batches
+    from meshplan.cost.bounds import critical_comm_s
     from meshplan.cost.comm import StageTraffic, Unit, comm_ledger
     from meshplan.cost.mesh import axis_groups
     from meshplan.cost.pipeline import head_stage, round_robin_chunks, stage_layers
-    from meshplan.cost.step import _critical_comm_s, _micro_batches, recomputed_layers
+    from meshplan.cost.stage import recomputed_layers
 
     drawn = _draw_combination(model, cluster, job, data)
     if drawn is None:
         return
     plan, b, rc = drawn
-    m = _micro_batches(job, plan.dp, b)
+    m = micro_batches(job, plan.dp, b)
     stages = stage_layers(model, plan.pp, plan.layout, round_robin_chunks(plan.schedule, plan.vpp))
     whole = []
     for s in sorted({0, plan.pp - 1}):
@@ -375,15 +383,15 @@ def test_unhidden_in_layer_traffic_is_m_times_one_micro_batchs(model, cluster, j
                                recomputed=recomputed_layers(rc, None, n_dense, n_moe), stage=s)
         whole.append(sum(e.time_s for e in comm_ledger(model, cluster, job, plan, axis_groups(plan, cluster), traffic)
                          if e.window == "none" and not e.blocks_after_step))  # ZeRO-1/2's gather after the step
-    assert _critical_comm_s(model, cluster, job, plan, b, m, rc, None) == pytest.approx(min(whole), rel=1e-9)
+    assert critical_comm_s(model, cluster, job, plan, b, m, rc, None) == pytest.approx(min(whole), rel=1e-9)
 
 
 @given(st.integers(1, 5000))
 def test_micro_batch_divisors_are_every_divisor_largest_first(n):
     """The divisors are found up to sqrt(n) (a review: a 1e15-token batch had hung the linear scan)."""
-    from meshplan.cost.step import _divisors_descending
+    from meshplan.cost.batch import divisors_descending
 
-    assert _divisors_descending(n) == [d for d in range(n, 0, -1) if n % d == 0]
+    assert divisors_descending(n) == [d for d in range(n, 0, -1) if n % d == 0]
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

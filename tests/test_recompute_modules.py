@@ -142,7 +142,7 @@ def test_modules_the_model_lacks_or_the_stack_lacks_are_refused():
 def test_a_megatron_plans_recompute_modes_hold_ever_less_memory(name, flash, tp, mbs):
     """evaluate bisects over the recompute modes in order, so each must hold no more than the one before:
     Megatron's take its selective modules (with core_attn where attention is unfused) in place of SAC."""
-    from meshplan.cost.step import recompute_options
+    from meshplan.cost.choice import recompute_options
     model = load_model(name)
     cluster = load_cluster("h100-sxm", nodes=8)
     job = JobSpec(global_batch_tokens=256 * 4096, seq_len=4096, software="megatron", flash_attention=flash)
@@ -158,7 +158,7 @@ def test_a_megatron_plans_recompute_modes_hold_ever_less_memory(name, flash, tp,
 def test_a_fused_grouped_mlp_has_no_separate_activation_to_recompute():
     """With JobSpec.fused_grouped_mlp the routed activation runs inside the experts' fused GEMMs: a plan
     that names moe_act is refused with the modules allowed, and evaluate's own choices leave it out."""
-    from meshplan.cost.step import megatron_selective_keys
+    from meshplan.cost.choice import megatron_selective_keys
 
     with pytest.raises(SpecError, match="moe_act needs MoE layers whose activation runs on its own"):
         _dsv3("recompute=selective,recompute_modules=moe_act", precision="fp8", fused_grouped_mlp=True)
@@ -204,7 +204,7 @@ def test_the_bound_keys_megatron_selective_attention_exchanges_by_the_plan_s_rec
     time (a review found the cache shared, and the bound above the step)."""
     from meshplan import JobSpec, evaluate, load_cluster, load_model, parse_plan
     from meshplan.calibration import compute_params_for
-    from meshplan.cost.step import step_time_lower_bound_s
+    from meshplan.cost.bounds import step_time_lower_bound_s
 
     m, c = load_model("seed-70b"), load_cluster("h100-sxm", nodes=8)
     j = JobSpec(global_batch_tokens=4_194_304, seq_len=32768)

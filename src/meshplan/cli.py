@@ -51,13 +51,17 @@ def _add_scenario(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mfu", type=mfu_fraction, default=None,
                    help="assume this MFU for compute instead of the kernel model")
     g.add_argument("--json", action="store_true", help="write JSON (schema in the README)")
+    from meshplan.economics.flags import add_job_flags
+
+    add_job_flags(g)
 
 
 def _job(args: argparse.Namespace) -> Any:
     from meshplan.catalog import load_job
+    from meshplan.economics.flags import job_overrides
 
     return load_job(args.job, defaults={"global_batch_tokens": DEFAULT_BATCH_TOKENS, "seq_len": DEFAULT_SEQ_LEN},
-                    global_batch_tokens=args.batch_tokens, seq_len=args.seq_len)
+                    global_batch_tokens=args.batch_tokens, seq_len=args.seq_len, **job_overrides(args))
 
 
 def _scenario(args: argparse.Namespace) -> tuple[Any, Any, Any]:
@@ -100,7 +104,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from meshplan.specs.plan import stack_mismatch
 
     model, cluster, job = _scenario(args)
-    plan = parse_plan(args.plan, world_size=cluster.n_gpus)
+    imported = None
+    if args.from_:  # an existing framework configuration (meshplan.frameworks)
+        from meshplan.frameworks.command import apply_import
+
+        imported, model, cluster, job = apply_import(args, model, cluster, job)
+    elif not args.plan:
+        raise SpecError("evaluate", "needs --plan PLAN, or --from STACK SOURCE")
+    plan = imported.plan if imported else parse_plan(args.plan, world_size=cluster.n_gpus)
+    from meshplan.economics.flags import plan_with_job_recompute
+
+    plan = plan_with_job_recompute(plan, job)
     if args.assumptions == "worked-example":
         from meshplan.cost.simplified import unmodelled_settings
 
@@ -142,7 +156,19 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         est = replace(est, notes=[*est.notes, mismatch])
     if args.profile_notes:
         est = replace(est, notes=[*est.notes, *args.profile_notes])
-    print(strict_json(estimate_dict(est)) if args.json else estimate_text(est))
+    if imported or args.export:
+        from meshplan.frameworks.command import evaluated_frameworks
+
+        return evaluated_frameworks(args, est, imported, model, cluster, job)
+    from meshplan.economics.flags import evaluate_economics
+
+    econ = evaluate_economics(args, est, model, cluster, job)  # with --train-tokens
+    if args.json:
+        print(strict_json({**estimate_dict(est), **({"economics": econ.to_dict()} if econ else {})}))
+    else:
+        from meshplan.economics import summary_lines
+
+        print("\n".join([estimate_text(est), *(summary_lines(econ) if econ else [])]))
     return 0
 
 
@@ -152,6 +178,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from meshplan.report.text import plan_text
 
     model, cluster, job = _scenario(args)
+    if args.from_ or args.export:  # an existing configuration, or the plan as a framework's settings
+        from meshplan.frameworks.command import cmd_plan_frameworks
+
+        return cmd_plan_frameworks(args, model, cluster, job)
     analysis = analyse(model, cluster, job, space=_space(args), mfu=args.mfu, with_conditions=not args.no_conditions,
                        progress=_progress("searching"), workers=args.jobs)
     if args.json:
@@ -304,6 +334,9 @@ def _add_jobs(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from meshplan.frameworks.command import add_flags as add_framework_flags
+    from meshplan.frameworks.command import register as register_frameworks
+
     p = _Parser(prog="meshplan", description="Plan how to parallelise transformer training on a GPU cluster.")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
     pl = sub.add_parser("plan", help="search every plan, recommend one, say when to change it")
@@ -314,15 +347,17 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-conditions", action="store_true", help="skip the conditions-of-change sweeps")
     _add_jobs(pl)
     _add_profile(pl)
+    add_framework_flags(pl)
     pl.set_defaults(func=cmd_plan)
     ev = sub.add_parser("evaluate", help="evaluate one plan")
     _add_scenario(ev)
-    ev.add_argument("--plan", required=True, help="e.g. dp_shard=64 or tp=8,dp_shard=8,mbs=1,recompute=full")
+    ev.add_argument("--plan", default=None, help="e.g. dp_shard=64 or tp=8,dp_shard=8,mbs=1,recompute=full")
     ev.add_argument("--assumptions", choices=("faithful", "worked-example"), default="faithful",
                     help="worked-example: the hand analysis's simplifications (golden figures)")
     ev.add_argument("--trace", type=output_file(".json"), default=None, metavar="FILE.json",
                     help="write the simulated step as Chrome trace JSON (chrome://tracing, Perfetto)")
     _add_profile(ev)
+    add_framework_flags(ev)
     ev.set_defaults(func=cmd_evaluate)
     sw = sub.add_parser("sweep", help="vary one condition and show where the best plan changes")
     _add_scenario(sw)
@@ -345,7 +380,11 @@ def build_parser() -> argparse.ArgumentParser:
     from meshplan.validation.command import register as register_validate
 
     register_validate(sub)
+    from meshplan.compare import register as register_compare
+
+    register_compare(sub, _add_scenario, _job, DEFAULT_NODES)
     _register_harness(sub)
+    register_frameworks(sub, _add_scenario)
     ca = sub.add_parser("catalog", help="list accelerators and models with their sources, or show one")
     ca.add_argument("--model", default=None, metavar="NAME|FILE",
                     help="show this model: its spec, parameter counts (total, active per token, embedding) and sizes")

@@ -89,27 +89,7 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
     ring: list[tuple[float, float]] = []
     nic: list[tuple[float, float]] = []
     for key, fit in sorted(fits.items()):
-        try:
-            op, link = key.split("@")
-            busbw = float(fit["busbw_bytes_per_s"])
-            alpha = float(fit["alpha_s"])
-            ranks_per_node = max(1, int(fit.get("ranks_per_node", 1)))
-        except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
-            raise SpecError(f"profile.collective_fits.{key}", "needs 'op@link' keys with alpha_s and "
-                                                              "busbw_bytes_per_s numbers (and a whole "
-                                                              "ranks_per_node)") from None
-        if op not in COLLECTIVES or link not in ("intra_node", "inter_node"):
-            raise SpecError(f"profile.collective_fits.{key}", f"op must be one of {', '.join(COLLECTIVES)} and "
-                                                              "link intra_node or inter_node")
-        if not (math.isfinite(busbw) and math.isfinite(alpha)) or (busbw != 0 and not MIN_LINK_BYTES_PER_S <= busbw
-                                                                   <= MAX_LINK_BYTES_PER_S):
-            raise SpecError(f"profile.collective_fits.{key}", "alpha_s and busbw_bytes_per_s must be finite, and "
-                                                              "a bus bandwidth from 1 MB/s to 100 TB/s (or 0: "
-                                                              "unmeasured)")
-        if not 0 <= alpha <= MAX_LATENCY_S:
-            raise SpecError(f"profile.collective_fits.{key}", f"alpha_s must be from 0 to {MAX_LATENCY_S:g} s (a "
-                                                              f"collective's fixed latency; measure's fit writes 0 "
-                                                              f"where the best one is negative); got {alpha:g}")
+        op, link, busbw, alpha, ranks_per_node = _collective_fit(key, fit)
         if busbw <= 0:
             continue
         if link == "intra_node":
@@ -143,27 +123,7 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
         per_gpu, alpha = min(nic)
         inter = replace(inter, nic_bytes_per_s=per_gpu, efficiency=1.0, half_size_bytes=0.0,
                         p2p_half_size_bytes=0.0, latency_s=alpha or inter.latency_s)
-    best = profile.get("gemm_best_flop_per_s")
-    if best is not None:
-        try:
-            best = float(best)
-        except (TypeError, ValueError):
-            raise SpecError("profile.gemm_best_flop_per_s", f"must be a number of FLOP/s; got {best!r}") from None
-        if not 1e9 <= best <= MAX_FLOP_PER_S:
-            raise SpecError("profile.gemm_best_flop_per_s", f"must be from 1e9 to {MAX_FLOP_PER_S:g} FLOP/s; got "
-                                                            f"{best!r}")
-        # as the catalog's MAMF figure, the best measured rate is the efficiency curve's asymptote, so that
-        # the calibrated gemm_scale (fitted with MAMF taken that way) applies unchanged
-        if best < MIN_EFFICIENCY * accel.bf16_flop_per_s:
-            raise SpecError("profile.gemm_best_flop_per_s", f"{best:g} FLOP/s is below a millionth of the "
-                                                            f"{accel.name} peak: not a measurement of this part")
-        eff = min(1.0, best / accel.bf16_flop_per_s)
-        accel = replace(accel, gemm_efficiency=eff)
-        notes.append(f"profile: best BF16 GEMM {best / 1e12:.3g} TFLOP/s measured on "
-                     f"{profile.get('device', '?')} = {eff:.1%} of the {accel.name} peak")
-        if str(profile.get("device", "")).lower() in ("cpu", ""):
-            notes.append("profile: GEMM figures were measured on a CPU; they describe that machine, not "
-                         f"{accel.name}")
+    accel = _apply_gemm(accel, profile, notes)
     if profile.get("moe"):
         accel = _apply_moe(accel, profile["moe"], str(profile.get("device", "") or "?"), notes)
     if not notes:
@@ -214,3 +174,58 @@ def _apply_moe(accel: AcceleratorSpec, moe: Any, device: str, notes: list[str]) 
         return accel
     return replace(accel, expert_gemm_curve=tuple(points) or accel.expert_gemm_curve,
                    moe_pass_bytes_per_s=rate if rate is not None else accel.moe_pass_bytes_per_s)
+
+
+def _collective_fit(key: str, fit: Any) -> tuple[str, str, float, float, int]:
+    """One entry of a profile's collective_fits, checked: (op, link, bus bandwidth [B/s], latency [s],
+    ranks per node)."""
+    try:
+        op, link = key.split("@")
+        busbw = float(fit["busbw_bytes_per_s"])
+        alpha = float(fit["alpha_s"])
+        ranks_per_node = max(1, int(fit.get("ranks_per_node", 1)))
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
+        raise SpecError(f"profile.collective_fits.{key}", "needs 'op@link' keys with alpha_s and "
+                                                          "busbw_bytes_per_s numbers (and a whole "
+                                                          "ranks_per_node)") from None
+    if op not in COLLECTIVES or link not in ("intra_node", "inter_node"):
+        raise SpecError(f"profile.collective_fits.{key}", f"op must be one of {', '.join(COLLECTIVES)} and "
+                                                          "link intra_node or inter_node")
+    if not (math.isfinite(busbw) and math.isfinite(alpha)) or (busbw != 0 and not MIN_LINK_BYTES_PER_S <= busbw
+                                                               <= MAX_LINK_BYTES_PER_S):
+        raise SpecError(f"profile.collective_fits.{key}", "alpha_s and busbw_bytes_per_s must be finite, and "
+                                                          "a bus bandwidth from 1 MB/s to 100 TB/s (or 0: "
+                                                          "unmeasured)")
+    if not 0 <= alpha <= MAX_LATENCY_S:
+        raise SpecError(f"profile.collective_fits.{key}", f"alpha_s must be from 0 to {MAX_LATENCY_S:g} s (a "
+                                                          f"collective's fixed latency; measure's fit writes 0 "
+                                                          f"where the best one is negative); got {alpha:g}")
+    return op, link, busbw, alpha, ranks_per_node
+
+
+def _apply_gemm(accel: AcceleratorSpec, profile: dict[str, Any], notes: list[str]) -> AcceleratorSpec:
+    """``accel`` with the profile's best BF16 GEMM rate as its GEMM efficiency (a note added to ``notes``),
+    or as it is where the profile has none."""
+    best = profile.get("gemm_best_flop_per_s")
+    if best is None:
+        return accel
+    try:
+        best = float(best)
+    except (TypeError, ValueError):
+        raise SpecError("profile.gemm_best_flop_per_s", f"must be a number of FLOP/s; got {best!r}") from None
+    if not 1e9 <= best <= MAX_FLOP_PER_S:
+        raise SpecError("profile.gemm_best_flop_per_s", f"must be from 1e9 to {MAX_FLOP_PER_S:g} FLOP/s; got "
+                                                        f"{best!r}")
+    # as the catalog's MAMF figure, the best measured rate is the efficiency curve's asymptote, so that
+    # the calibrated gemm_scale (fitted with MAMF taken that way) applies unchanged
+    if best < MIN_EFFICIENCY * accel.bf16_flop_per_s:
+        raise SpecError("profile.gemm_best_flop_per_s", f"{best:g} FLOP/s is below a millionth of the "
+                                                        f"{accel.name} peak: not a measurement of this part")
+    eff = min(1.0, best / accel.bf16_flop_per_s)
+    accel = replace(accel, gemm_efficiency=eff)
+    notes.append(f"profile: best BF16 GEMM {best / 1e12:.3g} TFLOP/s measured on "
+                 f"{profile.get('device', '?')} = {eff:.1%} of the {accel.name} peak")
+    if str(profile.get("device", "")).lower() in ("cpu", ""):
+        notes.append("profile: GEMM figures were measured on a CPU; they describe that machine, not "
+                     f"{accel.name}")
+    return accel

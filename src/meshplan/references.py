@@ -57,6 +57,23 @@ REFERENCES: dict[str, str] = {
     "jacobs2023ulysses": (
         "S. A. Jacobs et al., \"DeepSpeed Ulysses,\" arXiv:2309.14509 (all-to-all of Q, K, V and O)."
     ),
+    "young1974": (
+        "J. W. Young, \"A first order approximation to the optimum checkpoint interval,\" Commun. ACM 17(9):530-531, "
+        "1974 (tau = sqrt(2 delta M))."
+    ),
+    "daly2006": (
+        "J. T. Daly, \"A higher order estimate of the optimum checkpoint interval for restart dumps,\" Future "
+        "Generation Computer Systems 22(3):303-312, 2006, doi:10.1016/j.future.2004.11.016 (expected wall time "
+        "under Poisson failures and its higher-order optimum; Figures 3-5)."
+    ),
+    "dubey2024": (
+        "A. Dubey et al. (Meta), \"The Llama 3 Herd of Models,\" arXiv:2407.21783, 2024, §3.3.1 (storage) and "
+        "§3.3.4, Table 5 (419 unexpected interruptions in 54 days on 16,384 H100)."
+    ),
+    "kokolis2025": (
+        "A. Kokolis et al. (Meta), \"Revisiting Reliability in Large-Scale Machine Learning Research Clusters,\" "
+        "HPCA 2025, arXiv:2410.21680 (failures per 1000 node-days, MTTF by job size)."
+    ),
     "worked_example": "shared/seed/worked-example.md (the hand analysis meshplan starts from).",
     "ml_engineering": (
         "S. Bekman, ml-engineering (stas00/ml-engineering @744d01e1), network/README.md and "

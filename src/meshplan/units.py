@@ -105,3 +105,28 @@ def parse_size(text: str) -> int:
     if value != int(value):
         raise ValueError(f"{text!r} is not a whole number")
     return int(value)
+
+
+_DECIMAL_SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12, "P": 10**15}
+
+
+def parse_token_count(text: str) -> int:
+    """Parse a token budget as datasets are quoted, in decimal multiples: '15.6T' (15.6 x 10^12), '2B',
+    '300M', '1e12', '15600000000000'. Batch sizes are binary (``parse_size``: '4M' = 4,194,304); a
+    dataset's '15.6T tokens' is decimal."""
+    from decimal import Decimal, InvalidOperation
+
+    t = text.strip().upper().replace("_", "").replace(",", "")
+    mult = 1
+    if t and t[-1] in _DECIMAL_SUFFIXES:
+        mult, t = _DECIMAL_SUFFIXES[t[-1]], t[:-1]
+    try:
+        value = Decimal(t) * mult
+    except InvalidOperation:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not value.is_finite():
+        raise ValueError(f"{text!r} is not a finite number")
+    if value != value.to_integral_value():
+        raise ValueError(f"{text!r} is not a whole number of tokens")
+    return int(value)
+

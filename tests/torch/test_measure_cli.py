@@ -14,8 +14,9 @@ from tests.conftest import requires_torch
 
 from meshplan import load_cluster, load_model
 from meshplan.cli import main
+from meshplan.harness.measure.launch import _descendants
 from meshplan.harness.measure.profile_io import check_profile
-from meshplan.harness.measure_cli import TORCH_MISSING, _descendants
+from meshplan.harness.measure_cli import TORCH_MISSING
 from meshplan.profile import apply_profile, load_profile
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")

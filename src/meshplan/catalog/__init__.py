@@ -36,7 +36,16 @@ from meshplan.specs._validate import (
     shown_list,
 )
 from meshplan.specs.hardware import MAX_LATENCY_S, MIN_FLOP_PER_S, MIN_HBM_BYTES, ExpertGemmPoint
-from meshplan.units import GB, MAX_LINK_BYTES_PER_S, MICRO, MIN_LINK_BYTES_PER_S, TERA, GiB, parse_size
+from meshplan.units import (
+    GB,
+    MAX_LINK_BYTES_PER_S,
+    MICRO,
+    MIN_LINK_BYTES_PER_S,
+    TERA,
+    GiB,
+    parse_size,
+    parse_token_count,
+)
 
 _ACCEL_KEYS = {"name", "description", "bf16_dense_tflop_per_s", "fp8_dense_tflop_per_s", "hbm_capacity_gib",
                "hbm_bandwidth_tb_per_s", "gemm_efficiency", "node", "sources", "expert_gemm",
@@ -45,7 +54,7 @@ _EXPERT_GEMM_KEYS = {"kernel", "dtype", "n", "k", "tokens_per_expert", "relative
 _NODE_KEYS = {"gpus_per_node", "intra_kind", "intra_link_gb_per_s", "ring_busbw_gb_per_s",
               "nvls_busbw_gb_per_s", "nvls_min_gpus", "p2p_gb_per_s", "intra_latency_us", "nic_gb_per_s",
               "nic_efficiency", "inter_latency_us", "host_gb_per_s",
-              "host_memory_gib"}
+              "host_memory_gib", "storage_gb_per_s"}
 _CLUSTER_FILE_KEYS = {"name", "accelerator", "nodes", "node"}
 
 
@@ -128,6 +137,12 @@ def load_job(path: str | None, *, defaults: dict[str, Any] | None = None, **over
                 except ValueError:
                     raise SpecError(f"job.{key}", f"must be a whole number of tokens (e.g. 4194304 or '4M'), "
                                                   f"got {spec[key]!r}") from None
+        if isinstance(spec.get("train_tokens"), str | float):  # '15.6T' or 1.56e13, decimal as datasets are
+            try:
+                spec["train_tokens"] = parse_token_count(str(spec["train_tokens"]))
+            except ValueError:
+                raise SpecError("job.train_tokens", f"must be a whole number of tokens (e.g. '15.6T' or 1e12), got "
+                                                    f"{spec['train_tokens']!r}") from None
         data.update(spec)
     data.update({k: v for k, v in overrides.items() if v is not None})
     return _spec(JobSpec, "job", **data)
@@ -183,7 +198,12 @@ def _spec(cls: type, what: str, **kwargs: Any) -> Any:
 
 
 def load_model(ref: str) -> ModelSpec:
-    """A model from the catalog by name, or from a TOML spec file with ModelSpec's field names."""
+    """A model from the catalog by name, from a TOML spec file with ModelSpec's field names, or from a Hugging
+    Face ``config.json`` (a path ending in .json: meshplan.frameworks.hf)."""
+    if ref.endswith(".json"):
+        from meshplan.frameworks.hf import load_hf_config
+
+        return load_hf_config(ref)
     data, origin = _read_toml("model", ref, "models")
     allowed = {f.name for f in fields(ModelSpec)}
     _reject_unknown("model", data, allowed)
@@ -306,5 +326,6 @@ def load_cluster(ref: str, *, nodes: int | None = None, gpus_per_node: int | Non
         intra=intra, inter=inter,
         host_bytes_per_s=_link("cluster.node", node, "host_gb_per_s", None),
         host_memory_bytes=_number("cluster.node", node, "host_memory_gib", GiB, None, most=MAX_BYTES),
+        storage_bytes_per_s=_link("cluster.node", node, "storage_gb_per_s", None),
         sources=_table("cluster.sources", data, "sources"),
     )

@@ -72,7 +72,7 @@ ZERO_REDUCE_BUCKET_ELEMENTS = 5e8
 """DeepSpeed's default reduce_bucket_size (deepspeed/runtime/zero/config.py, 5e8 elements)."""
 ACT_BYTES = 2.0
 MOE_BLOCK = "MoE block (non-expert)"
-"""The name of an MoE layer's unit without its routed experts (cost.step._units)."""
+"""The name of an MoE layer's unit without its routed experts (cost.stage._units)."""
 FP32_BYTES = 4.0
 
 

@@ -19,6 +19,7 @@ provenance live in the catalog (catalog/calibration/*.toml).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from meshplan.cost.gemm_shape import gemm_efficiency, gemm_time_s
@@ -105,7 +106,7 @@ class ComputeParams:
     """Host time to issue one MoE layer's kernels, forward and backward, per micro-batch, when the layer
     is not captured in a CUDA graph (JobSpec.cuda_graphs) [s]. The GPU cannot run the layers faster than
     the host launches them, so each phase of a stage takes at least its MoE layers' launches, its kernels
-    and in-layer communication included (cost.step._host_waits_s, "host-bound MoE launches"): a floor,
+    and in-layer communication included (cost.stage_time._host_waits_s, "host-bound MoE launches"): a floor,
     not an addition, reached by small layers at small micro-batches. Megatron-Bridge's GPT-OSS recipe
     says why: "the legacy grouped MLP path syncs tokens_per_expert to the host every layer, which
     serializes the CPU behind the GPU" (perf_recipes/gpt_oss/gb300/gpt_oss.py@007282e). Qwen3-30B-A3B at
@@ -254,76 +255,18 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
     def g(m: float, n: float, k: float) -> float:
         return gemm_time_s(m, n, k, peak_flop_per_s=peak, e_max=e_max, half_dim=hd)
 
-    mla_up = 0.0
-    if model.is_mla:
-        q_out = model.n_heads * model.qk_head_dim
-        kv_out = model.n_heads * (model.d_head + model.value_head_dim)
-        r_q, r_kv = model.q_lora_rank, model.kv_lora_rank
-        # the region Megatron's mla_up_proj re-runs: the q up-projection (or, without a q latent, the q
-        # projection itself) and the kv up-projection
-        mla_up = (g(tokens, q_out / t, r_q) if r_q else g(tokens, q_out / t, D)) + g(tokens, kv_out / t, r_kv)
-        down_tokens = tokens / t if mla_down_local else tokens
-        attn_proj = mla_up + (g(down_tokens, r_q, D) if r_q else 0.0)
-        attn_proj += g(down_tokens, r_kv + model.qk_rope_head_dim, D)
-    else:
-        attn_proj = g(tokens, (model.q_dim + 2 * model.kv_dim) / t, D)
-    attn_proj += g(tokens, D, model.q_dim / t)
-    n_in = 2 if model.gated_mlp else 1
+    attn_proj, mla_up = _attention_projections_s(model, g, tokens, t, mla_down_local)
+    mlp, own_mlp = _mlp_s(model, g, tokens, t, moe)
     if moe:
-        f = model.expert_ffn_hidden
-        mlp = expert_gemms_fwd_s(model, accel, params, precision=precision, tokens_per_expert=expert_tokens,
-                                 local_experts=local_experts, expert_tp=expert_tp, kernel=moe_kernel)
-        own_mlp = model.n_shared_experts * (g(tokens, n_in * f / t, D) + g(tokens, D, f / t))
-        mlp += own_mlp + g(tokens, model.n_experts, D)  # shared experts, router
-    else:
-        f = model.ffn_hidden
-        mlp = own_mlp = g(tokens, n_in * f / t, D) + g(tokens, D, f / t)
+        mlp += expert_gemms_fwd_s(model, accel, params, precision=precision, tokens_per_expert=expert_tokens,
+                                  local_experts=local_experts, expert_tp=expert_tp, kernel=moe_kernel)
     gemm_fwd = attn_proj + mlp
-    kv_len = seq_len  # every local query attends over the whole (gathered or ring-passed) sequence
-    attn_flop = 2.0 * tokens * kv_len * model.n_heads * (model.qk_head_dim + model.value_head_dim) / t
-    if flash_attention:
-        # blocks of S/cp queries against S/cp keys with ring or all-gather CP; whole sequences otherwise
-        block = seq_len / cp if cp_chunked else seq_len
-        attn_fwd = flash_attention_time_s(attn_flop, seq_len=seq_len, block_len=block, causal=causal_kernel,
-                                          accel=accel, params=params)
-        if model.windowed_layers:  # the layers' mean: windowed ones run only the key tiles of their band
-            span = window_key_span(model.attention_window, seq_len)
-            windowed = flash_attention_time_s(attn_flop * span / kv_len, seq_len=seq_len, block_len=block,
-                                              key_len=min(block, span), causal=False, accel=accel, params=params)
-            share = model.windowed_layers / model.n_layers
-            attn_fwd = (1.0 - share) * attn_fwd + share * min(attn_fwd, windowed)
-        attn_bwd = 2.5 * attn_fwd
-    else:
-        # Unfused attention (Megatron before FlashAttention): QKᵀ and A·V as batched GEMMs over every score,
-        # masked or not, and the score matrix through memory. Each batched GEMM writes or reads the score
-        # matrix once (2 B per score) and two S x d operands (2 B each, 4d/S per score) for 2·d FLOPs per
-        # score: with the head dimension d as its inner or outer size it sits below the GPU's ridge point,
-        # so it runs at the larger of its FLOP and its HBM time (a roofline). Forward: two such GEMMs; the
-        # Megatron v2-v3 fused scale-mask-softmax (FusedScaleMaskSoftmax) reads and writes the
-        # scores (2 + 2 B), dropout reads them and writes them with its 1-byte mask (2 + 2 + 1 B).
-        # Backward: four (dV, dP, dQ, dK); dropout's backward reads the gradient and the mask and writes
-        # the gradient (2 + 1 + 2 B), softmax's backward reads the probabilities and the gradient and
-        # writes the gradient (2 + 2 + 2 B). N/t heads x S scores per token.
-        scores = tokens * kv_len * model.n_heads / t
-        hbm = accel.hbm_bytes_per_s * params.memory_efficiency
-        bf16_peak, bf16_e_max, _ = gemm_curve(accel, params, "bf16")  # unfused attention runs in BF16
-        one_gemm = max(attn_flop / 2 / (bf16_peak * bf16_e_max),
-                       2.0 * scores * (1.0 + 2.0 * model.qk_head_dim / kv_len) / hbm)
-        attn_fwd = 2 * one_gemm + 9.0 * scores / hbm
-        attn_bwd = 4 * one_gemm + 11.0 * scores / hbm
-    # Memory-bound elementwise work per token, fused minimum [bf16 elements]: two norms (read D, write D
-    # each) and two residual adds (read 2D, write D each), on T/t tokens under sequence parallelism and
-    # on all T otherwise; rotary embeddings on q and k (read and write each) where the model has them;
-    # the activation (SwiGLU: read 2F, write F; GELU: read F, write F) on the rank's share of the MLP.
+    attn_fwd, attn_bwd = _attention_core_s(model, accel, params, tokens, seq_len, cp, t, causal_kernel, cp_chunked,
+                                           flash_attention)
     f_local = (model.expert_ffn_hidden * model.top_k if moe else model.ffn_hidden) / t
     sp_share = t if sequence_parallel else 1.0
     act = 3 if model.gated_mlp else 2  # the activation's elements per F
-    per_token = (4 * D + 6 * D) / sp_share
-    if model.learned_pos_emb == 0:
-        per_token += 2 * (model.q_dim + model.kv_dim) / t
-    if not (moe and fused_grouped_mlp):
-        per_token += act * f_local
-    ew_bytes = BF16_BYTES * tokens * per_token * params.elementwise_passes
+    ew_bytes = _elementwise_bytes(model, params, tokens, t, sp_share, act, f_local, moe, fused_grouped_mlp)
     hbm = accel.hbm_bytes_per_s * params.memory_efficiency
     ew_fwd = ew_bytes / hbm
     moe_fwd = moe_bwd = 0.0
@@ -346,6 +289,102 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
         routed_act_fwd_s=(ew_element_s * expert_tokens * local_experts * act * model.expert_ffn_hidden / expert_tp
                           if moe and not fused_grouped_mlp else 0.0),
     )
+
+
+_Gemm = Callable[[float, float, float], float]
+"""A GEMM's time [s] for its (m, n, k) at the layer's precision (``layer_times``)."""
+
+
+def _attention_projections_s(model: ModelSpec, g: _Gemm, tokens: float, t: float, mla_down_local: bool
+                             ) -> tuple[float, float]:
+    """Forward time of the attention's projections [s]: QKV and the output projection, or MLA's down- and
+    up-projections and the output projection; and of MLA's up-projections alone (0 without MLA)."""
+    D = model.hidden
+    mla_up = 0.0
+    if model.is_mla:
+        q_out = model.n_heads * model.qk_head_dim
+        kv_out = model.n_heads * (model.d_head + model.value_head_dim)
+        r_q, r_kv = model.q_lora_rank, model.kv_lora_rank
+        # the region Megatron's mla_up_proj re-runs: the q up-projection (or, without a q latent, the q
+        # projection itself) and the kv up-projection
+        mla_up = (g(tokens, q_out / t, r_q) if r_q else g(tokens, q_out / t, D)) + g(tokens, kv_out / t, r_kv)
+        down_tokens = tokens / t if mla_down_local else tokens
+        attn_proj = mla_up + (g(down_tokens, r_q, D) if r_q else 0.0)
+        attn_proj += g(down_tokens, r_kv + model.qk_rope_head_dim, D)
+    else:
+        attn_proj = g(tokens, (model.q_dim + 2 * model.kv_dim) / t, D)
+    attn_proj += g(tokens, D, model.q_dim / t)
+    return attn_proj, mla_up
+
+
+def _mlp_s(model: ModelSpec, g: _Gemm, tokens: float, t: float, moe: bool) -> tuple[float, float]:
+    """Forward time of the layer's MLP GEMMs [s] but an MoE layer's routed experts (``expert_gemms_fwd_s``):
+    a dense layer's MLP, or an MoE layer's shared experts and router; and of its own MLP alone (a dense
+    layer's, or an MoE layer's shared experts)."""
+    D = model.hidden
+    n_in = 2 if model.gated_mlp else 1
+    if moe:
+        f = model.expert_ffn_hidden
+        mlp = 0.0
+        own_mlp = model.n_shared_experts * (g(tokens, n_in * f / t, D) + g(tokens, D, f / t))
+        mlp += own_mlp + g(tokens, model.n_experts, D)  # shared experts, router
+    else:
+        f = model.ffn_hidden
+        mlp = own_mlp = g(tokens, n_in * f / t, D) + g(tokens, D, f / t)
+    return mlp, own_mlp
+
+
+def _attention_core_s(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams, tokens: float, seq_len: int,
+                      cp: int, t: float, causal_kernel: bool, cp_chunked: bool, flash_attention: bool
+                      ) -> tuple[float, float]:
+    """The attention kernel's forward and backward time [s] (``layer_times``): FlashAttention, or unfused."""
+    kv_len = seq_len  # every local query attends over the whole (gathered or ring-passed) sequence
+    attn_flop = 2.0 * tokens * kv_len * model.n_heads * (model.qk_head_dim + model.value_head_dim) / t
+    if flash_attention:
+        # blocks of S/cp queries against S/cp keys with ring or all-gather CP; whole sequences otherwise
+        block = seq_len / cp if cp_chunked else seq_len
+        attn_fwd = flash_attention_time_s(attn_flop, seq_len=seq_len, block_len=block, causal=causal_kernel,
+                                          accel=accel, params=params)
+        if model.windowed_layers:  # the layers' mean: windowed ones run only the key tiles of their band
+            span = window_key_span(model.attention_window, seq_len)
+            windowed = flash_attention_time_s(attn_flop * span / kv_len, seq_len=seq_len, block_len=block,
+                                              key_len=min(block, span), causal=False, accel=accel, params=params)
+            share = model.windowed_layers / model.n_layers
+            attn_fwd = (1.0 - share) * attn_fwd + share * min(attn_fwd, windowed)
+        return attn_fwd, 2.5 * attn_fwd
+    # Unfused attention (Megatron before FlashAttention): QKᵀ and A·V as batched GEMMs over every score,
+    # masked or not, and the score matrix through memory. Each batched GEMM writes or reads the score
+    # matrix once (2 B per score) and two S x d operands (2 B each, 4d/S per score) for 2·d FLOPs per
+    # score: with the head dimension d as its inner or outer size it sits below the GPU's ridge point,
+    # so it runs at the larger of its FLOP and its HBM time (a roofline). Forward: two such GEMMs; the
+    # Megatron v2-v3 fused scale-mask-softmax (FusedScaleMaskSoftmax) reads and writes the
+    # scores (2 + 2 B), dropout reads them and writes them with its 1-byte mask (2 + 2 + 1 B).
+    # Backward: four (dV, dP, dQ, dK); dropout's backward reads the gradient and the mask and writes
+    # the gradient (2 + 1 + 2 B), softmax's backward reads the probabilities and the gradient and
+    # writes the gradient (2 + 2 + 2 B). N/t heads x S scores per token.
+    scores = tokens * kv_len * model.n_heads / t
+    hbm = accel.hbm_bytes_per_s * params.memory_efficiency
+    bf16_peak, bf16_e_max, _ = gemm_curve(accel, params, "bf16")  # unfused attention runs in BF16
+    one_gemm = max(attn_flop / 2 / (bf16_peak * bf16_e_max),
+                   2.0 * scores * (1.0 + 2.0 * model.qk_head_dim / kv_len) / hbm)
+    return 2 * one_gemm + 9.0 * scores / hbm, 4 * one_gemm + 11.0 * scores / hbm
+
+
+def _elementwise_bytes(model: ModelSpec, params: ComputeParams, tokens: float, t: float, sp_share: float, act: int,
+                       f_local: float, moe: bool, fused_grouped_mlp: bool) -> float:
+    """Memory-bound elementwise traffic of the layer's forward [bytes], fused minimum in bf16 elements per
+    token: two norms (read D, write D each) and two residual adds (read 2D, write D each), on T/t tokens
+    under sequence parallelism (``sp_share`` t) and on all T otherwise; rotary embeddings on q and k (read
+    and write each) where the model has them; the activation (SwiGLU: read 2F, write F; GELU: read F,
+    write F; ``act`` elements per F) on the rank's share of the MLP (``f_local``); times
+    ComputeParams.elementwise_passes. An MoE layer's router and permutation are ``moe_passes_s``'s."""
+    D = model.hidden
+    per_token = (4 * D + 6 * D) / sp_share
+    if model.learned_pos_emb == 0:
+        per_token += 2 * (model.q_dim + model.kv_dim) / t
+    if not (moe and fused_grouped_mlp):
+        per_token += act * f_local
+    return BF16_BYTES * tokens * per_token * params.elementwise_passes
 
 
 def expert_gemms_fwd_s(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams, *, precision: str,

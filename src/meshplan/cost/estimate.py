@@ -163,7 +163,7 @@ class Estimate:
     uncertainty: Band | None = None
     """Relative band on step time from out-of-fold residuals of published runs, where known."""
     stages: tuple[StageDetail, ...] = ()
-    """Per-stage detail for the simulator: the stages that bound the step (cost.step.bounding_stages)."""
+    """Per-stage detail for the simulator: the stages that bound the step (cost.stage.bounding_stages)."""
     closed_form_step_time_s: float | None = None
     """The closed form's step time when ``step_time_s`` comes from the timeline simulator."""
     comm_stage: int = 0

@@ -363,7 +363,7 @@ def pipelining_boundary_tensors(*, stage_ids: tuple[int, ...], n_stages: int, m:
     default (True) the last stage keeps every micro-batch's output, the logits, until the next step. Not
     counted here: the logits and loss graph of every further micro-batch alive on the loss's stage (GPipe's
     m - 1; loss_graph_bytes_per_token) and the logits' gradient a zero-bubble LM head's W keeps until it
-    runs are (cost.step). PyTorch of late
+    runs are (cost.stage_memory). PyTorch of late
     2024 (2.6) kept more: every stage's outputs (``output_chunks``) and, under every schedule, the received
     activations' gradients until the next step."""
     total = 0.0

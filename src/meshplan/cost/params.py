@@ -25,7 +25,9 @@ def norm_params(*, hidden: int, kind: str) -> int:
 def attention_params(model: ModelSpec) -> int:
     """Attention projections of one layer [count], biases included.
 
-    GQA: D·(h_q + 2·h_kv) + h_q·D. MLA [2]: query down/up projections (with their RMSNorm), the joint
+    GQA: D·(h_q + 2·h_kv) + h_q·D, with the biases, query/key norms (2·H) and sink logits (N) the model
+    has (Hugging Face's Qwen2, Qwen3 and GPT-OSS attention; tests/frameworks/test_hf.py). MLA [2]: query
+    down/up projections (with their RMSNorm), the joint
     KV down-projection with the rotary key part, its RMSNorm, the KV up-projection and the output.
     """
     D, N = model.hidden, model.n_heads
@@ -39,8 +41,10 @@ def attention_params(model: ModelSpec) -> int:
         return q + kv + N * v * D
     hq, hkv = model.n_heads * model.d_head, model.kv_dim
     weights = D * (hq + 2 * hkv) + hq * D
-    biases = (hq + 2 * hkv + D) if model.linear_bias else 0
-    return weights + biases
+    biases = (hq + 2 * hkv + D) if model.linear_bias else (hq + 2 * hkv) if model.qkv_bias else 0
+    qk_norms = 2 * model.d_head if model.qk_norm else 0  # one RMSNorm weight of the head width for q, one for k
+    sinks = N if model.attention_sinks else 0
+    return weights + biases + qk_norms + sinks
 
 
 def attention_replicated_params(model: ModelSpec) -> int:
@@ -141,14 +145,14 @@ def param_counts(model: ModelSpec) -> ParamCounts:
                                 bias=model.linear_bias)
         routed = model.n_experts * one_expert
         shared = model.n_shared_experts * one_expert
-        router = model.n_experts * D
+        router = model.n_experts * D + (model.n_experts if model.router_bias else 0)
     pos = model.learned_pos_emb * D
     return ParamCounts(
         embedding=model.vocab * D + pos,
         lm_head=0 if model.tied_embeddings else model.vocab * D,
         final_norm=norm,
         attention_per_layer=attention_params(model),
-        norms_per_layer=2 * norm,
+        norms_per_layer=(4 if model.sandwich_norm else 2) * norm,
         dense_mlp_per_layer=mlp_params(hidden=D, ffn_hidden=model.ffn_hidden, gated=model.gated_mlp,
                                        bias=model.linear_bias),
         router_per_moe_layer=router,

@@ -266,7 +266,7 @@ def _zb_v_bubble(pp: int, m: int, t_f_s: float, t_b_s: float, t_w_s: float) -> f
 
 
 def stand_ins(stages: Sequence[int], pp: int, loads: Sequence[float]) -> list[int]:
-    """For each of the ``pp`` ranks, the position in ``stages`` (the timed ones, cost.step.bounding_stages:
+    """For each of the ``pp`` ranks, the position in ``stages`` (the timed ones, cost.stage.bounding_stages:
     sorted, the first 0 and the last pp - 1) of the stage whose times stand for it: rank 0 the first, rank
     pp - 1 the last, every middle rank the timed middle stage of the largest ``loads`` (its per micro-batch
     time), or the first where no middle one is timed. The closed form (``stage_bubbles_s``) and the

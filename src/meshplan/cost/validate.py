@@ -37,6 +37,18 @@ def without_unsplit_sp(plan: Plan, seq_len: int) -> Plan:
 
 
 def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan) -> None:
+    """Raise SpecError, naming the field, for the first thing ``plan`` cannot run with on ``model``,
+    ``cluster`` and ``job``: its degrees, its pipeline split, its experts, its recomputation, its options
+    (checked in that order)."""
+    _check_degrees(model, cluster, job, plan)
+    _check_pipeline_split(model, plan)
+    _check_experts(model, job, plan)
+    _check_recomputation(model, job, plan)
+    _check_options(model, plan)
+
+
+def _check_degrees(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan) -> None:
+    """The degrees multiply to the cluster's GPUs; TP divides the heads; CP and SP split the sequence."""
     n = cluster.n_gpus
     if plan.world_size != n:
         raise SpecError("plan", f"degrees dp_replicate={plan.dp_replicate} x dp_shard={plan.dp_shard} x "
@@ -63,6 +75,10 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
         raise SpecError("plan.sp", f"sequence parallelism splits {where} over tp={plan.tp}, which must divide "
                                    f"them (Megatron-core asserts it; PyTorch's Shard(1) would leave ranks "
                                    f"uneven): set sp=false or use a tp that divides them")
+
+
+def _check_pipeline_split(model: ModelSpec, plan: Plan) -> None:
+    """Every stage and model chunk gets layers; a layout lists the model's layers."""
     if plan.pp > model.n_layers:
         raise SpecError("plan.pp", f"{plan.pp} stages for {model.n_layers} layers; allowed: 1..{model.n_layers}")
     # Model chunks need not hold equal layer counts (Megatron's pipeline_model_parallel_layout and its
@@ -85,6 +101,11 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
                 else "")
         raise SpecError("plan.vpp", f"pp x chunks = {plan.pp} x {plan.model_chunks} model chunks for "
                                     f"n_layers={model.n_layers}; each chunk needs a layer{hint}")
+
+
+def _check_experts(model: ModelSpec, job: JobSpec, plan: Plan) -> None:
+    """Expert parallelism needs an MoE model whose experts it divides and a mesh it folds onto; Megatron's
+    MoE layers need sequence parallelism under TP."""
     if plan.ep > 1:
         if not model.is_moe:
             raise SpecError("plan.ep", f"{model.name} is dense; expert parallelism needs an MoE model")
@@ -101,6 +122,10 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
     if model.is_moe and plan.runs_megatron_layers(job.software) and plan.tp > 1 and not plan.sequence_parallel:
         raise SpecError("plan.sp", "Megatron-core trains MoE layers with TP only under sequence parallelism "
                                    "(MoELayer raises otherwise): leave sp out or set sp=true")
+
+
+def _check_recomputation(model: ModelSpec, job: JobSpec, plan: Plan) -> None:
+    """Megatron's recompute modules the model has; no more recomputed layers than a stage holds."""
     if plan.recompute_modules:
         _check_recompute_modules(model, job, plan)
     if plan.recompute_layers:
@@ -108,6 +133,11 @@ def validate_plan(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Pl
         if plan.recompute_layers > most:
             raise SpecError("plan.recompute_layers", f"recomputes that many layers of each stage; the largest "
                                                      f"stage has {most}: allowed 1..{most}")
+
+
+def _check_options(model: ModelSpec, plan: Plan) -> None:
+    """Expert TP only on MoE models; no ZB-V with MTP layers; DeepSpeed pipelines with ZeRO-1 only; FSDP2's
+    reshard_after_forward only under FSDP, dividing its group, on parameters it can reshard."""
     if plan.etp is not None and not model.is_moe:
         raise SpecError("plan.etp", f"{model.name} is dense; expert-TP applies to MoE models: leave etp out")
     if plan.pp > 1 and plan.schedule == "zb-v" and model.mtp_layers:
@@ -133,7 +163,7 @@ def recompute_module_needs(model: ModelSpec, fused_grouped_mlp: bool) -> dict[st
     """Megatron-core's --recompute-modules that only some models have: module -> (whether ``model``, run with
     or without a fused grouped MLP, has it; what it needs). Megatron accepts the others for every model.
     The check of a given plan (_check_recompute_modules) and the modules the search offers
-    (step.megatron_selective_keys, which further offers layernorm and mlp only where they free memory)
+    (choice.megatron_selective_keys, which further offers layernorm and mlp only where they free memory)
     read these from here."""
     moe = model.n_moe_layers > 0
     return {"mla_up_proj": (model.is_mla, "multi-latent attention"),

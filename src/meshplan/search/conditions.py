@@ -358,84 +358,116 @@ def _between(knob: _Knob, lo: float, hi: float) -> float | None:
 def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_best: SearchFn,
           candidates: list[Plan] | None, steps: int, bisections: int, mfu: float | None,
           timed: TimeFn | None = None) -> _WalkEnd:
-    base_key = layout_key(base.plan)
+    """Walk ``knob`` from the scenario's value by ``factor`` a step at a time, up to ``steps`` steps, until
+    another plan is recommended (bisected ``bisections`` times where the knob is continuous), none fits, or
+    the scenario can no longer be built."""
+    return _Walk(knob, direction, base, search_best, candidates, mfu, timed).run(factor, steps, bisections)
 
-    def key_at(v: float) -> str:
+
+class _Walk:
+    """One direction's walk of a knob (``_walk``): the recommendation ``base`` and how plans are found at a
+    value (the ``candidates`` re-evaluated, else a full search)."""
+
+    def __init__(self, knob: _Knob, direction: str, base: Estimate, search_best: SearchFn,
+                 candidates: list[Plan] | None, mfu: float | None, timed: TimeFn | None) -> None:
+        self.knob, self.direction, self.base, self.search_best = knob, direction, base, search_best
+        self.candidates, self.mfu, self.timed = candidates, mfu, timed
+        self.base_key = layout_key(base.plan)
+
+    def key_at(self, v: float) -> str:
         """The recommendation's layout key as it runs at ``v``: without sequence parallelism where the
         sequence no longer splits over TP (_resplit), so that the same plan is not taken for another."""
-        scenario = knob.apply(v)
-        return base_key if scenario is None else layout_key(_resplit(base.plan, scenario[0], scenario[2]))
+        scenario = self.knob.apply(v)
+        return self.base_key if scenario is None else layout_key(_resplit(self.base.plan, scenario[0], scenario[2]))
 
-    def held(v: float) -> float:  # as evaluated; the base is the scenario's own value, not rounded
-        return knob.base if v == knob.base else knob.applied(v)
+    def held(self, v: float) -> float:
+        """``v`` as evaluated; the base is the scenario's own value, not rounded."""
+        return self.knob.base if v == self.knob.base else self.knob.applied(v)
 
-    def full(v: float) -> list[Estimate]:
-        scenario = knob.apply(v)
-        return [] if scenario is None else search_best(*scenario)
+    def full(self, v: float) -> list[Estimate]:
+        scenario = self.knob.apply(v)
+        return [] if scenario is None else self.search_best(*scenario)
 
-    def probe(v: float) -> tuple[list[Estimate], bool]:
+    def probe(self, v: float) -> tuple[list[Estimate], bool]:
         """The plans that fit at ``v``, ranked, and whether any plan can be built there."""
-        if candidates is not None:
-            return _candidates_at(knob, v, candidates, mfu)
-        return full(v), knob.apply(v) is not None
+        if self.candidates is not None:
+            return _candidates_at(self.knob, v, self.candidates, self.mfu)
+        return self.full(v), self.knob.apply(v) is not None
 
-    def mine_at(v: float, confirming: bool) -> Estimate | None:
-        return _evaluate_at(knob, v, base, mfu, timed if confirming else None)
+    def mine_at(self, v: float, confirming: bool) -> Estimate | None:
+        return _evaluate_at(self.knob, v, self.base, self.mfu, self.timed if confirming else None)
 
-    def changed(v: float, fitting: list[Estimate], confirming: bool = False) -> bool:
+    def changed(self, v: float, fitting: list[Estimate], confirming: bool = False) -> bool:
         """Whether a plan of another layout than the recommendation's is more than the tie band faster at
         ``v``, or the recommendation does not fit there while another plan does."""
-        mine_key = key_at(v)
+        mine_key = self.key_at(v)
         others = [e for e in fitting if layout_key(e.plan) != mine_key]
         if not others:
             return False
-        mine = mine_at(v, confirming)
+        mine = self.mine_at(v, confirming)
         fastest = min(e.step_time_s for e in others)
         return mine is None or not mine.feasible or mine.step_time_s >= MIN_GAIN * fastest
 
-    same = knob.base
-    for i in range(1, steps + 1):
-        v = knob.base * factor**i
-        if knob.integer:
-            v = float(round(v))
-        fitting, built = probe(v)
-        if not built:
-            return _WalkEnd(held(same), "not built")
-        if fitting and not changed(v, fitting):
-            same = v
-            continue
-        # a change, or none of the plans re-evaluated fits (the full search below may find one that does)
-        lo, hi = same, v
-        if knob.continuous:
-            for _ in range(bisections):
-                mid = _between(knob, lo, hi)
-                if mid is None:
-                    break
-                fitting, built = probe(mid)
-                if not built:
-                    break
-                if not fitting or changed(mid, fitting):
-                    hi = mid
-                else:
-                    lo = mid
-        ranked = full(hi) if candidates is not None else probe(hi)[0]
-        if not ranked:
-            return _WalkEnd(held(lo), "none fits", at=knob.applied(hi))
-        if not changed(hi, ranked, confirming=True):  # the full search keeps it at hi; past hi only the
-            same = hi  # candidates were seen
-            continue
-        mine_key = key_at(hi)
+    def run(self, factor: float, steps: int, bisections: int) -> _WalkEnd:
+        knob = self.knob
+        same = knob.base
+        for i in range(1, steps + 1):
+            v = knob.base * factor**i
+            if knob.integer:
+                v = float(round(v))
+            fitting, built = self.probe(v)
+            if not built:
+                return _WalkEnd(self.held(same), "not built")
+            if fitting and not self.changed(v, fitting):
+                same = v
+                continue
+            # a change, or none of the plans re-evaluated fits (the full search below may find one that does)
+            lo, hi = self.bisect(same, v, bisections)
+            ranked = self.full(hi) if self.candidates is not None else self.probe(hi)[0]
+            if not ranked:
+                return _WalkEnd(self.held(lo), "none fits", at=knob.applied(hi))
+            if not self.changed(hi, ranked, confirming=True):  # the full search keeps it at hi; past hi only
+                same = hi  # the candidates were seen
+                continue
+            end = self.change(lo, hi, ranked)
+            if end is not None:
+                return end
+        return _WalkEnd(self.held(same), "range")
+
+    def bisect(self, lo: float, hi: float, bisections: int) -> tuple[float, float]:
+        """Narrow [``lo``, ``hi``] (the recommendation holds at ``lo``, not at ``hi``) where the knob is
+        continuous."""
+        if not self.knob.continuous:
+            return lo, hi
+        for _ in range(bisections):
+            mid = _between(self.knob, lo, hi)
+            if mid is None:
+                break
+            fitting, built = self.probe(mid)
+            if not built:
+                break
+            if not fitting or self.changed(mid, fitting):
+                hi = mid
+            else:
+                lo = mid
+        return lo, hi
+
+    def change(self, lo: float, hi: float, ranked: list[Estimate]) -> _WalkEnd | None:
+        """The condition of change at ``hi`` (``ranked``: the plans that fit there), or None where rounding
+        took the changed value back across the base."""
+        knob, direction = self.knob, self.direction
+        mine_key = self.key_at(hi)
         other = next((e for e in ranked if layout_key(e.plan) != mine_key), ranked[0])  # what plan recommends
         fastest = min((e for e in ranked if layout_key(e.plan) != mine_key), key=lambda e: e.step_time_s)
-        base_then = mine_at(hi, True)
+        base_then = self.mine_at(hi, True)
         mine_s = base_then.step_time_s if (base_then and base_then.feasible) else float("inf")
         speedup = mine_s / other.step_time_s
         gain = _gain_text(speedup, base_then)
-        hi, lo = knob.applied(hi), held(lo)  # as evaluated (whole sequences, whole nodes)
+        hi, lo = knob.applied(hi), self.held(lo)  # as evaluated (whole sequences, whole nodes)
         if (hi - knob.base) * (1 if direction == "above" else -1) <= 0:
-            continue  # rounding took the changed value back across the base: no condition there
+            return None  # rounding took the changed value back across the base: no condition there
         text = f"at {knob.fmt(hi)}" + (f" or {'less' if direction == 'below' else 'more'}" if knob.continuous else "")
-        recommended = base_then.plan if base_then else base.plan
+        recommended = base_then.plan if base_then else self.base.plan
         text += f", {changed_label(other.plan, recommended)} is best ({gain}"
         if fastest is not other and math.isfinite(speedup):  # the recommendation there is a simpler plan in
             # the tie band of a faster one
@@ -448,7 +480,6 @@ def _walk(knob: _Knob, direction: str, factor: float, base: Estimate, search_bes
             condition=knob.name, direction=direction, value=hi, last_same_value=lo, unit=knob.unit,
             base_value=knob.base, plan=other.plan.label(), plan_string=structural_key(other.plan), speedup=speedup,
             text=text))
-    return _WalkEnd(held(same), "range")
 
 
 def _gain_text(speedup: float, base_then: Estimate | None) -> str:

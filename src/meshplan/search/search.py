@@ -9,17 +9,22 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from meshplan.calibration import compute_params_for
+from meshplan.cost.batch import micro_batch_sizes
+from meshplan.cost.bounds import step_time_lower_bound_s
+from meshplan.cost.choice import recompute_options
+from meshplan.cost.compute import ComputeParams
 from meshplan.cost.estimate import Estimate
-from meshplan.cost.step import (
-    evaluate,
-    evaluate_within,
-    micro_batch_sizes,
-    recompute_options,
-    step_time_lower_bound_s,
-)
+from meshplan.cost.step import evaluate, evaluate_within
 from meshplan.parallel import parallel_map
 from meshplan.search.rank import TIE_BAND, pareto_front, rank
-from meshplan.search.space import Space, enumerate_plans, family, needs_more_memory, option_variants
+from meshplan.search.space import (
+    Space,
+    enumerate_plans,
+    family,
+    needs_more_memory,
+    option_variants,
+    with_job_recompute,
+)
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 
 Progress = Callable[[int, int], None]
@@ -39,7 +44,7 @@ class SearchResult:
     """Option variants not listed: those that do not fit in memory (their structure is listed, with its
     reasons, under its default options) and those whose step time is provably above the tie band of the
     fastest plan and the best of their family (a compute and bubble bound, ``step_time_lower_bound_s``, or
-    the floors their traffic sets, ``cost.step.traffic_floors``): none could be recommended or shown as
+    the floors their traffic sets, ``cost.bounds.traffic_floors``): none could be recommended or shown as
     its family's best."""
 
     @property
@@ -99,28 +104,21 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
     t0 = time.perf_counter()
     space = space or Space()
     compute = compute_params_for(cluster.accelerator.name, job.software)
-    plans = list(enumerate_plans(model, cluster, job, space))
+    plans: list[Plan] = []
     variants, base_of = [], []  # option variants, and the index of each one's default plan
-    for k, p in enumerate(plans if space.options else []):
-        for v in option_variants(model, cluster, job, p):
-            variants.append(v)
-            base_of.append(k)
+    # each structure with the recomputation the job allows (JobSpec.recompute); its variants are derived
+    # from the unrestricted structure, since an option may rule out a mode (MoE overlap, full recomputation)
+    for base in enumerate_plans(model, cluster, job, space):
+        p = with_job_recompute(base, job)
+        if p is None:
+            continue
+        plans.append(p)
+        for v in option_variants(model, cluster, job, base) if space.options else ():
+            rv = with_job_recompute(v, job)
+            if rv is not None:
+                variants.append(rv)
+                base_of.append(len(plans) - 1)
     total = len(plans) + len(variants)
-    counted: dict[tuple[int, int, bool, bool, bool], int] = {}
-
-    def configurations(p: Plan) -> int:
-        """Micro-batch sizes x (recompute modes + partial recomputation layer counts) that evaluate chooses
-        among; for the search's plans (mbs and recompute unset) that depends on dp, pp, ep_overlap,
-        whether Megatron runs it (its selective modules instead of op-level SAC) and whether it may
-        offload activations only."""
-        key = (p.dp, p.pp, p.ep_overlap, p.sharding == "megatron", p.offload_layers is None)
-        if key not in counted:
-            modes, partial = recompute_options(model, job, p)
-            if p.offload_layers is None:  # what its base plan does not: offloading 1..L-1 layers (pp = 1)
-                counted[key] = (model.n_layers - 1) * len(micro_batch_sizes(job, p.dp))
-            else:
-                counted[key] = (len(modes) + partial) * len(micro_batch_sizes(job, p.dp))
-        return counted[key]
 
     def tick(i: int) -> None:
         if progress and (i % 64 == 0 or i == total):
@@ -132,77 +130,133 @@ def _search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space |
     for i, plan in enumerate(plans, 1):
         results.append(evaluate(model, cluster, job, plan, mfu=mfu, compute=compute, time_infeasible=False))
         tick(i)
-    # option variants, in order of their lower bound: evaluated only if they could join the tie band or
-    # beat the best plan of their family (branch and bound; exact for the recommendation and for each
-    # family's best, since the bounds never exceed the step time)
-    n_pruned = 0
-    inf = float("inf")
-    fastest = min((e.step_time_s for e in results if e.feasible), default=inf)
-    family_best: dict[str, float] = {}
-    for e in results:
-        if e.feasible:
-            family_best[family(e.plan)] = min(family_best.get(family(e.plan), inf), e.step_time_s)
-    families = [family(v) for v in variants]
-    # a family none of whose structures fits may still fit through an option that frees memory
-    # (needs_more_memory): those variants are evaluated in full first, so that its best is known
-    first = [k for k, v in enumerate(variants) if families[k] not in family_best and not needs_more_memory(v)]
-    for k in first:
-        found = evaluate(model, cluster, job, variants[k], mfu=mfu, compute=compute, time_infeasible=False)
-        if found.feasible:
-            results.append(found)
-            fastest = min(fastest, found.step_time_s)
-            family_best[families[k]] = min(family_best.get(families[k], inf), found.step_time_s)
-        else:
-            n_pruned += 1  # its structure, listed with its reasons, stands for it
-    done = set(first)
-    if mfu is None:
-        bounds = sorted((step_time_lower_bound_s(model, cluster, job, v, compute), k) for k, v in enumerate(variants))
-    else:  # the assumed-MFU mode rescales compute per plan: no bound, evaluate them all
-        bounds = [(0.0, k) for k in range(len(variants))]
-    bounds = [(b, k) for b, k in bounds if k not in done]
-    for i, (bound, k) in enumerate(bounds, len(plans) + len(first) + 1):
-        cutoff = fastest * (1.0 + TIE_BAND)
-        if bound > cutoff and bound >= max(family_best.values(), default=0.0):
-            n_pruned += len(bounds) - (i - len(plans) - len(first) - 1)
-            break
-        # the tie band, or the best so far of its family (a family none of whose plans fits keeps its
-        # structures' reasons: no other option of it can fit)
-        limit = max(cutoff, family_best.get(families[k], 0.0))
-        if bound >= limit or (not results[base_of[k]].feasible and needs_more_memory(variants[k])):
-            n_pruned += 1  # it cannot reach either, or its default options do not fit and these need more memory
-            continue
-        if mfu is None:
-            found = evaluate_within(model, cluster, job, variants[k], cutoff_s=limit, compute=compute)
-        else:
-            found = evaluate(model, cluster, job, variants[k], mfu=mfu, compute=compute)
-        if found is None:
-            n_pruned += 1
-        else:
-            results.append(found)
-            if found.feasible:
-                fastest = min(fastest, found.step_time_s)
-                family_best[families[k]] = min(family_best.get(families[k], inf), found.step_time_s)
-        tick(i)
+    bb = _BranchAndBound(model, cluster, job, mfu, compute, variants, results)
+    bb.unfit_families_first()
+    bb.by_bound([results[k].feasible for k in base_of], len(plans), tick)
     if progress:
         progress(total, total)
-    n_cfg = sum(configurations(p) for p in [*plans, *variants])
+    n_cfg = _configurations(model, job, [*plans, *variants])
     # a variant that settles on its base plan's choices (automatic offloading that offloads no layer) is
     # that plan: ranked once
     seen: set[Plan] = set()
     ranked = rank([e for e in results if not (e.plan in seen or seen.add(e.plan))])
     if refine_top:
-        from meshplan.sim.simulate import refine
-
-        top = [e for e in ranked if e.feasible][:refine_top]
-        seen = {id(e) for e in top}
-        for e in ranked:  # and the best feasible plan of each family, so that families compare like with like
-            fam = family(e.plan)
-            if e.feasible and id(e) not in seen and all(family(t.plan) != fam for t in top):
-                top.append(e)
-                seen.add(id(e))
-        timed = parallel_map(lambda e: refine(e, slowdown=compute.comm_slowdown,
-                                              step_overhead_s=compute.step_overhead_s), top, workers)
-        refined = {id(e): r for e, r in zip(top, timed, strict=True)}
-        ranked = rank([refined.get(id(e), e) for e in ranked])
+        ranked = _refine(ranked, refine_top, compute, workers)
     return SearchResult(ranked=ranked, n_plans=len(ranked), n_configurations=n_cfg,
-                        elapsed_s=time.perf_counter() - t0, n_pruned=n_pruned)
+                        elapsed_s=time.perf_counter() - t0, n_pruned=bb.n_pruned)
+
+
+class _BranchAndBound:
+    """Option variants, in order of their lower bound: evaluated only if they could join the tie band or
+    beat the best plan of their family (branch and bound; exact for the recommendation and for each
+    family's best, since the bounds never exceed the step time). ``results``: the structures' estimates,
+    to which the variants evaluated are added."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, job: JobSpec, mfu: float | None,
+                 compute: ComputeParams, variants: list[Plan], results: list[Estimate]) -> None:
+        self.model, self.cluster, self.job, self.mfu, self.compute = model, cluster, job, mfu, compute
+        self.variants, self.results = variants, results
+        self.families = [family(v) for v in variants]
+        self.n_pruned = 0
+        self.fastest = min((e.step_time_s for e in results if e.feasible), default=_INF)
+        """The fastest feasible step so far [s]."""
+        self.family_best: dict[str, float] = {}
+        """The fastest feasible step so far of each family [s]."""
+        for e in results:
+            if e.feasible:
+                self.family_best[family(e.plan)] = min(self.family_best.get(family(e.plan), _INF), e.step_time_s)
+        self.done: set[int] = set()
+
+    def _found(self, k: int, est: Estimate) -> None:
+        self.fastest = min(self.fastest, est.step_time_s)
+        self.family_best[self.families[k]] = min(self.family_best.get(self.families[k], _INF), est.step_time_s)
+
+    def unfit_families_first(self) -> None:
+        """A family none of whose structures fits may still fit through an option that frees memory
+        (needs_more_memory): those variants are evaluated in full first, so that its best is known."""
+        first = [k for k, v in enumerate(self.variants)
+                 if self.families[k] not in self.family_best and not needs_more_memory(v)]
+        for k in first:
+            found = evaluate(self.model, self.cluster, self.job, self.variants[k], mfu=self.mfu, compute=self.compute,
+                             time_infeasible=False)
+            if found.feasible:
+                self.results.append(found)
+                self._found(k, found)
+            else:
+                self.n_pruned += 1  # its structure, listed with its reasons, stands for it
+        self.done = set(first)
+
+    def by_bound(self, base_fits: list[bool], n_plans: int, tick: Callable[[int], None]) -> None:
+        """The other variants, by their lower bound, until it passes the tie band and every family's best
+        (``base_fits``: whether each variant's default plan fits; ``n_plans``: the structures evaluated,
+        for the progress count)."""
+        model, cluster, job, compute = self.model, self.cluster, self.job, self.compute
+        if self.mfu is None:
+            bounds = sorted((step_time_lower_bound_s(model, cluster, job, v, compute), k)
+                            for k, v in enumerate(self.variants))
+        else:  # the assumed-MFU mode rescales compute per plan: no bound, evaluate them all
+            bounds = [(0.0, k) for k in range(len(self.variants))]
+        bounds = [(b, k) for b, k in bounds if k not in self.done]
+        start = n_plans + len(self.done) + 1
+        for i, (bound, k) in enumerate(bounds, start):
+            cutoff = self.fastest * (1.0 + TIE_BAND)
+            if bound > cutoff and bound >= max(self.family_best.values(), default=0.0):
+                self.n_pruned += len(bounds) - (i - start)
+                break
+            # the tie band, or the best so far of its family (a family none of whose plans fits keeps its
+            # structures' reasons: no other option of it can fit)
+            limit = max(cutoff, self.family_best.get(self.families[k], 0.0))
+            if bound >= limit or (not base_fits[k] and needs_more_memory(self.variants[k])):
+                # it cannot reach either, or its default options do not fit and these need more memory
+                self.n_pruned += 1
+                continue
+            if self.mfu is None:
+                found = evaluate_within(model, cluster, job, self.variants[k], cutoff_s=limit, compute=compute)
+            else:
+                found = evaluate(model, cluster, job, self.variants[k], mfu=self.mfu, compute=compute)
+            if found is None:
+                self.n_pruned += 1
+            else:
+                self.results.append(found)
+                if found.feasible:
+                    self._found(k, found)
+            tick(i)
+
+
+_INF = float("inf")
+
+
+def _configurations(model: ModelSpec, job: JobSpec, plans: list[Plan]) -> int:
+    """Configurations ``plans`` cover: micro-batch sizes x (recompute modes + partial recomputation layer
+    counts) that evaluate chooses among; for the search's plans (mbs and recompute unset) that depends on
+    dp, pp, ep_overlap, whether Megatron runs it (its selective modules instead of op-level SAC) and
+    whether it may offload activations only."""
+    counted: dict[tuple[int, int, bool, bool, bool], int] = {}
+    for p in plans:
+        key = (p.dp, p.pp, p.ep_overlap, p.sharding == "megatron", p.offload_layers is None)
+        if key not in counted:
+            modes, partial = recompute_options(model, job, p)
+            if p.offload_layers is None:  # what its base plan does not: offloading 1..L-1 layers (pp = 1)
+                counted[key] = (model.n_layers - 1) * len(micro_batch_sizes(job, p.dp))
+            else:
+                counted[key] = (len(modes) + partial) * len(micro_batch_sizes(job, p.dp))
+    return sum(counted[(p.dp, p.pp, p.ep_overlap, p.sharding == "megatron", p.offload_layers is None)]
+               for p in plans)
+
+
+def _refine(ranked: list[Estimate], refine_top: int, compute: ComputeParams, workers: int | None) -> list[Estimate]:
+    """``ranked`` with its ``refine_top`` best feasible plans, and the best feasible plan of each family,
+    re-timed by the timeline simulator (on up to ``workers`` cores), re-ranked."""
+    from meshplan.sim.simulate import refine
+
+    top = [e for e in ranked if e.feasible][:refine_top]
+    seen = {id(e) for e in top}
+    for e in ranked:  # and the best feasible plan of each family, so that families compare like with like
+        fam = family(e.plan)
+        if e.feasible and id(e) not in seen and all(family(t.plan) != fam for t in top):
+            top.append(e)
+            seen.add(id(e))
+    timed = parallel_map(lambda e: refine(e, slowdown=compute.comm_slowdown,
+                                          step_overhead_s=compute.step_overhead_s), top, workers)
+    refined = {id(e): r for e, r in zip(top, timed, strict=True)}
+    return rank([refined.get(id(e), e) for e in ranked])

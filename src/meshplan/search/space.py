@@ -17,7 +17,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from meshplan.cost.step import offload_offered
+from meshplan.cost.offload import offload_offered
 from meshplan.cost.validate import ulysses_fits, without_unsplit_sp
 from meshplan.errors import SpecError
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
@@ -95,6 +95,21 @@ def needs_more_memory(variant: Plan) -> bool:
     activation offloading, which frees activations."""
     return not ((variant.sharding == "fsdp" and variant.pp > 1 and variant.shard_degree > 1)
                 or variant.etp is not None or variant.offload_layers != 0)
+
+
+def with_job_recompute(plan: Plan, job: JobSpec) -> Plan | None:
+    """``plan`` running the recomputation the job restricts the search to (JobSpec.recompute): unchanged
+    under 'auto' or where the plan fixes its own; None where the plan cannot run that mode (op-level SAC on
+    Megatron's layers, full recomputation beside Megatron's MoE all-to-all overlap, recomputation beside
+    activation offloading)."""
+    if job.recompute == "auto" or plan.recompute is not None or plan.recompute_layers is not None:
+        return plan
+    if job.recompute == "sac" and plan.runs_megatron_layers(job.software):
+        return None
+    try:
+        return replace(plan, recompute=job.recompute)
+    except SpecError:
+        return None
 
 
 def option_variants(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan) -> Iterator[Plan]:

@@ -113,74 +113,91 @@ def stage_ops(detail: StageDetail, plan: Plan, m: int, *, m_sim: int | None = No
         scale = n_layers / L
         place = {k: [_Per(p.entry, p.time_s * scale) if k in _PER_LAYER else p for p in v] for k, v in place.items()}
     m_run = m if m_sim is None else min(m, m_sim)
-    async_tp = plan.async_tp
-    b = _Builder()
-    f_layer, b_layer, r_layer = detail.t_f_s / L, (detail.t_b_s + detail.t_w_s) / L, detail.t_r_s / L
-    attn_f = detail.attention_fwd_s / L
-    chunks: dict[tuple[str, int], tuple[Op, Op]] = {}
-    per_step_gather: dict[int, list[Op]] = {}
     order = chunk_order(plan.schedule, plan.pp, detail.stage, m_run)
-    last_b = max(k for kind, k in order if kind == "B")
-    once = [p for p in place["grads"] if p.entry.window == "last_backward"]
-    every = [p for p in place["grads"] if p.entry.window != "last_backward"]
+    st = _StageOps(detail, place, L, plan.async_tp, last_b=max(k for kind, k in order if kind == "B"))
+    chunks: dict[tuple[str, int], tuple[Op, Op]] = {}
     for kind, k in order:
-        start = len(b.compute_ops)
+        start = len(st.b.compute_ops)
         if kind == "F":
-            waits = b.comm(f"mb{k} root gather", place["root_f"], "params", [])
-            fwd_done: list[Op] = []
-            for i in range(L):
-                gather = b.comm(f"mb{k} L{i} gather", place["ag_fwd"], "params",
-                                [fwd_done[i - 2]] if i >= 2 else [])
-                if i not in per_step_gather:
-                    per_step_gather[i] = b.comm(f"L{i} param gather (per step)", place["step_ag"], "params", [])
-                    if i == 0:  # the embedding / LM head's, once, before the first layer
-                        per_step_gather[i] += b.comm("root param gather (per step)", place["step_ag_root"],
-                                                     "params", [])
-                deps = [*gather, *per_step_gather[i], *waits]
-                a = b.compute(f"mb{k} L{i} fwd attention", attn_f + 0.5 * (f_layer - attn_f), "compute", deps)
-                cp = b.comm(f"mb{k} L{i} cp", place["cp_f"], "cp", deps)
-                t1 = b.comm(f"mb{k} L{i} fwd collectives (attention)", _half(place["inline_f"]), "tp", [a])
-                a2a = b.comm(f"mb{k} L{i} fwd all-to-all (exposed share)", place["other_f"], "ep", [a])
-                c = b.compute(f"mb{k} L{i} fwd mlp", 0.5 * (f_layer - attn_f), "compute",
-                              [a, *cp, *a2a, *([] if async_tp else t1)])
-                t2 = b.comm(f"mb{k} L{i} fwd collectives (mlp)", _half(place["inline_f"]), "tp", [c])
-                waits = [] if async_tp else t2
-                fwd_done.append(c)
-            if detail.head_f_s:
-                b.compute(f"mb{k} LM head fwd", detail.head_f_s, "compute", waits)
-                waits = []
-            b.comm(f"mb{k} edge fwd", place["edge_f"], "tp", [b.compute_ops[-1]])
+            st.forward(k)
         else:
+            st.backward(k)
+        chunks[(kind, k)] = (st.b.compute_ops[start], st.b.compute_ops[-1])
+    return st.b.ops, chunks
+
+
+class _StageOps:
+    """Builds ``stage_ops``'s ops, one micro-batch's forward or backward at a time, over ``L`` layer groups
+    with the collectives ``place`` puts beside them."""
+
+    def __init__(self, detail: StageDetail, place: dict[str, list[_Per]], L: int, async_tp: bool, last_b: int
+                 ) -> None:
+        self.detail, self.place, self.L, self.async_tp, self.last_b = detail, place, L, async_tp, last_b
+        self.b = _Builder()
+        self.f_layer, self.b_layer = detail.t_f_s / L, (detail.t_b_s + detail.t_w_s) / L
+        self.r_layer, self.attn_f = detail.t_r_s / L, detail.attention_fwd_s / L
+        self.per_step_gather: dict[int, list[Op]] = {}
+        self.once = [p for p in place["grads"] if p.entry.window == "last_backward"]
+        self.every = [p for p in place["grads"] if p.entry.window != "last_backward"]
+
+    def forward(self, k: int) -> None:
+        b, place, async_tp, f_layer, attn_f = self.b, self.place, self.async_tp, self.f_layer, self.attn_f
+        per_step_gather = self.per_step_gather
+        waits = b.comm(f"mb{k} root gather", place["root_f"], "params", [])
+        fwd_done: list[Op] = []
+        for i in range(self.L):
+            gather = b.comm(f"mb{k} L{i} gather", place["ag_fwd"], "params",
+                            [fwd_done[i - 2]] if i >= 2 else [])
+            if i not in per_step_gather:
+                per_step_gather[i] = b.comm(f"L{i} param gather (per step)", place["step_ag"], "params", [])
+                if i == 0:  # the embedding / LM head's, once, before the first layer
+                    per_step_gather[i] += b.comm("root param gather (per step)", place["step_ag_root"],
+                                                 "params", [])
+            deps = [*gather, *per_step_gather[i], *waits]
+            a = b.compute(f"mb{k} L{i} fwd attention", attn_f + 0.5 * (f_layer - attn_f), "compute", deps)
+            cp = b.comm(f"mb{k} L{i} cp", place["cp_f"], "cp", deps)
+            t1 = b.comm(f"mb{k} L{i} fwd collectives (attention)", _half(place["inline_f"]), "tp", [a])
+            a2a = b.comm(f"mb{k} L{i} fwd all-to-all (exposed share)", place["other_f"], "ep", [a])
+            c = b.compute(f"mb{k} L{i} fwd mlp", 0.5 * (f_layer - attn_f), "compute",
+                          [a, *cp, *a2a, *([] if async_tp else t1)])
+            t2 = b.comm(f"mb{k} L{i} fwd collectives (mlp)", _half(place["inline_f"]), "tp", [c])
+            waits = [] if async_tp else t2
+            fwd_done.append(c)
+        if self.detail.head_f_s:
+            b.compute(f"mb{k} LM head fwd", self.detail.head_f_s, "compute", waits)
             waits = []
-            if detail.head_b_s:
-                b.compute(f"mb{k} LM head bwd", detail.head_b_s, "compute", [])
-            waits = b.comm(f"mb{k} edge bwd", place["edge_b"], "tp", b.compute_ops[-1:])
-            bwd_done: list[Op] = []
-            for i in reversed(range(L)):
-                gather = b.comm(f"mb{k} L{i} gather (backward)", place["ag_bwd"], "params",
-                                [bwd_done[-2]] if len(bwd_done) >= 2 else [])
-                deps = [*gather, *waits]
-                if r_layer:
-                    rc = b.compute(f"mb{k} L{i} recompute", r_layer, "recompute", deps)
-                    cp_r = b.comm(f"mb{k} L{i} cp (recompute)", place["cp_r"], "cp", deps)
-                    t_r = b.comm(f"mb{k} L{i} recompute collectives", place["inline_r"], "tp", [rc])
-                    deps = [rc, *cp_r, *([] if async_tp else t_r)]
-                c1 = b.compute(f"mb{k} L{i} bwd mlp", 0.5 * b_layer, "compute", deps)
-                t1 = b.comm(f"mb{k} L{i} bwd collectives (mlp)", _half(place["inline_b"]), "tp", [c1])
-                cp = b.comm(f"mb{k} L{i} cp (backward)", place["cp_b"], "cp", [c1])
-                a2a = b.comm(f"mb{k} L{i} bwd all-to-all (exposed share)", place["other_b"], "ep", [c1])
-                c2 = b.compute(f"mb{k} L{i} bwd attention", 0.5 * b_layer, "compute",
-                               [c1, *a2a, *([] if async_tp else t1)])
-                t2 = b.comm(f"mb{k} L{i} bwd collectives (attention)", _half(place["inline_b"]), "tp", [c2])
-                waits = [*cp, *([] if async_tp else t2)]
-                bwd_done.append(c2)
-                b.comm(f"mb{k} L{i} grad reduction", every, "grads", [c2])
-                if k == last_b:
-                    b.comm(f"L{i} grad reduction (per step)", once, "grads", [c2])
-            root = [p for p in place["root_b"] if k == last_b or p.entry.window != "last_backward"]
-            b.comm(f"mb{k} root grad reduction", root, "grads", b.compute_ops[-1:])
-        chunks[(kind, k)] = (b.compute_ops[start], b.compute_ops[-1])
-    return b.ops, chunks
+        b.comm(f"mb{k} edge fwd", place["edge_f"], "tp", [b.compute_ops[-1]])
+
+    def backward(self, k: int) -> None:
+        b, place, async_tp, b_layer, r_layer = self.b, self.place, self.async_tp, self.b_layer, self.r_layer
+        waits = []
+        if self.detail.head_b_s:
+            b.compute(f"mb{k} LM head bwd", self.detail.head_b_s, "compute", [])
+        waits = b.comm(f"mb{k} edge bwd", place["edge_b"], "tp", b.compute_ops[-1:])
+        bwd_done: list[Op] = []
+        for i in reversed(range(self.L)):
+            gather = b.comm(f"mb{k} L{i} gather (backward)", place["ag_bwd"], "params",
+                            [bwd_done[-2]] if len(bwd_done) >= 2 else [])
+            deps = [*gather, *waits]
+            if r_layer:
+                rc = b.compute(f"mb{k} L{i} recompute", r_layer, "recompute", deps)
+                cp_r = b.comm(f"mb{k} L{i} cp (recompute)", place["cp_r"], "cp", deps)
+                t_r = b.comm(f"mb{k} L{i} recompute collectives", place["inline_r"], "tp", [rc])
+                deps = [rc, *cp_r, *([] if async_tp else t_r)]
+            c1 = b.compute(f"mb{k} L{i} bwd mlp", 0.5 * b_layer, "compute", deps)
+            t1 = b.comm(f"mb{k} L{i} bwd collectives (mlp)", _half(place["inline_b"]), "tp", [c1])
+            cp = b.comm(f"mb{k} L{i} cp (backward)", place["cp_b"], "cp", [c1])
+            a2a = b.comm(f"mb{k} L{i} bwd all-to-all (exposed share)", place["other_b"], "ep", [c1])
+            c2 = b.compute(f"mb{k} L{i} bwd attention", 0.5 * b_layer, "compute",
+                           [c1, *a2a, *([] if async_tp else t1)])
+            t2 = b.comm(f"mb{k} L{i} bwd collectives (attention)", _half(place["inline_b"]), "tp", [c2])
+            waits = [*cp, *([] if async_tp else t2)]
+            bwd_done.append(c2)
+            b.comm(f"mb{k} L{i} grad reduction", self.every, "grads", [c2])
+            if k == self.last_b:
+                b.comm(f"L{i} grad reduction (per step)", self.once, "grads", [c2])
+        root = [p for p in place["root_b"] if k == self.last_b or p.entry.window != "last_backward"]
+        b.comm(f"mb{k} root grad reduction", root, "grads", b.compute_ops[-1:])
 
 
 class _Builder:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from meshplan.cost.estimate import Estimate, StageDetail
 from meshplan.cost.pipeline import stand_ins
-from meshplan.cost.step import HOST_BOUND, OFFLOAD, STALLS
+from meshplan.cost.stage_time import HOST_BOUND, OFFLOAD, STALLS
 from meshplan.errors import SpecError
 from meshplan.sim.build import stage_ops
 from meshplan.sim.engine import Op, run
@@ -173,7 +173,7 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
         _cap_exposed(br, s.detail)
         return SimResult(s.makespan_s + _after_last_backward_s(s.detail, step_overhead_s), _ordered(br, s.detail, m),
                          sims, shown=s.detail)
-    # the first, the last and the slowest middle stage timed (cost.step.bounding_stages) stand for the ranks
+    # the first, the last and the slowest middle stage timed (cost.stage.bounding_stages) stand for the ranks
     per_stage = [sims[i] for i in stand_ins([d.stage for d in est.stages], plan.pp,
                                             [x.chunk_f_s + x.chunk_b_s for x in sims])]
     first = per_stage[0]
@@ -284,7 +284,7 @@ def _ordered(br: dict[str, float], detail: StageDetail, m: int) -> dict[str, flo
 
 def _stalls_named(br: dict[str, float], detail: StageDetail, m: int) -> dict[str, float]:
     """``br`` with the share of compute and of recomputation that the closed form attributes to waits
-    (cost.step.STALLS: the host's kernel launches, activation offload copies) moved there, each wait its
+    (cost.stage_time.STALLS: the host's kernel launches, activation offload copies) moved there, each wait its
     share: the simulator runs the stretched layers, so its compute and recomputation include them."""
     waits = {k: detail.breakdown.get(k, 0.0) for k in STALLS}
     wait = sum(waits.values())

@@ -211,6 +211,10 @@ class ClusterSpec:
     host_memory_bytes: float | None = None
     """Host memory per GPU (the node's CPU memory over its GPUs) that offloaded activations may take; None
     where the node spec does not say (then not checked)."""
+    storage_bytes_per_s: float | None = None
+    """Checkpoint write bandwidth to shared storage per GPU (its share of what the storage system sustains
+    for the job), with every GPU writing at once; None where the cluster spec does not say (then
+    meshplan.economics takes its stated default). What the checkpoint write time of goodput is timed at."""
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -228,6 +232,8 @@ class ClusterSpec:
             _link_rate("cluster.node.host_gb_per_s", self.host_bytes_per_s)
         if self.host_memory_bytes is not None:
             positive_number("cluster.node.host_memory_gib", self.host_memory_bytes, most=MAX_BYTES)
+        if self.storage_bytes_per_s is not None:
+            _link_rate("cluster.node.storage_gb_per_s", self.storage_bytes_per_s)
 
     @property
     def n_gpus(self) -> int:

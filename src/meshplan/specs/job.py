@@ -15,6 +15,7 @@ from meshplan.specs._validate import (
     positive_int,
     positive_number,
 )
+from meshplan.specs.plan import RECOMPUTE
 from meshplan.units import GiB
 
 TOKEN_DROPS = ("dropless", "drop", "pad")
@@ -24,9 +25,14 @@ TOKEN_DROPS = ("dropless", "drop", "pad")
 OPTIMIZERS = ("adamw", "adamw-bf16-moments", "adam-8bit", "sgd-momentum", "sgd", "adafactor")
 PRECISIONS = ("bf16", "fp8")
 FLOP_CONVENTIONS = ("palm", "causal")
-SOFTWARE = ("generic", "megatron", "torchtitan", "llm-foundry", "maxtext")
+SOFTWARE = ("generic", "megatron", "torchtitan", "llm-foundry", "maxtext", "deepspeed")
 LOSSES = ("auto", "eager", "vocab_parallel", "fused", "te")
 CUDA_GRAPH_SCOPES = ("layers", "full_iteration")
+RECOMPUTE_CHOICES = ("auto", *RECOMPUTE)
+"""What ``JobSpec.recompute`` takes: 'auto' (the search chooses among every mode the plan's framework has)
+or one mode that every searched plan then runs (specs.plan.RECOMPUTE)."""
+MAX_TRAIN_TOKENS = 10**17
+"""The largest token budget a job may name (10^17 tokens, some thousand times the largest published runs)."""
 STACK_LOSS = {"megatron": "vocab_parallel", "llm-foundry": "fused"}
 """The cross-entropy a stack runs unless told: Megatron-core's vocab-parallel cross-entropy
 (tensor_parallel/cross_entropy.py); llm-foundry's MPT defaults to flash_attn's fused one (``loss_fn:
@@ -147,7 +153,16 @@ class JobSpec:
     runtime: RuntimeOverheads = RuntimeOverheads()
     software: str = "generic"
     """Software stack, for its calibrated overheads: 'megatron' (Megatron-LM / NeMo, fused kernels),
-    'torchtitan' (PyTorch FSDP2), 'llm-foundry' (Composer / FSDP1), 'maxtext' (JAX / XLA) or 'generic'."""
+    'torchtitan' (PyTorch FSDP2), 'llm-foundry' (Composer / FSDP1), 'maxtext' (JAX / XLA), 'deepspeed'
+    (DeepSpeed ZeRO-1/2/3 on PyTorch's layers; no fitted tables: it carries the unseen-stack band) or
+    'generic'."""
+    recompute: str = "auto"
+    """The activation recomputation the search may choose (RECOMPUTE_CHOICES): 'auto', every mode the plan's
+    framework has, partial recomputation included; or one of 'none', 'selective', 'sac', 'full' (every
+    layer), which every searched plan then runs. A plan string's own ``recompute`` wins for that plan."""
+    train_tokens: int | None = None
+    """Tokens the whole run trains on (a dataset's 15.6T), for time to train, GPU-hours, cost, energy and
+    goodput (meshplan.economics); None where the question is not asked."""
 
     def __post_init__(self) -> None:
         instance("job.runtime", self.runtime, RuntimeOverheads, "a RuntimeOverheads")
@@ -157,6 +172,12 @@ class JobSpec:
         one_of("job.precision", self.precision, PRECISIONS)
         one_of("job.flop_convention", self.flop_convention, FLOP_CONVENTIONS)
         one_of("job.software", self.software, SOFTWARE)
+        one_of("job.recompute", self.recompute, RECOMPUTE_CHOICES)
+        if self.recompute == "sac" and self.software == "megatron":
+            raise SpecError("job.recompute", "Megatron-core has no op-level selective checkpointing (sac); use "
+                                             "selective, full, none or auto")
+        if self.train_tokens is not None:
+            positive_int("job.train_tokens", self.train_tokens, MAX_TRAIN_TOKENS)
         one_of("job.loss", self.loss, LOSSES)
         positive_number("job.reduce_dtype_bytes", self.reduce_dtype_bytes, most=8.0)
         for f in ("fp8_param_gather", "flash_attention", "fp8_attention", "fused_grouped_mlp", "compiled",

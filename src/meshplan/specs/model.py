@@ -46,6 +46,20 @@ class ModelSpec:
     """'rmsnorm' (weight only) or 'layernorm' (weight and bias)."""
     linear_bias: bool = False
     """Biases on the attention and MLP projections (GPT-2/3 style)."""
+    qkv_bias: bool = False
+    """Biases on the query, key and value projections only, not on the output projection nor the MLP (Qwen2,
+    Hugging Face ``Qwen2Attention``: q/k/v ``bias=True``, o_proj ``bias=False``). Implied by linear_bias."""
+    qk_norm: bool = False
+    """An RMSNorm over each head's query and key before attention, one weight of the head width each, shared
+    by the heads (Qwen3, Gemma 3: ``q_norm``, ``k_norm``; Megatron-core ``--qk-layernorm``)."""
+    sandwich_norm: bool = False
+    """Norms after attention and after the MLP as well as before them: four per layer (Gemma 2 and 3:
+    ``post_attention_layernorm``, ``pre_feedforward_layernorm``, ``post_feedforward_layernorm``)."""
+    router_bias: bool = False
+    """The MoE router's linear has a bias, one per expert (GPT-OSS ``router.bias``)."""
+    attention_sinks: bool = False
+    """A learned sink logit per query head in every layer's softmax (GPT-OSS ``self_attn.sinks``): one
+    parameter per head, no modelled time."""
     learned_pos_emb: int = 0
     """Rows of a learned absolute position embedding (0 for rotary)."""
     n_experts: int = 0
@@ -108,7 +122,8 @@ class ModelSpec:
         if self.n_dense_layers > self.n_layers:
             raise SpecError("model.n_dense_layers", f"must be at most n_layers={self.n_layers}")
         one_of("model.norm", self.norm, ("rmsnorm", "layernorm"))
-        for f in ("gated_mlp", "tied_embeddings", "linear_bias"):
+        for f in ("gated_mlp", "tied_embeddings", "linear_bias", "qkv_bias", "qk_norm", "sandwich_norm", "router_bias",
+                  "attention_sinks"):
             boolean(f"model.{f}", getattr(self, f))
         if self.head_dim is not None:
             positive_int("model.head_dim", self.head_dim, MAX_WIDTH)
@@ -134,8 +149,8 @@ class ModelSpec:
             positive_int("model.expert_ffn_hidden", self.expert_ffn_hidden, MAX_WIDTH)
             if self.n_dense_layers >= self.n_layers:
                 raise SpecError("model.n_dense_layers", f"must be below n_layers={self.n_layers}")
-        elif self.top_k or self.n_shared_experts:
-            raise SpecError("model.n_experts", "top_k and shared experts need n_experts > 0")
+        elif self.top_k or self.n_shared_experts or self.router_bias:
+            raise SpecError("model.n_experts", "top_k, shared experts and a router bias need n_experts > 0")
         if self.nominal_params is not None:
             positive_number("model.nominal_params", self.nominal_params, most=1e18)
         if self.global_attention_every and not self.attention_window:

@@ -34,14 +34,17 @@ EP_DISPATCH = ("alltoall", "deepep")
 FRAMEWORK_SCHEDULES = {"fsdp": SCHEDULES, "megatron": ("1f1b", "interleaved"), "zero1": ("1f1b",),
                        "zero2": ("1f1b",), "zero3": ("1f1b",)}
 STACK_SHARDINGS = {"megatron": ("megatron", "fsdp"), "torchtitan": ("fsdp",), "llm-foundry": ("fsdp",),
-                   "maxtext": ("fsdp",)}
+                   "maxtext": ("fsdp",), "deepspeed": ("zero1", "zero2", "zero3")}
 """The shardings the search gives a named stack (job.software; 'generic' gets every one): Megatron-core's
 distributed optimizer and Megatron-FSDP; torchtitan's FSDP2 (with HSDP and DDP as its replicate axis);
-Composer's FSDP; MaxText's fsdp mesh axis. DeepSpeed's ZeRO stages run under none of them."""
-STACK_SCHEDULES = {"megatron": FRAMEWORK_SCHEDULES["megatron"], "llm-foundry": ()}
+Composer's FSDP; MaxText's fsdp mesh axis; DeepSpeed's ZeRO stages 1 to 3 (its pipeline engine with
+ZeRO-1 only, FRAMEWORK_SCHEDULES). Where nothing is sharded a plan is plain data parallelism, timed as
+PyTorch's DDP on every stack."""
+STACK_SCHEDULES = {"megatron": FRAMEWORK_SCHEDULES["megatron"], "llm-foundry": (), "deepspeed": ("1f1b",)}
 """The pipeline schedules the search gives a named stack, where they are fewer than its shardings allow:
 Megatron-core runs 1F1B and interleaved 1F1B (not torchtitan's zero-bubble schedules); llm-foundry's
-training configurations (Composer's FSDP and DDP) have no pipeline parallelism."""
+training configurations (Composer's FSDP and DDP) have no pipeline parallelism; DeepSpeed's pipeline
+engine runs 1F1B."""
 FRAMEWORK_CP = {"fsdp": ("ring", "allgather"), "megatron": CP_IMPLS, "zero1": ("a2a",), "zero2": ("a2a",),
                 "zero3": ("a2a",)}
 # MoE token dispatch: NCCL all-to-all everywhere; Megatron-core's flex dispatcher also runs DeepEP / HybridEP
@@ -159,16 +162,42 @@ class Plan:
         if len(self.layout) > MAX_LAYOUT_CHARS:
             raise SpecError("plan.layout", f"is {len(self.layout):,} characters; at most {MAX_LAYOUT_CHARS:,}")
         if self.etp is not None:
-            positive_int("plan.etp", self.etp)
-            if self.etp not in (1, self.tp):
-                raise SpecError("plan.etp", f"splits each routed expert over the tp ranks; allowed: 1 or "
-                                            f"tp={self.tp}, got {self.etp}")
-            if self.etp != self._framework_expert_tp() and self.sharding != "megatron":
-                raise SpecError("plan.etp", f"a choice of expert-TP is Megatron-core's; with sharding="
-                                            f"{self.sharding} the experts are split over tp without ep and whole "
-                                            f"with it: leave etp out, or use sharding=megatron")
+            self._check_etp()
         if self.mbs is not None:
             positive_int("plan.mbs", self.mbs)
+        self._check_recompute()
+        if self.offload_layers != 0:
+            self._check_offload()
+        one_of("plan.sharding", self.sharding, SHARDING)
+        one_of("plan.schedule", self.schedule, SCHEDULES)
+        if self.cp_impl is not None:
+            one_of("plan.cp_impl", self.cp_impl, CP_IMPLS)
+        if self.grad_sync is not None:
+            one_of("plan.grad_sync", self.grad_sync, GRAD_SYNC)
+        raf = self.reshard_after_forward
+        if raf is not None and not isinstance(raf, bool):
+            positive_int("plan.reshard_after_forward", raf)
+        self._check_framework()
+        if self.ep_overlap:
+            self._check_ep_overlap()
+        if self.layout:
+            self._check_layout()
+        self._check_axis_options()
+
+    def _check_etp(self) -> None:
+        """Expert-TP is 1 or tp, and a choice of it is Megatron-core's."""
+        positive_int("plan.etp", self.etp)
+        if self.etp not in (1, self.tp):
+            raise SpecError("plan.etp", f"splits each routed expert over the tp ranks; allowed: 1 or "
+                                        f"tp={self.tp}, got {self.etp}")
+        if self.etp != self._framework_expert_tp() and self.sharding != "megatron":
+            raise SpecError("plan.etp", f"a choice of expert-TP is Megatron-core's; with sharding="
+                                        f"{self.sharding} the experts are split over tp without ep and whole "
+                                        f"with it: leave etp out, or use sharding=megatron")
+
+    def _check_recompute(self) -> None:
+        """The recompute mode, Megatron's modules (spelled one way per set) and the partially recomputed
+        layers."""
         if self.recompute is not None:
             one_of("plan.recompute", self.recompute, RECOMPUTE)
         if self.recompute_modules:
@@ -186,17 +215,9 @@ class Plan:
             positive_int("plan.recompute_layers", self.recompute_layers)
             if self.recompute not in (None, "full"):
                 raise SpecError("plan.recompute_layers", f"needs recompute=full; got recompute={self.recompute}")
-        if self.offload_layers != 0:
-            self._check_offload()
-        one_of("plan.sharding", self.sharding, SHARDING)
-        one_of("plan.schedule", self.schedule, SCHEDULES)
-        if self.cp_impl is not None:
-            one_of("plan.cp_impl", self.cp_impl, CP_IMPLS)
-        if self.grad_sync is not None:
-            one_of("plan.grad_sync", self.grad_sync, GRAD_SYNC)
-        raf = self.reshard_after_forward
-        if raf is not None and not isinstance(raf, bool):
-            positive_int("plan.reshard_after_forward", raf)
+
+    def _check_framework(self) -> None:
+        """The schedule, context-parallel variant and MoE dispatcher are ones the sharding's framework runs."""
         if self.pp > 1 and self.schedule not in FRAMEWORK_SCHEDULES[self.sharding]:
             raise SpecError("plan.schedule", f"sharding={self.sharding} runs with schedule "
                                              f"{' or '.join(FRAMEWORK_SCHEDULES[self.sharding])}; got {self.schedule}")
@@ -215,10 +236,10 @@ class Plan:
                 raise SpecError("plan.ep_dispatch", f"sharding={self.sharding} dispatches MoE tokens with "
                                                     f"{' or '.join(FRAMEWORK_EP_DISPATCH[self.sharding])}; "
                                                     f"got {self.ep_dispatch}")
-        if self.ep_overlap:
-            self._check_ep_overlap()
-        if self.layout:
-            self._check_layout()
+
+    def _check_axis_options(self) -> None:
+        """Each option applies to an axis the plan has: async TP to tp, cp_impl to cp, a schedule, layout and
+        virtual stages to a pipeline; Megatron has no op-level SAC."""
         if self.recompute == "sac" and self.sharding == "megatron":
             raise SpecError("plan.recompute", "Megatron-core has no op-level selective checkpointing (sac); use "
                                               "recompute=selective with recompute_modules, or full")

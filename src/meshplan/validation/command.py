@@ -291,58 +291,12 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     _check_args(args)
-    results = load_scenarios(read_rows(args.path))
-    folds = max(2, args.cv or 5) if args.calibrate else args.cv
-    n_modelled = sum(r.scenario is not None for r in results)
-    if not n_modelled:
-        reasons = sorted({r.skipped for r in results if r.skipped})[:3]
-        raise SpecError("validate PATH", f"{args.path} has no row meshplan can model ({len(results)} rows, all "
-                                         f"skipped" + (f"; e.g. {'; '.join(reasons)}" if reasons else "") + ")")
-    if folds and folds > n_modelled:
-        raise SpecError("validate --cv", f"{folds} folds need at least as many modelled rows; {args.path} has "
-                                         f"{n_modelled} (--cv 0 skips cross-validation)")
-    if args.profile:
-        from dataclasses import replace
-
-        from meshplan.profile import apply_profile, load_profile
-
-        profile = load_profile(args.profile)
-        for r in results:
-            if r.scenario is not None:
-                cluster, notes = apply_profile(r.scenario.cluster, profile)
-                r.scenario = replace(r.scenario, cluster=cluster)
-                r.notes = notes
-    modelled = [r for r in results if r.scenario is not None]
-    fold_fits_source = lso_source = None
+    results = _load_results(args)
     if args.calibrate:
-        # The fold fits are reused where the catalog stores them for exactly these rows and procedure
-        # (fold_store.load_fits) and the full fit reproduces the catalog's (the code fits as it did then).
-        digest = fold_store.inputs_digest(cal.cv_rows(results))
-        state = cal.fit(modelled, progress=_progress)
-        same = fold_store.matches_catalog_fit(state, catalog_fit())
-        refit = None if same else "the full fit differs from the catalog's, or it has none"
-        preds, fold_fits_source, fits = _out_of_fold(results, args, k=max(2, args.cv or 5), refit=refit)
-        _set_cv(results, preds)
-        lso, lso_source, source_fits = _out_of_fold(results, args, refit=refit)
-        _set_lso(results, lso)
-        bands = cal.uncertainty_bands(results) | cal.unseen_stack_bands(results)
-        cv_sum = summary(results, use_cv=True)["tokens_per_s_per_gpu"]
-        text = cal.to_toml(state, source=f"fitted on {len(modelled)} rows of {Path(args.path).name} by "
-                                         "meshplan validate --calibrate (docs/calibration.md)",
-                           summary={"rows": float(len(modelled)), "cv_mape": cv_sum["mape"] or 0.0,
-                                    "cv_median_ape": cv_sum["median_ape"] or 0.0}, bands=bands,
-                           stack_rows=cal.rows_by_stack(modelled))
-        text += fold_store.to_toml(fits, rounds=args.cv_rounds, digest=digest)
-        text += fold_store.to_toml(source_fits, rounds=args.cv_rounds, digest=digest, by_source=True)
-        atomic_write_text(args.calibrate, text)
-        print(f"wrote {args.calibrate}", file=sys.stderr)
-        fold_fits_source += f", written to {args.calibrate}"
-        lso_source += f", written to {args.calibrate}"
-
-        def compute_for(a: str, s: str):
-            return cal.params_for(state, a, s)
+        compute_for, fold_fits_source, lso_source = _calibrate(args, results)
     else:
         compute_for = compute_params_for
+        fold_fits_source = lso_source = None
         if args.cv:
             preds, fold_fits_source, _ = _out_of_fold(results, args, k=args.cv)
             _set_cv(results, preds)
@@ -371,6 +325,73 @@ def cmd_validate(args: argparse.Namespace) -> int:
                           "rows": [_record(r) for r in results]}, indent=1))
     else:
         print(text_report(results, fit_sum, cv_sum, group_sum))
+    return _gates(args, fit_sum, cv_sum)
+
+
+def _load_results(args: argparse.Namespace) -> list[RowResult]:
+    """The rows of ``args.path`` as scenarios (with the measured profile's figures where ``--profile``);
+    SpecError where none can be modelled or too few for the folds."""
+    results = load_scenarios(read_rows(args.path))
+    folds = max(2, args.cv or 5) if args.calibrate else args.cv
+    n_modelled = sum(r.scenario is not None for r in results)
+    if not n_modelled:
+        reasons = sorted({r.skipped for r in results if r.skipped})[:3]
+        raise SpecError("validate PATH", f"{args.path} has no row meshplan can model ({len(results)} rows, all "
+                                         f"skipped" + (f"; e.g. {'; '.join(reasons)}" if reasons else "") + ")")
+    if folds and folds > n_modelled:
+        raise SpecError("validate --cv", f"{folds} folds need at least as many modelled rows; {args.path} has "
+                                         f"{n_modelled} (--cv 0 skips cross-validation)")
+    if args.profile:
+        from dataclasses import replace
+
+        from meshplan.profile import apply_profile, load_profile
+
+        profile = load_profile(args.profile)
+        for r in results:
+            if r.scenario is not None:
+                cluster, notes = apply_profile(r.scenario.cluster, profile)
+                r.scenario = replace(r.scenario, cluster=cluster)
+                r.notes = notes
+    return results
+
+
+def _calibrate(args: argparse.Namespace, results: list[RowResult]) -> tuple[Any, str, str]:
+    """``--calibrate``: fit on every row, cross-validate by folds and by source group, and write the fit,
+    the bands and the fold fits to ``args.calibrate``. Returns the fitted compute parameters (a function of
+    accelerator and software) and where the fold and source-group fits came from."""
+    modelled = [r for r in results if r.scenario is not None]
+    # The fold fits are reused where the catalog stores them for exactly these rows and procedure
+    # (fold_store.load_fits) and the full fit reproduces the catalog's (the code fits as it did then).
+    digest = fold_store.inputs_digest(cal.cv_rows(results))
+    state = cal.fit(modelled, progress=_progress)
+    same = fold_store.matches_catalog_fit(state, catalog_fit())
+    refit = None if same else "the full fit differs from the catalog's, or it has none"
+    preds, fold_fits_source, fits = _out_of_fold(results, args, k=max(2, args.cv or 5), refit=refit)
+    _set_cv(results, preds)
+    lso, lso_source, source_fits = _out_of_fold(results, args, refit=refit)
+    _set_lso(results, lso)
+    bands = cal.uncertainty_bands(results) | cal.unseen_stack_bands(results)
+    cv_sum = summary(results, use_cv=True)["tokens_per_s_per_gpu"]
+    text = cal.to_toml(state, source=f"fitted on {len(modelled)} rows of {Path(args.path).name} by "
+                                     "meshplan validate --calibrate (docs/calibration.md)",
+                       summary={"rows": float(len(modelled)), "cv_mape": cv_sum["mape"] or 0.0,
+                                "cv_median_ape": cv_sum["median_ape"] or 0.0}, bands=bands,
+                       stack_rows=cal.rows_by_stack(modelled))
+    text += fold_store.to_toml(fits, rounds=args.cv_rounds, digest=digest)
+    text += fold_store.to_toml(source_fits, rounds=args.cv_rounds, digest=digest, by_source=True)
+    atomic_write_text(args.calibrate, text)
+    print(f"wrote {args.calibrate}", file=sys.stderr)
+
+    def compute_for(a: str, s: str):
+        return cal.params_for(state, a, s)
+
+    return (compute_for, fold_fits_source + f", written to {args.calibrate}",
+            lso_source + f", written to {args.calibrate}")
+
+
+def _gates(args: argparse.Namespace, fit_sum: dict, cv_sum: dict | None) -> int:
+    """Exit status 1 where a threshold (--max-cv-mape, --max-memory-mape, --require-fit) fails, each
+    checked on stderr; else 0."""
     cv_name = "cross-validated MAPE" if cv_sum else "MAPE of the fit (no cross-validation: --cv 0)"
     gates = ((args.max_cv_mape, cv_name, (cv_sum or fit_sum)["tokens_per_s_per_gpu"]),
              (args.max_memory_mape, "peak-memory MAPE", fit_sum["peak_memory"]))

@@ -355,6 +355,7 @@ def _torchtitan_pipeline(row: dict[str, str], dp: int, pp: int, vpp: int | None,
 
 def _plan(row: dict[str, str], model: ModelSpec,
           n_gpus: int) -> tuple[Plan, tuple[str, ...], RecipeSettings | None]:
+    """The plan a row ran, what of it was imputed (and from where), and its MoE recipe's settings."""
     imputed: tuple[str, ...] = ()
     fix = recipe_layout(row)
     if fix is not None:  # the table's row disagrees with every version of the preset it ran
@@ -365,8 +366,30 @@ def _plan(row: dict[str, str], model: ModelSpec,
     dp = _i(row, "dp") or n_gpus // (tp * pp * cp)
     if tp * pp * cp * dp != n_gpus:
         raise Skip(f"layout tp·pp·cp·dp = {tp * pp * cp * dp} does not match {n_gpus} GPUs")
-    z = _word(row, "zero_or_fsdp", ("", "none", "fsdp", "zero1", "zero2", "zero3", "distributed optimizer"))
     group = row["source_group"]
+    sharding, raf, dp_shard, dp_rep = _sharding(row, group, dp)
+    if ep > 1 and (tp * cp * dp_shard) % ep:
+        raise Skip(f"ep={ep} does not fold into tp·cp·dp_shard = {tp * cp * dp_shard}")
+    schedule, v, split, mbs, said_pipeline = _pipeline(row, model, group, dp, pp)
+    recompute, said_recompute = _recompute(row)
+    imputed = (*imputed, *said_pipeline, *said_recompute)
+    sp, async_tp, etp = _tp_options(row, group, tp, ep)
+    try:
+        plan = Plan(dp_replicate=dp_rep, dp_shard=dp_shard, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, mbs=mbs,
+                    recompute=recompute, sharding=sharding, reshard_after_forward=raf, sp=sp, schedule=schedule,
+                    vpp=v, async_tp=async_tp, layout=split)
+    except SpecError as exc:
+        raise Skip(f"plan: {exc}") from None
+    layout = {"pp": pp, "vpp": v if schedule == "interleaved" else 0, "ep": ep, "mbs": mbs or 0}
+    if recompute is None:
+        plan, imputed = _recipe_memory_saving(row, layout, plan, imputed)
+    return _with_moe_recipe(row, layout, plan, imputed)
+
+
+def _sharding(row: dict[str, str], group: str, dp: int) -> tuple[str, bool | int | None, int, int]:
+    """A row's sharding, reshard_after_forward and (dp_shard, dp_replicate) split of its ``dp`` replicas,
+    from its zero_or_fsdp column and source group."""
+    z = _word(row, "zero_or_fsdp", ("", "none", "fsdp", "zero1", "zero2", "zero3", "distributed optimizer"))
     sharding = "fsdp"
     raf: bool | int | None = None
     dp_shard, dp_rep = dp, 1
@@ -386,8 +409,13 @@ def _plan(row: dict[str, str], model: ModelSpec,
         sharding = "megatron"
     elif group == "Megatron-LM papers":
         sharding, dp_shard, dp_rep = "fsdp", 1, dp  # 2020-2022 Megatron: DDP, optimizer not sharded
-    if ep > 1 and (tp * cp * dp_shard) % ep:
-        raise Skip(f"ep={ep} does not fold into tp·cp·dp_shard = {tp * cp * dp_shard}")
+    return sharding, raf, dp_shard, dp_rep
+
+
+def _pipeline(row: dict[str, str], model: ModelSpec, group: str, dp: int, pp: int
+              ) -> tuple[str, int, str, int | None, tuple[str, ...]]:
+    """A row's schedule, virtual stages, layout and micro-batch size, and what of them was imputed."""
+    imputed: tuple[str, ...] = ()
     # a pipeline said to interleave without its stages per rank ('... not stated'): imputed below
     vpp = None if "not stated" in (row.get("virtual_pp") or "").lower() else _i(row, "virtual_pp")
     mbs = _i(row, "micro_batch_size")
@@ -405,6 +433,11 @@ def _plan(row: dict[str, str], model: ModelSpec,
             imputed = (*imputed, f"layout={split} from {EMBEDDING_LOSS_SPLIT}")
     if pp > 1 and vpp and vpp > 1 and (model.n_layers >= pp * vpp or split):  # uneven chunks: Megatron layouts
         schedule, v = "interleaved", vpp
+    return schedule, v, split, mbs, imputed
+
+
+def _recompute(row: dict[str, str]) -> tuple[str | None, tuple[str, ...]]:
+    """A row's recompute mode (None where it does not say), and what was imputed."""
     rc = _word(row, "recompute", ("", "none", "full", "selective"))
     if rc.startswith("selective") and ("op" in rc or "sac" in rc):
         recompute: str | None = "sac"  # torchtitan selective AC, op policy
@@ -413,8 +446,12 @@ def _plan(row: dict[str, str], model: ModelSpec,
     else:
         recompute = "full" if rc.startswith("full") else "none" if rc.startswith("none") else None
     if not rc and row.get("software", "").startswith(MEGATRON_V1):
-        recompute = "full"
-        imputed = (*imputed, f"recompute=full from {MEGATRON_V1_RECIPE}")
+        return "full", (f"recompute=full from {MEGATRON_V1_RECIPE}",)
+    return recompute, ()
+
+
+def _tp_options(row: dict[str, str], group: str, tp: int, ep: int) -> tuple[bool | None, bool, int | None]:
+    """A row's sequence parallelism, async TP and expert TP (None: as stated nowhere)."""
     spv = _word(row, "sequence_parallel", ("", "y", "n"))
     sp = None if not spv else spv.startswith("y")
     if group in MEGATRON_CORE_GROUPS and not spv:
@@ -424,22 +461,28 @@ def _plan(row: dict[str, str], model: ModelSpec,
     async_tp = async_tp or (tp > 1 and "asynctp" in row.get("notes", "").lower().replace(" ", ""))  # as stated
     m = re.search(r"expert TP \(ETP\)\s*=\s*(\d+)", row.get("notes", ""))
     etp = int(m.group(1)) if m and ep > 1 else None  # stated; else Plan's default (1 under EP, the recipes')
-    try:
-        plan = Plan(dp_replicate=dp_rep, dp_shard=dp_shard, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, mbs=mbs,
-                    recompute=recompute, sharding=sharding, reshard_after_forward=raf, sp=sp, schedule=schedule,
-                    vpp=v, async_tp=async_tp, layout=split)
-    except SpecError as exc:
-        raise Skip(f"plan: {exc}") from None
-    layout = {"pp": pp, "vpp": v if schedule == "interleaved" else 0, "ep": ep, "mbs": mbs or 0}
-    rc_recipe = recipe_recompute(row, layout) if recompute is None else None
+    return sp, async_tp, etp
+
+
+def _recipe_memory_saving(row: dict[str, str], layout: dict[str, int], plan: Plan, imputed: tuple[str, ...]
+                          ) -> tuple[Plan, tuple[str, ...]]:
+    """For a row that does not say how it recomputes: its recipe's recomputation, else its recipe's
+    activation offloading, where the recipe is known."""
+    rc_recipe = recipe_recompute(row, layout)
     if rc_recipe is not None:
         plan = replace(plan, recompute=rc_recipe.recompute, recompute_modules=rc_recipe.modules)
         said = f"modules={rc_recipe.modules}" if rc_recipe.modules else "none"
-        imputed = (*imputed, f"{RECIPE_RECOMPUTE}{said} from {rc_recipe.source}")
-    offload = recipe_offload(row, layout) if recompute is None and rc_recipe is None else None
+        return plan, (*imputed, f"{RECIPE_RECOMPUTE}{said} from {rc_recipe.source}")
+    offload = recipe_offload(row, layout)
     if offload is not None:
         plan = replace(plan, recompute="none", offload_layers=offload.layers)
         imputed = (*imputed, f"offload_layers={offload.layers}, recompute=none from {offload.source}")
+    return plan, imputed
+
+
+def _with_moe_recipe(row: dict[str, str], layout: dict[str, int], plan: Plan, imputed: tuple[str, ...]
+                     ) -> tuple[Plan, tuple[str, ...], RecipeSettings | None]:
+    """``plan`` with its MoE recipe's plan settings where the row ran a known recipe, and the recipe."""
     recipe = moe_recipe(row, layout)
     if recipe is None:
         return plan, imputed, None

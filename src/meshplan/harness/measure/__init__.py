@@ -2,7 +2,8 @@
 
 Modules that never import torch: ``shapes`` (the GEMM shapes a plan runs), ``fit`` (the alpha-beta
 least-squares fit of a collective sweep), ``trace`` (exposed communication from a profiler trace),
-``profile_io`` (the ``meshplan.profile/1`` file: build, merge, check, write) and ``compare``
-(predicted against measured). The measuring modules ``timing``, ``dist``, ``gemm``, ``collectives``
-and ``step`` import torch and run under ``torchrun`` (see docs/measure.md).
+``profile_io`` (the ``meshplan.profile/1`` file: build, merge, check, write), ``compare``
+(predicted against measured) and ``launch`` (start the ranks under torchrun, stop them, report the
+failed one). ``rank`` (what each rank runs) and the measuring modules ``timing``, ``dist``, ``gemm``,
+``collectives`` and ``step`` import torch and run under ``torchrun`` (see docs/measure.md).
 """

@@ -156,7 +156,7 @@ def _peak_memory_bytes(ctx: RunContext) -> tuple[int, str]:
 
 def run_step(cfg: StepConfig, ctx: RunContext, *, progress=None) -> dict[str, Any] | None:
     """Measure the step; the ``step`` section of the profile on rank 0, None elsewhere."""
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import record_function
 
     check_plan(cfg.spec, cfg.plan, ctx.world_size)
     baseline_rss = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * (1 if sys.platform == "darwin" else 1024)
@@ -190,19 +190,7 @@ def run_step(cfg: StepConfig, ctx: RunContext, *, progress=None) -> dict[str, An
             progress(f"step {i + 1}/{cfg.n_warmup + cfg.n_steps}{' (warm-up)' if i < cfg.n_warmup else ''}: "
                      f"{dt * 1e3:.1f} ms")
     peak_bytes, peak_source = _peak_memory_bytes(ctx)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        train_step()
-        sync(ctx.device)
-    import json
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        trace = json.loads(path.read_text())
-        if ctx.is_main and cfg.trace_path is not None:
-            atomic_write_bytes(cfg.trace_path, path.read_bytes())
+    trace = _profiled_step(cfg, ctx, train_step)
     exposed, comm_total = exposed_comm_s(trace)
     kernels = kernel_time_s(trace)
     reserved = int(torch.cuda.max_memory_reserved(ctx.device)) if ctx.device.type == "cuda" else None
@@ -212,6 +200,31 @@ def run_step(cfg: StepConfig, ctx: RunContext, *, progress=None) -> dict[str, An
     dist.all_gather_object(everyone, mine)
     if not ctx.is_main:
         return None
+    return _step_section(cfg, ctx, everyone, peak_source)
+
+
+def _profiled_step(cfg: StepConfig, ctx: RunContext, train_step: Any) -> dict[str, Any]:
+    """One more step under torch.profiler: its Chrome trace (written to ``cfg.trace_path`` on rank 0)."""
+    import json
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        train_step()
+        sync(ctx.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+        if ctx.is_main and cfg.trace_path is not None:
+            atomic_write_bytes(cfg.trace_path, path.read_bytes())
+    return trace
+
+
+def _step_section(cfg: StepConfig, ctx: RunContext, everyone: list[Any], peak_source: str) -> dict[str, Any]:
+    """The profile's ``step`` section from every rank's timings, memory and trace figures (``everyone``)."""
     per_step = [max(r["times"][i] for r in everyone) for i in range(cfg.n_steps)]
     step_time = percentile(per_step, 0.5)
     medians = [percentile(r["times"], 0.5) for r in everyone]
