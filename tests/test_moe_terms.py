@@ -204,3 +204,45 @@ def test_a_dropless_job_has_no_capacity():
         JobSpec(global_batch_tokens=2**24, seq_len=4096, moe_capacity_factor=1.25)
     with pytest.raises(SpecError, match=r"job\.moe_token_drop"):
         JobSpec(global_batch_tokens=2**24, seq_len=4096, moe_token_drop="none")
+
+
+def test_a_measured_expert_curve_reaches_evaluate():
+    """A profile's expert-GEMM points at a plan's shapes replace the analytic curve in the step: a slower
+    measured curve, a slower step; and a permutation rate, the permutation's time."""
+    from dataclasses import replace
+
+    from meshplan import load_cluster, load_model, parse_plan
+    from meshplan.cost.step import evaluate
+    from meshplan.specs import JobSpec
+    from meshplan.specs.hardware import ExpertGemmPoint
+
+    model = load_model("mixtral-8x7b")
+    cluster = load_cluster("h100-sxm", nodes=4)
+    job = JobSpec(global_batch_tokens=2**22, seq_len=4096)
+    plan = parse_plan("ep=8,dp_shard=32,mbs=1,recompute=none", world_size=32)
+    base = evaluate(model, cluster, job, plan)
+    m = 4096 * 8 * 2 / 8  # tokens per expert at EP=8: ep·T·k/E
+    points = tuple(ExpertGemmPoint(kernel="per_expert", dtype="bf16", n=n, k=k, tokens_per_expert=x,
+                                   relative_efficiency=0.3)
+                   for n, k in ((2 * 14336, 4096), (4096, 14336)) for x in (m / 2, 2 * m))
+    slow = replace(cluster, accelerator=replace(cluster.accelerator, expert_gemm_curve=points))
+    assert evaluate(model, slow, job, plan).step_time_s > 1.2 * base.step_time_s
+    other = tuple(replace(p, n=p.n + 1) for p in points)  # another shape: the analytic curve stands
+    elsewhere = replace(cluster, accelerator=replace(cluster.accelerator, expert_gemm_curve=other))
+    assert evaluate(model, elsewhere, job, plan).step_time_s == pytest.approx(base.step_time_s)
+    crawl = replace(cluster, accelerator=replace(cluster.accelerator, moe_pass_bytes_per_s=1e10))
+    assert evaluate(model, crawl, job, plan).step_time_s > base.step_time_s
+
+
+def test_the_fused_grouped_mlp_runs_as_one_grouped_kernel():
+    from meshplan import load_accelerator, load_model
+    from meshplan.calibration import compute_params_for
+    from meshplan.cost.compute import layer_times
+
+    model, accel = load_model("deepseek-v3"), load_accelerator("gb300")
+    params = compute_params_for("gb300", "megatron")
+    kw = dict(tokens=4096, seq_len=4096, cp=1, tp=1, precision="fp8", moe=True, expert_tokens=512.0,
+              local_experts=32.0)
+    per_expert = layer_times(model, accel, params, **kw)
+    grouped = layer_times(model, accel, params, **kw, moe_kernel="grouped")
+    assert grouped.gemm_fwd_s < per_expert.gemm_fwd_s
