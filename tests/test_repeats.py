@@ -58,3 +58,34 @@ def test_published_repeats_group_only_identical_configurations():
                    (b.model.name, b.cluster.accelerator.name, b.cluster.n_gpus, b.plan)
             assert (a.job.precision, a.job.seq_len, a.job.cuda_graphs) == (b.job.precision, b.job.seq_len,
                                                                            b.job.cuda_graphs)
+
+
+def _scenario(row, release, mbs, measured):
+    from meshplan import load_cluster, load_model, parse_plan
+    from meshplan.specs import JobSpec
+    from meshplan.validation.rows import Scenario
+
+    return Scenario(row=row, source_group="g", gpu="B300", model=load_model("mixtral-8x7b"),
+                    cluster=load_cluster("b300", nodes=8), job=JobSpec(global_batch_tokens=2**22, seq_len=4096),
+                    plan=parse_plan(f"ep=8,dp_shard=64,mbs={mbs}", world_size=64),
+                    measured_tokens_per_s_per_gpu=measured,
+                    measured_from="tokens_per_sec_per_gpu", measured_step_time_s=None, measured_peak_memory_bytes=None,
+                    flops_counting="", precision_label="bf16", release=release)
+
+
+def test_a_layout_measured_apart_beyond_the_model_is_named_with_what_differs():
+    from meshplan.validation.repeats import DISAGREEMENT, disagreeing_layouts
+
+    a, b, c = (_scenario(1, "26.02", 1, 2644.0), _scenario(2, "26.04", 2, 5936.0), _scenario(3, "26.04", 2, 5900.0))
+    # the model predicts the micro-batch 2 rows 1.35x faster; they ran 2.25x faster
+    found = disagreeing_layouts([(a, 2644.0, 3000.0), (b, 5936.0, 4050.0), (c, 5900.0, 4050.0)])
+    assert len(found) == 1
+    d = found[0]
+    assert (d.rows, d.slower_row, d.faster_row) == ((1, 2, 3), 1, 2)
+    assert d.measured_ratio == pytest.approx(5936 / 2644) and d.predicted_ratio == pytest.approx(1.35)
+    assert d.unexplained == pytest.approx(5936 / 2644 / 1.35)
+    assert d.differs == ("release: 26.02 -> 26.04", "mbs: 1 -> 2")
+    # what the model predicts of the difference is not a disagreement
+    assert disagreeing_layouts([(a, 2644.0, 3000.0), (b, 5936.0, 3000.0 * 5936 / 2644)]) == []
+    near = 2644.0 * DISAGREEMENT * 0.99
+    assert disagreeing_layouts([(a, 2644.0, 3000.0), (b, near, 3000.0)]) == []

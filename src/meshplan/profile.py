@@ -21,6 +21,12 @@ Schema ``meshplan.profile/1`` (JSON; all base units):
                       the alpha-beta fit t = alpha + S·f(op, n)/busbw of the sweep
                       (each fit may carry ranks_per_node: the group's ranks in one node)
     notes             list of strings (what a figure means on this machine, what was skipped)
+    moe               optional: {reference_gemm: {m, n, k, dtype, median_s, flop_per_s},
+                           expert_gemm: list of {kernel, dtype, groups, m, n, k, median_s, p10_s, p90_s,
+                                                 flop_per_s, relative_efficiency},
+                           passes: list of {pass, tokens, hidden, top_k, n_experts, bytes, median_s, p10_s,
+                                            p90_s, bytes_per_s}}   (`meshplan measure moe`; kernel:
+                           per_expert | grouped; pass: router | permute | unpermute)
     step              optional: {plan, model, model_spec, cluster, seq_len, mbs, global_batch_tokens,
                            step_time_s, tokens_per_s, mfu, mfu_note, peak_memory_bytes_per_rank,
                            peak_memory_source, exposed_comm_s_by_collective, comm_s_by_collective,
@@ -32,7 +38,10 @@ two when both were measured), all-reduce the NVLS figure where the node has NVLS
 point-to-point rate. Inter-node: the NIC rate per GPU at efficiency 1 (the slowest fit). The fitted
 latency already contains the small-message penalty, so the size-efficiency constant of a replaced link
 is set to 0. The best measured BF16 GEMM throughput sets the accelerator's GEMM efficiency (measured /
-catalog peak). Each replaced value is listed in the estimate's notes.
+catalog peak). The measured expert GEMMs (their rate over the reference dense GEMM's) replace the analytic
+expert-GEMM curve for the shapes measured, and the permutation passes' rate the memory-bound rate of an
+MoE layer's permutation (meshplan.cost.grouped_gemm, docs/moe.md). Each replaced value is listed in the
+estimate's notes.
 """
 
 from __future__ import annotations
@@ -115,10 +124,56 @@ def apply_profile(cluster: ClusterSpec, profile: dict[str, Any]) -> tuple[Cluste
         inter = replace(inter, nic_bytes_per_s=per_gpu, efficiency=1.0, half_size_bytes=0.0,
                         p2p_half_size_bytes=0.0, latency_s=alpha or inter.latency_s)
     accel = _apply_gemm(accel, profile, notes)
+    if profile.get("moe"):
+        accel = _apply_moe(accel, profile["moe"], str(profile.get("device", "") or "?"), notes)
     if not notes:
         notes.append("profile: nothing in it applies to the planner (no collective fit over two or more message "
-                     "sizes, no BF16 GEMM figure): the catalog's figures stand")
+                     "sizes, no BF16 GEMM figure, no MoE kernel): the catalog's figures stand")
     return replace(cluster, intra=intra, inter=inter, accelerator=accel), notes
+
+
+MOE_RATE_PASSES = ("permute", "unpermute")
+"""The measured passes whose rate replaces the memory-bound rate of an MoE layer's permutation traffic."""
+
+
+def _apply_moe(accel: AcceleratorSpec, moe: Any, device: str, notes: list[str]) -> AcceleratorSpec:
+    """``accel`` with the expert-GEMM points and the permutation rate of a ``meshplan measure moe`` section."""
+    from meshplan.specs.hardware import ExpertGemmPoint
+
+    if not isinstance(moe, dict):
+        raise SpecError("profile.moe", f"must be an object of expert_gemm and passes lists; got {moe!r}")
+    points, skipped = [], 0
+    for i, e in enumerate(moe.get("expert_gemm") or []):
+        try:
+            rel = float(e["relative_efficiency"])
+            if rel > 2.0:  # a grouped GEMM at over twice the device's best dense rate: the reference ran slow
+                skipped += 1
+                continue
+            points.append(ExpertGemmPoint(kernel=e["kernel"], dtype=e["dtype"], n=int(e["n"]), k=int(e["k"]),
+                                          tokens_per_expert=float(e["m"]), relative_efficiency=rel))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise SpecError(f"profile.moe.expert_gemm[{i}]", "needs kernel, dtype, m, n, k and a relative_efficiency "
+                                                            "number") from None
+    passes = [p for p in moe.get("passes") or [] if isinstance(p, dict) and p.get("pass") in MOE_RATE_PASSES]
+    rate = None
+    try:
+        if passes:
+            rate = sum(float(p["bytes"]) for p in passes) / sum(float(p["median_s"]) for p in passes)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        raise SpecError("profile.moe.passes", "needs bytes and median_s numbers for each pass") from None
+    if rate is not None and not (math.isfinite(rate) and rate >= MIN_LINK_BYTES_PER_S):
+        raise SpecError("profile.moe.passes", f"the measured rate must be at least 1 MB/s; got {rate:g} B/s")
+    if points:
+        shapes = sorted({(p.kernel, p.n, p.k) for p in points})
+        notes.append(f"profile: {len(points)} measured expert-GEMM points on {device} replace the analytic curve for "
+                     f"{len(shapes)} expert shape(s) and launch(es)"
+                     + (f" ({skipped} above twice the reference GEMM's rate left out)" if skipped else ""))
+    if rate is not None:
+        notes.append(f"profile: MoE permutation passes measured at {rate / GB:.3g} GB/s on {device}")
+    if not points and rate is None:
+        return accel
+    return replace(accel, expert_gemm_curve=tuple(points) or accel.expert_gemm_curve,
+                   moe_pass_bytes_per_s=rate if rate is not None else accel.moe_pass_bytes_per_s)
 
 
 def _collective_fit(key: str, fit: Any) -> tuple[str, str, float, float, int]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tests.conftest import requires_torch
 
-from meshplan import load_cluster
+from meshplan import load_cluster, load_model
 from meshplan.cli import main
 from meshplan.harness.measure.launch import _descendants
 from meshplan.harness.measure.profile_io import check_profile
@@ -210,3 +210,37 @@ def test_missing_torch_exits_2_with_install_hint(monkeypatch, capsys):
 
 def test_descendants_of_nothing():
     assert _descendants(2**22 + 12345) == []
+
+
+@requires_torch
+def test_measure_moe_on_two_gloo_ranks(workdir, capfd):
+    """`meshplan measure moe --backend gloo --nproc 2` (CI, CPU): the default sweep, then a scaled-down
+    DeepSeek-V3 plan's expert shapes merged into the same profile, which `evaluate --profile` takes."""
+    out = workdir / "moe.json"
+    assert main(["measure", "moe", "--backend", "gloo", "--nproc", "2", "--out", str(out)]) == 0
+    text, err = capfd.readouterr()
+    assert "[measure moe]" in err and "per_expert" in text and "permute" in text
+    data = _accepted(out)
+    moe = data["moe"]
+    assert moe["reference_gemm"]["flop_per_s"] > 0
+    assert {e["kernel"] for e in moe["expert_gemm"]} == {"per_expert", "grouped"}  # torch 2.13 has _grouped_mm
+    for e in moe["expert_gemm"]:
+        assert e["flop_per_s"] == pytest.approx(2 * e["groups"] * e["m"] * e["n"] * e["k"] / e["median_s"])
+        assert e["relative_efficiency"] == pytest.approx(e["flop_per_s"] / moe["reference_gemm"]["flop_per_s"])
+    assert [p["pass"] for p in moe["passes"]] == ["router", "permute", "unpermute"]
+    code = main(["measure", "moe", "--backend", "gloo", "--nproc", "2", "--model", "deepseek-v3", "--scale-down",
+                 "--plan", "ep=2,dp_shard=2", "--out", str(out)])
+    assert code == 0
+    merged = _accepted(out)["moe"]
+    spec = load_model("deepseek-v3")
+    from meshplan.harness.reference_model import scale_down
+
+    small = scale_down(spec)
+    widths = {(e["n"], e["k"]) for e in merged["expert_gemm"]}
+    assert (2 * small.expert_ffn_hidden, small.hidden) in widths and (small.hidden, small.expert_ffn_hidden) in widths
+    assert len(merged["expert_gemm"]) > len(moe["expert_gemm"])  # the default sweep is kept
+    cluster, notes = apply_profile(load_cluster("h100-sxm", nodes=1), load_profile(out))
+    assert cluster.accelerator.moe_pass_bytes_per_s > 0
+    assert any("MoE permutation passes measured" in n for n in notes)
+    assert main(["evaluate", "--model", "mixtral-8x7b", "--nodes", "4", "--plan", "ep=8,dp_shard=32",
+                 "--profile", str(out)]) == 0

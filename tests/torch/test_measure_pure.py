@@ -291,7 +291,7 @@ def test_a_profile_says_what_it_replaces_and_when_it_replaces_nothing():
     assert any("measured with gloo on cpu" in n and "h100-sxm" in n for n in notes)
     _, notes = apply_profile(cluster, _profile())
     assert notes == ["profile: nothing in it applies to the planner (no collective fit over two or more message "
-                     "sizes, no BF16 GEMM figure): the catalog's figures stand"]
+                     "sizes, no BF16 GEMM figure, no MoE kernel): the catalog's figures stand"]
 
 
 def test_measure_rejects_ignored_flags_and_bad_outputs_before_it_starts(tmp_path, capsys):
@@ -329,3 +329,93 @@ def test_check_profile_reports_values_of_the_wrong_kind_instead_of_raising(chang
     """Values of the wrong kind are reported, not raised as a TypeError from inside the check."""
     errors = check_profile(_profile(**change))
     assert any(says in e for e in errors), errors
+
+
+def test_plan_expert_shapes_deepseek_v3_ep8():
+    """DeepSeek-V3 at EP=8, micro-batch 1, 4,096 tokens: 32 experts a rank, 8·4096·8/256 = 1,024 tokens each."""
+    from meshplan.harness.measure.shapes import plan_expert_shapes, plan_routing_shape
+
+    model = load_model("deepseek-v3")
+    plan = parse_plan("ep=8,dp_shard=8,mbs=1", world_size=8)
+    shapes = plan_expert_shapes(model, plan, seq_len=4096)
+    at_plan = [s for s in shapes if s.m == 1024]
+    assert [(s.name, s.groups, s.n, s.k) for s in at_plan] == [("expert.in", 32, 2 * 2048, 7168),
+                                                               ("expert.out", 32, 7168, 2048)]
+    assert sorted({s.m for s in shapes}) == [128, 256, 512, 1024, 2048]
+    assert plan_routing_shape(model, plan, seq_len=4096).tokens == 4096
+    assert plan_routing_shape(model, parse_plan("tp=2,ep=8,dp_shard=4", world_size=64), seq_len=4096).tokens == 2048
+    with pytest.raises(ValueError):
+        plan_routing_shape(load_model("llama-3-8b"), plan, seq_len=4096)
+
+
+def _moe_section():
+    return {"reference_gemm": {"m": 1024, "n": 1024, "k": 1024, "dtype": "bf16", "median_s": 0.01, "flop_per_s": 2e11},
+            "expert_gemm": [{"kernel": "per_expert", "dtype": "bf16", "groups": 8, "m": m, "n": 1024, "k": 512,
+                             "median_s": 1e-3, "p10_s": 1e-3, "p90_s": 1e-3, "flop_per_s": 1e11,
+                             "relative_efficiency": r} for m, r in ((64, 0.3), (512, 0.8))],
+            "passes": [{"pass": p, "tokens": 512, "hidden": 512, "top_k": 8, "n_experts": 64, "bytes": b,
+                        "median_s": 1e-3, "p10_s": 1e-3, "p90_s": 1e-3, "bytes_per_s": b / 1e-3}
+                       for p, b in (("router", 1e5), ("permute", 4e6), ("unpermute", 6e6))]}
+
+
+def test_moe_profile_section_checks_merges_and_applies():
+    from meshplan.catalog import load_cluster
+    from meshplan.harness.measure.profile_io import merge_moe
+    from meshplan.profile import apply_profile
+
+    p = {**new_profile(device="NVIDIA H100 80GB HBM3", backend="nccl", world_size=1, nproc_per_node=1),
+         "moe": _moe_section()}
+    assert check_profile(p) == []
+    bad = _moe_section()
+    del bad["expert_gemm"][0]["relative_efficiency"]
+    bad["passes"][1]["bytes"] = -1
+    errors = check_profile({**p, "moe": bad})
+    assert any("moe.expert_gemm[0] lacks relative_efficiency" in e for e in errors)
+    assert any("moe.passes[1]" in e for e in errors)
+    again = _moe_section()
+    again["expert_gemm"] = again["expert_gemm"][:1]
+    again["expert_gemm"][0]["relative_efficiency"] = 0.35
+    merged = merge_moe(_moe_section(), again)
+    assert sorted(e["relative_efficiency"] for e in merged["expert_gemm"]) == [0.35, 0.8]
+    cluster, notes = apply_profile(load_cluster("h100-sxm", nodes=1), p)
+    accel = cluster.accelerator
+    assert accel.expert_gemm_points("per_expert", "bf16", 1024, 512) == ((64.0, 0.3), (512.0, 0.8))
+    assert accel.expert_gemm_points("grouped", "bf16", 1024, 512) == ()
+    assert accel.moe_pass_bytes_per_s == pytest.approx(10e6 / 2e-3)  # permute and unpermute, not the router
+    assert any("2 measured expert-GEMM points" in n for n in notes)
+
+
+def test_catalog_expert_gemm_points_need_a_source(tmp_path):
+    from meshplan.catalog import load_accelerator as load
+    from meshplan.errors import SpecError
+
+    base = Path(__file__).parents[2] / "src/meshplan/catalog/accelerators/h100-sxm.toml"
+    text = base.read_text().replace('name = "h100-sxm"', 'name = "h100-measured"')
+    point = ('kernel = "per_expert"\ndtype = "bf16"\nn = 4096\nk = 7168\ntokens_per_expert = 1024\n'
+             'relative_efficiency = 0.8\n')
+    good = tmp_path / "good.toml"
+    good.write_text(text + "\n[[expert_gemm]]\n" + point + 'source = "H100 SXM, driver 570, torch 2.13"\n')
+    assert load(str(good)).expert_gemm_points("per_expert", "bf16", 4096, 7168) == ((1024.0, 0.8),)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text + "\n[[expert_gemm]]\n" + point)
+    with pytest.raises(SpecError, match="needs a source"):
+        load(str(bad))
+
+
+def test_measured_moe_kernels_are_compared_with_the_model():
+    from meshplan.cost.grouped_gemm import grouped_gemm_time_s
+    from meshplan.harness.measure.compare import kernel_comparison
+
+    profile = {**new_profile(device="NVIDIA H100 80GB HBM3", backend="nccl", world_size=1, nproc_per_node=1),
+               "moe": _moe_section()}
+    accel, rows, note = kernel_comparison(profile, None)
+    assert accel.name == "h100-sxm" and note is None
+    experts = [r for r in rows if r.kernel.startswith("experts per_expert bf16 8x64x1024x512")]
+    params = compute_params_for("h100-sxm", "generic")
+    peak, e_max, hd = gemm_curve(accel, params, "bf16")
+    expected = grouped_gemm_time_s(64, 8, 1024, 512, kernel="per_expert", peak_flop_per_s=peak, e_max=e_max,
+                                   half_dim=hd, hbm_bytes_per_s=accel.hbm_bytes_per_s * params.memory_efficiency)
+    assert experts[0].predicted_s == pytest.approx(expected / params.moe_gemm_efficiency)
+    permute = next(r for r in rows if r.kernel.startswith("moe permute"))
+    assert permute.predicted_s == pytest.approx(4e6 / (accel.hbm_bytes_per_s * params.memory_efficiency))
+    assert permute.measured_s == 1e-3

@@ -35,7 +35,7 @@ from meshplan.specs._validate import (
     positive_number,
     shown_list,
 )
-from meshplan.specs.hardware import MAX_LATENCY_S, MIN_FLOP_PER_S, MIN_HBM_BYTES
+from meshplan.specs.hardware import MAX_LATENCY_S, MIN_FLOP_PER_S, MIN_HBM_BYTES, ExpertGemmPoint
 from meshplan.units import (
     GB,
     MAX_LINK_BYTES_PER_S,
@@ -48,7 +48,9 @@ from meshplan.units import (
 )
 
 _ACCEL_KEYS = {"name", "description", "bf16_dense_tflop_per_s", "fp8_dense_tflop_per_s", "hbm_capacity_gib",
-               "hbm_bandwidth_tb_per_s", "gemm_efficiency", "node", "sources"}
+               "hbm_bandwidth_tb_per_s", "gemm_efficiency", "node", "sources", "expert_gemm",
+               "moe_pass_bandwidth_gb_per_s"}
+_EXPERT_GEMM_KEYS = {"kernel", "dtype", "n", "k", "tokens_per_expert", "relative_efficiency", "source"}
 _NODE_KEYS = {"gpus_per_node", "intra_kind", "intra_link_gb_per_s", "ring_busbw_gb_per_s",
               "nvls_busbw_gb_per_s", "nvls_min_gpus", "p2p_gb_per_s", "intra_latency_us", "nic_gb_per_s",
               "nic_efficiency", "inter_latency_us", "host_gb_per_s",
@@ -243,7 +245,7 @@ def _table(field: str, data: dict[str, Any], key: str) -> dict[str, Any]:
 def _accelerator(data: dict[str, Any], origin: str) -> AcceleratorSpec:
     _reject_unknown("accelerator", data, _ACCEL_KEYS)
     sources = _table("accelerator.sources", data, "sources")
-    numeric = [k for k in data if k not in ("name", "description", "node", "sources")]
+    numeric = [k for k in data if k not in ("name", "description", "node", "sources", "expert_gemm")]
     numeric += [k for k in _table("accelerator.node", data, "node") if k != "intra_kind"]
     missing = [k for k in numeric if k not in sources]
     if missing:
@@ -261,8 +263,28 @@ def _accelerator(data: dict[str, Any], origin: str) -> AcceleratorSpec:
         hbm_bytes_per_s=_number("accelerator", data, "hbm_bandwidth_tb_per_s", 1e12, least=MIN_LINK_BYTES_PER_S,
                                 most=MAX_BYTES_PER_S),
         gemm_efficiency=_number("accelerator", data, "gemm_efficiency", check=efficiency),
+        expert_gemm_curve=_expert_gemm_curve(data.get("expert_gemm", []), origin),
+        moe_pass_bytes_per_s=_link("accelerator", data, "moe_pass_bandwidth_gb_per_s", None),
         sources=sources,
     )
+
+
+def _expert_gemm_curve(points: Any, origin: str) -> tuple[ExpertGemmPoint, ...]:
+    """``[[expert_gemm]]`` tables: measured expert-GEMM points, each with its own ``source`` (the GPU, its
+    driver and library versions, the command and the date it was measured with)."""
+    if not isinstance(points, list):
+        raise SpecError("accelerator.expert_gemm", f"{origin}: must be an array of tables ([[expert_gemm]])")
+    out = []
+    for i, p in enumerate(points):
+        field = f"accelerator.expert_gemm[{i}]"
+        if not isinstance(p, dict):
+            raise SpecError(field, f"{origin}: must be a table")
+        _reject_unknown(field, p, _EXPERT_GEMM_KEYS)
+        if not isinstance(p.get("source"), str) or not p["source"].strip():
+            raise SpecError(f"{field}.source", f"{origin}: every measured point needs a source (GPU, driver and "
+                                               "library versions, command, date)")
+        out.append(_spec(ExpertGemmPoint, field, **{k: v for k, v in p.items() if k != "source"}))
+    return tuple(out)
 
 
 def _links(node: dict[str, Any]) -> tuple[IntraNodeLink, InterNodeLink]:

@@ -18,7 +18,9 @@ Link rules (formulas.md §1.4-1.6, §2.1):
   (reduce-scatter in the node, all-reduce of 1/r across nodes, all-gather in the node), whichever is
   faster, as NCCL's tuner would pick;
 - all-to-all across nodes cannot aggregate NICs (sjeaugey, nccl-tests#267): the (n-r)/n of the buffer
-  that leaves the node goes through each GPU's own NIC.
+  that leaves the node goes through each GPU's own NIC, in n - 1 point-to-point transfers of S/n bytes,
+  each at its own size efficiency (``all_to_all_peer_efficiency``: the fan-out at large expert
+  parallelism).
 
 References: nccl_tests_perf, thakur2005, ml_engineering (see meshplan.references).
 """
@@ -148,6 +150,25 @@ def remote_nodes_per_token(n_experts: int, top_k: int, n_nodes: int, n_groups: i
     return (n - 1) * reached
 
 
+def all_to_all_peer_efficiency(message_bytes: float, n: int, p2p_half_size_bytes: float) -> float:
+    """Share of the NIC rate an all-to-all across nodes reaches with a per-rank buffer of ``message_bytes``
+    over ``n`` ranks [0-1]: the size efficiency of each of its point-to-point transfers, S/n bytes to
+    each peer, at the point-to-point half size (InterNodeLink.p2p_half_size_bytes).
+
+    NCCL runs an all-to-all as one grouped send and receive per peer (``ncclGroupStart``; ``ncclSend`` /
+    ``ncclRecv`` to each rank; ``ncclGroupEnd``: nccl-tests ``alltoall.cu``), not as a ring: there is no
+    ring pipeline to fill, but each transfer is 1/n of the buffer. At large expert parallelism the
+    transfers shrink, and with them the rate each NIC reaches while it takes in n - r flows at once: the
+    fan-out and incast of a large all-to-all. DeepEP's published H800 figures show the same trend for its
+    own kernels (docs/legacy.md @dd758ca, CX7 400 Gb/s, about 50 GB/s): at 4,096 tokens per rank 43, 58 and
+    51 GB/s over 16, 32 and 64 ranks, flat; at 128 tokens 63, 48, 43, 39 and 39 GB/s over 16 to 256 ranks.
+    Concurrent transfers may hide part of each other's start-up, so this is on the slow side for many
+    small ones."""
+    if n <= 1 or message_bytes <= 0:
+        return 1.0
+    return size_efficiency(message_bytes / n, p2p_half_size_bytes)
+
+
 def collective_time_s(op: str, message_bytes: float, grp: Group, cluster: ClusterSpec, *,
                       remote_share: float | None = None, rank_share: float | None = None) -> float:
     """Time of one call of ``op`` with payload ``message_bytes`` on group ``grp`` [s]. 0 for a group of 1.
@@ -179,11 +200,9 @@ def _collective_time_s(intra: IntraNodeLink, inter: InterNodeLink, op: str, mess
         factor = rank_share if op == ALL_TO_ALL and rank_share is not None else busbw_factor(op, n)
         return latency_s(op, grp, cluster) + message_bytes * factor / bw
     r = grp.ranks_per_node
-    nic = _nic_bytes_per_s(cluster) * size_efficiency(message_bytes, _half_size_bytes(op, inter))
     alpha = latency_s(op, grp, cluster)
-    if op == SEND_RECV:
-        return alpha + message_bytes / nic
     if op == ALL_TO_ALL:
+        nic = _nic_bytes_per_s(cluster) * all_to_all_peer_efficiency(message_bytes, n, inter.p2p_half_size_bytes)
         if remote_share is not None:
             # every node's GPUs but the one the copy arrives on (or is sent from) take it over NVLink: of the
             # rank_share·k·n/(n-1) GPUs a token reaches in all, (r-1)/r
@@ -193,6 +212,9 @@ def _collective_time_s(intra: IntraNodeLink, inter: InterNodeLink, op: str, mess
             leaving, staying = message_bytes * (n - r) / n, message_bytes * (r - 1) / n
         t_intra = staying / intra_busbw(op, r, cluster) if r > 1 else 0.0
         return alpha + max(leaving / nic, t_intra)
+    nic = _nic_bytes_per_s(cluster) * size_efficiency(message_bytes, _half_size_bytes(op, inter))
+    if op == SEND_RECV:
+        return alpha + message_bytes / nic
     ring_bw = r * nic if r == 1 else min(intra_busbw(op, r, cluster), r * nic)
     t_ring = alpha + message_bytes * busbw_factor(op, n) / ring_bw
     if op != ALL_REDUCE or r == 1:

@@ -59,6 +59,7 @@ from meshplan.cost.collectives import (
 from meshplan.cost.estimate import OTHER_MICROBATCH, CommEntry
 from meshplan.cost.flops import attention_recomputed
 from meshplan.cost.mesh import Group, intra_boundaries, stage_links_intra
+from meshplan.cost.moe_routing import rank_load
 from meshplan.cost.params import param_counts
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 
@@ -390,7 +391,9 @@ def _context_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, 
 
 
 def _expert_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, st: StageTraffic) -> None:
-    """Dispatch and combine of every MoE layer, forward and backward. With ``ep_dispatch='deepep'`` a token
+    """Dispatch and combine of every MoE layer, forward and backward, timed at the busiest rank's load of a
+    micro-batch (meshplan.cost.moe_routing.rank_load: the sampling spread of its routing, the router's skew,
+    or a padded capacity). With ``ep_dispatch='deepep'`` a token
     crosses the network once per node, and reaches each GPU, holding one of its experts (experts in
     consecutive blocks over the EP ranks, as Megatron-core places them); with ``ep_overlap`` the all-to-alls of
     one micro-batch hide behind another's compute, except those of the forwards that run with no backward
@@ -398,10 +401,11 @@ def _expert_parallel(led: _Ledger, model: ModelSpec, plan: Plan, job: JobSpec, s
     if plan.ep <= 1 or st.n_moe_layers == 0:
         return
     tokens = st.tokens / (plan.tp if plan.sequence_parallel else 1)
-    msg = tokens * model.top_k * job.moe_capacity_factor * model.hidden * ACT_BYTES
+    sent, busiest = rank_load(model, job, tokens, plan.ep)  # the busiest rank receives, and the rest wait
+    msg = tokens * model.top_k * sent * model.hidden * ACT_BYTES
     calls = st.m * st.n_moe_layers
     fwd_calls = calls + st.m * st.recomputed[1]  # the recomputed forwards dispatch again
-    scale = job.moe_routing_imbalance
+    scale = busiest / sent
     grp = led.groups["ep"]
     share = ranks = None
     if plan.ep_dispatch == "deepep":

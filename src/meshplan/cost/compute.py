@@ -22,7 +22,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from meshplan.cost.gemm_shape import gemm_efficiency, gemm_time_s
+from meshplan.cost.grouped_gemm import grouped_gemm_time_s, measured_points
+from meshplan.cost.moe_passes import router_bytes_per_token
 from meshplan.specs import AcceleratorSpec, ModelSpec
+
+__all__ = ["gemm_efficiency", "gemm_time_s"]  # re-exported: the shape curve lives in cost.gemm_shape
 
 BF16_BYTES = 2.0
 
@@ -80,8 +85,12 @@ class ComputeParams:
     over the fused minimum that ``layer_times`` counts: eager PyTorch's unfused kernels (rotary by slicing
     and concatenation, separate casts and norms) move about 2.7x that (measured on an H200,
     docs/measure-and-crosscheck.md)."""
-    moe_gemm_efficiency: float = 0.7
-    """Expert (grouped) GEMMs over dense GEMMs of the same shape."""
+    moe_gemm_efficiency: float = 1.0
+    """The routed experts' GEMMs against the model of their launch (meshplan.cost.grouped_gemm: a dense GEMM's
+    shape curve at each expert's tokens for Transformer Engine's one GEMM per expert, the whole rows of a
+    grouped kernel) [dimensionless]. Above 1 where the launch runs faster than its GEMMs one after another:
+    TE issues them on 4 compute streams, so small per-expert GEMMs share the GPU. Fitted on the published
+    MoE runs (docs/moe.md); 1 is the neutral default."""
     moe_layer_overhead_s: float = 0.0
     """Fixed time per MoE layer forward per micro-batch (also in its recomputation), added to the kernels:
     the router's top-k, auxiliary loss and token bookkeeping, small kernels the roofline does not see, and
@@ -111,27 +120,15 @@ class ComputeParams:
     per-expert casts and splits), so the launch time grows with the experts a rank holds. Fitted on the
     published runs."""
     moe_permute_passes: float = 4.0
-    """Memory passes over each routed token copy (permute, unpermute, their gradients: 4 at least)."""
+    """Memory passes over a rank's routed token copies (k·D elements per token) in an MoE layer's forward,
+    twice as many in its backward [passes]: the permutation to the experts, the sort of the received chunks
+    by expert, and their inverses (meshplan.cost.moe_passes counts them: 2.25-3 per forward for a fused or
+    flex dispatcher, 6.25-7 with the all-to-all dispatcher's chunk sort, k = 8 to 2). At least 2: the
+    copies written by the permutation and read back by the un-permutation. Fitted."""
     causal_attention_fraction: float = 0.5
     """Time of a causal attention kernel over the non-causal one of the same shape on long sequences (0.5:
     masked tiles skipped perfectly); shorter ones compute their diagonal tiles whole (causal_time_fraction)."""
     source: str = "defaults (uncalibrated)"
-
-
-def gemm_efficiency(m: float, n: float, k: float, *, e_max: float, half_dim: float) -> float:
-    """Efficiency of an M x K by K x N GEMM [0-1]."""
-    f = 1.0
-    for d in (m, n, k):
-        f *= d / (d + half_dim)
-    return e_max * f
-
-
-def gemm_time_s(m: float, n: float, k: float, *, peak_flop_per_s: float, e_max: float, half_dim: float) -> float:
-    """Time of one GEMM [s]."""
-    if m <= 0 or n <= 0 or k <= 0:
-        return 0.0
-    eff = gemm_efficiency(m, n, k, e_max=e_max, half_dim=half_dim)
-    return 2.0 * m * n * k / (peak_flop_per_s * eff)
 
 
 def gemm_curve(accel: AcceleratorSpec, params: ComputeParams, precision: str) -> tuple[float, float, float]:
@@ -233,13 +230,15 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
                 flash_attention: bool = True,
                 moe: bool = False, expert_tokens: float = 0.0, local_experts: float = 0.0,
                 expert_tp: int = 1, sequence_parallel: bool = False, fused_grouped_mlp: bool = False,
-                mla_down_local: bool = False) -> LayerTimes:
+                mla_down_local: bool = False, moe_kernel: str = "per_expert") -> LayerTimes:
     """Forward and backward time of one transformer layer for ``tokens`` tokens on a rank (T = b·S/cp).
 
     GEMM shapes after tensor-parallel splitting (Megatron column/row split): QKV [T, D]x[D, (h_q+2h_kv)/t],
     output [T, h_q/t]x[h_q/t, D], MLP up (and gate) [T, D]x[D, F/t], down [T, F/t]x[F/t, D]; the backward
     runs the same shapes twice (input and weight gradient). MoE layers: each local expert processes
-    ``expert_tokens`` tokens, its FFN split ``expert_tp`` ways (Plan.expert_tp). Attention: 4·T·S_kv·h_q/t
+    ``expert_tokens`` tokens (on the busiest rank: meshplan.cost.moe_routing), its FFN split ``expert_tp``
+    ways (Plan.expert_tp), the GEMMs launched as ``moe_kernel`` (``expert_gemms_fwd_s``); the router's and
+    the permutation's memory passes (``moe_passes_s``). Attention: 4·T·S_kv·h_q/t
     FLOPs forward (half when causal, FlashAttention skips masked blocks), in sliding-window layers only
     the key tiles of the band (window_key_span; the layer's mean over windowed and global layers);
     FlashAttention's backward is 2.5x its forward (it recomputes QKᵀ), unfused attention's backward runs
@@ -257,24 +256,30 @@ def layer_times(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams,
         return gemm_time_s(m, n, k, peak_flop_per_s=peak, e_max=e_max, half_dim=hd)
 
     attn_proj, mla_up = _attention_projections_s(model, g, tokens, t, mla_down_local)
-    mlp, own_mlp = _mlp_s(model, params, g, tokens, t, moe, expert_tokens, local_experts, expert_tp)
+    mlp, own_mlp = _mlp_s(model, g, tokens, t, moe)
+    if moe:
+        mlp += expert_gemms_fwd_s(model, accel, params, precision=precision, tokens_per_expert=expert_tokens,
+                                  local_experts=local_experts, expert_tp=expert_tp, kernel=moe_kernel)
     gemm_fwd = attn_proj + mlp
     attn_fwd, attn_bwd = _attention_core_s(model, accel, params, tokens, seq_len, cp, t, causal_kernel, cp_chunked,
                                            flash_attention)
     f_local = (model.expert_ffn_hidden * model.top_k if moe else model.ffn_hidden) / t
     sp_share = t if sequence_parallel else 1.0
     act = 3 if model.gated_mlp else 2  # the activation's elements per F
-    ew_bytes = _elementwise_bytes(model, params, tokens, t, sp_share, act, f_local, moe, fused_grouped_mlp,
-                                  expert_tokens, local_experts)
+    ew_bytes = _elementwise_bytes(model, params, tokens, t, sp_share, act, f_local, moe, fused_grouped_mlp)
     hbm = accel.hbm_bytes_per_s * params.memory_efficiency
     ew_fwd = ew_bytes / hbm
+    moe_fwd = moe_bwd = 0.0
+    if moe:  # the router's passes, and the permutation of every routed copy to its expert and back
+        moe_fwd, moe_bwd = moe_passes_s(model, accel, params, routed_tokens=tokens / sp_share,
+                                        copies=expert_tokens * local_experts)
     over = params.layer_overhead_s
     host_sync = params.moe_layer_overhead_s if moe else 0.0
     ew_element_s = BF16_BYTES * params.elementwise_passes / hbm  # one element through memory
     own_f = (model.n_shared_experts * model.expert_ffn_hidden if moe else model.ffn_hidden) / t
     return LayerTimes(
-        fwd_s=gemm_fwd + attn_fwd + ew_fwd + over / 3 + host_sync,
-        bwd_input_s=gemm_fwd + attn_bwd + 2 * ew_fwd + over / 3,
+        fwd_s=gemm_fwd + attn_fwd + ew_fwd + moe_fwd + over / 3 + host_sync,
+        bwd_input_s=gemm_fwd + attn_bwd + 2 * ew_fwd + moe_bwd + over / 3,
         bwd_weight_s=gemm_fwd + over / 3,
         attention_fwd_s=attn_fwd,
         gemm_fwd_s=gemm_fwd,
@@ -312,16 +317,15 @@ def _attention_projections_s(model: ModelSpec, g: _Gemm, tokens: float, t: float
     return attn_proj, mla_up
 
 
-def _mlp_s(model: ModelSpec, params: ComputeParams, g: _Gemm, tokens: float, t: float, moe: bool,
-           expert_tokens: float, local_experts: float, expert_tp: int) -> tuple[float, float]:
-    """Forward time of the layer's MLP GEMMs [s] (an MoE layer's local experts, shared experts and router),
-    and of its own MLP alone (a dense layer's, or an MoE layer's shared experts)."""
+def _mlp_s(model: ModelSpec, g: _Gemm, tokens: float, t: float, moe: bool) -> tuple[float, float]:
+    """Forward time of the layer's MLP GEMMs [s] but an MoE layer's routed experts (``expert_gemms_fwd_s``):
+    a dense layer's MLP, or an MoE layer's shared experts and router; and of its own MLP alone (a dense
+    layer's, or an MoE layer's shared experts)."""
     D = model.hidden
     n_in = 2 if model.gated_mlp else 1
     if moe:
         f = model.expert_ffn_hidden
-        fe = f / expert_tp
-        mlp = local_experts * (g(expert_tokens, n_in * fe, D) + g(expert_tokens, D, fe)) / params.moe_gemm_efficiency
+        mlp = 0.0
         own_mlp = model.n_shared_experts * (g(tokens, n_in * f / t, D) + g(tokens, D, f / t))
         mlp += own_mlp + g(tokens, model.n_experts, D)  # shared experts, router
     else:
@@ -367,25 +371,60 @@ def _attention_core_s(model: ModelSpec, accel: AcceleratorSpec, params: ComputeP
 
 
 def _elementwise_bytes(model: ModelSpec, params: ComputeParams, tokens: float, t: float, sp_share: float, act: int,
-                       f_local: float, moe: bool, fused_grouped_mlp: bool, expert_tokens: float,
-                       local_experts: float) -> float:
+                       f_local: float, moe: bool, fused_grouped_mlp: bool) -> float:
     """Memory-bound elementwise traffic of the layer's forward [bytes], fused minimum in bf16 elements per
     token: two norms (read D, write D each) and two residual adds (read 2D, write D each), on T/t tokens
     under sequence parallelism (``sp_share`` t) and on all T otherwise; rotary embeddings on q and k (read
     and write each) where the model has them; the activation (SwiGLU: read 2F, write F; GELU: read F,
     write F; ``act`` elements per F) on the rank's share of the MLP (``f_local``); times
-    ComputeParams.elementwise_passes. MoE: the tokens' permutation to the experts and back, each copy
-    written and read, dispatch and combine."""
+    ComputeParams.elementwise_passes. An MoE layer's router and permutation are ``moe_passes_s``'s."""
     D = model.hidden
     per_token = (4 * D + 6 * D) / sp_share
     if model.learned_pos_emb == 0:
         per_token += 2 * (model.q_dim + model.kv_dim) / t
     if not (moe and fused_grouped_mlp):
         per_token += act * f_local
-    ew_bytes = BF16_BYTES * tokens * per_token * params.elementwise_passes
-    if moe:
-        ew_bytes += BF16_BYTES * params.moe_permute_passes * expert_tokens * local_experts * D
-    return ew_bytes
+    return BF16_BYTES * tokens * per_token * params.elementwise_passes
+
+
+def expert_gemms_fwd_s(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams, *, precision: str,
+                       tokens_per_expert: float, local_experts: float, expert_tp: int = 1,
+                       kernel: str = "per_expert") -> float:
+    """Forward time of a rank's routed-expert GEMMs [s]: the first (D to 2F/etp or F/etp) and the second
+    (F/etp to D) of each of ``local_experts`` experts over ``tokens_per_expert`` tokens, launched as
+    ``kernel`` (meshplan.cost.grouped_gemm: one GEMM per expert, Transformer Engine's GroupedLinear, or one
+    grouped kernel), held to the memory floor of their weights and activations, over the calibrated
+    ``moe_gemm_efficiency``. Where the accelerator carries measured points of a shape
+    (AcceleratorSpec.expert_gemm_curve, ``meshplan measure moe``), they replace the analytic curve."""
+    peak, e_max, hd = gemm_curve(accel, params, precision)
+    fp8 = precision == "fp8" and accel.fp8_flop_per_s is not None
+    dtype = "fp8" if fp8 else "bf16"
+    fe = model.expert_ffn_hidden / expert_tp
+    n_in = 2 if model.gated_mlp else 1
+    curve = getattr(accel, "expert_gemm_curve", ())
+    hbm = accel.hbm_bytes_per_s * params.memory_efficiency
+    total = 0.0
+    for n, k in ((n_in * fe, model.hidden), (model.hidden, fe)):
+        measured = measured_points(curve, kernel, dtype, n, k)
+        total += grouped_gemm_time_s(tokens_per_expert, local_experts, n, k, kernel=kernel, peak_flop_per_s=peak,
+                                     e_max=e_max, half_dim=hd, hbm_bytes_per_s=hbm, operand_bytes=1.0 if fp8 else 2.0,
+                                     measured=measured)
+    return total / params.moe_gemm_efficiency
+
+
+def moe_passes_s(model: ModelSpec, accel: AcceleratorSpec, params: ComputeParams, *, routed_tokens: float,
+                 copies: float) -> tuple[float, float]:
+    """(forward, backward) time of an MoE layer's memory-bound passes on a rank [s]: the router's score,
+    top-k and probability passes over the ``routed_tokens`` it routes (meshplan.cost.moe_passes), and
+    ``moe_permute_passes`` passes over its ``copies`` routed copies (D elements each) forward, twice that
+    backward. The router at the memory-bound rate; the permutation at the rate measured for it where the
+    accelerator has one (AcceleratorSpec.moe_pass_bytes_per_s), else the same."""
+    hbm = accel.hbm_bytes_per_s * params.memory_efficiency
+    router_fwd, router_bwd = router_bytes_per_token(model.n_experts)
+    permute = BF16_BYTES * params.moe_permute_passes * copies * model.hidden
+    permute_rate = getattr(accel, "moe_pass_bytes_per_s", None) or hbm
+    return (routed_tokens * router_fwd / hbm + permute / permute_rate,
+            routed_tokens * router_bwd / hbm + 2 * permute / permute_rate)
 
 
 def selective_recompute_s(lt: LayerTimes, modules: frozenset[str], *, moe_layer: bool, mla: bool) -> float:

@@ -21,9 +21,11 @@ from meshplan.cost.compute import (
     selective_recompute_s,
 )
 from meshplan.cost.flops import attention_recomputed
+from meshplan.cost.moe_routing import rank_load
 from meshplan.cost.stage import StageCtx
 from meshplan.memo import cache_by_identity
 from meshplan.specs import AcceleratorSpec, JobSpec, ModelSpec, Plan
+from meshplan.specs.hardware import ExpertGemmPoint
 from meshplan.specs.plan import recompute_modules_of
 
 
@@ -34,10 +36,13 @@ class _AccelKey(NamedTuple):
     fp8_flop_per_s: float | None
     gemm_efficiency: float
     hbm_bytes_per_s: float
+    expert_gemm_curve: tuple[ExpertGemmPoint, ...] = ()
+    moe_pass_bytes_per_s: float | None = None
 
 
 def _accel_key(accel: AcceleratorSpec) -> _AccelKey:
-    return _AccelKey(accel.bf16_flop_per_s, accel.fp8_flop_per_s, accel.gemm_efficiency, accel.hbm_bytes_per_s)
+    return _AccelKey(accel.bf16_flop_per_s, accel.fp8_flop_per_s, accel.gemm_efficiency, accel.hbm_bytes_per_s,
+                     accel.expert_gemm_curve, accel.moe_pass_bytes_per_s)
 
 
 @functools.lru_cache(maxsize=16384)
@@ -50,7 +55,7 @@ def _layer_times(model: ModelSpec, accel: _AccelKey, compute: ComputeParams, tok
                        precision=precision, moe=moe, expert_tokens=expert_tokens, local_experts=local,
                        cp_chunked=cp_chunked, flash_attention=flash_attention, expert_tp=etp,
                        sequence_parallel=sp and tp > 1, fused_grouped_mlp=fused_grouped_mlp,
-                       mla_down_local=mla_down_local)
+                       mla_down_local=mla_down_local, moe_kernel="grouped" if fused_grouped_mlp else "per_expert")
 
 
 @functools.lru_cache(maxsize=64)
@@ -98,8 +103,8 @@ def stage_compute_times(model: ModelSpec, accelerator: AcceleratorSpec, compute:
             # the tokens routed from each rank of the EP group: its own share of the micro-batch (T/t after
             # sequence parallelism), or with the experts split over TP every token of the TP group
             t_rank = tokens if etp > 1 else tokens / (tp if sp else 1)
-            expert_tokens = (t_rank * ep * model.top_k * job.moe_capacity_factor * job.moe_routing_imbalance
-                             / model.n_experts)
+            # on the busiest rank of the micro-batch (moe_routing.rank_load), which the others wait for
+            expert_tokens = t_rank * ep * model.top_k * rank_load(model, job, t_rank, ep)[1] / model.n_experts
             local = model.n_experts / ep
         return _layer_times(model, accel, _kernel_params(compute, job), tokens, job.seq_len, cp, tp,
                             job.precision, moe, expert_tokens, local, cp_chunked, job.flash_attention, etp, sp,

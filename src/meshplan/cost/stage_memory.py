@@ -9,6 +9,7 @@ from typing import NamedTuple
 from meshplan.cost import memory as mem
 from meshplan.cost.comm import attention_kv_dim
 from meshplan.cost.estimate import MemoryReport
+from meshplan.cost.moe_routing import static_load_factor
 from meshplan.cost.pipeline import in_flight_microbatches, rank_stage_ids, stage_alive, stage_input_grads_kept
 from meshplan.cost.stage import DENSE_BLOCK, StageCtx, chunk_layers
 from meshplan.memo import cache_by_identity
@@ -134,7 +135,7 @@ def _selective_freed(model: ModelSpec, job: JobSpec, tp: int, sp: bool, moe: boo
     def freed(moe_layer: bool) -> float:
         parts = mem.activation_parts_per_token(
             model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp, flash_attention=True, seq_len=job.seq_len,
-            moe_tokens_factor=model.top_k * job.moe_capacity_factor * job.moe_routing_imbalance if moe_layer else 0.0,
+            moe_tokens_factor=model.top_k * static_load_factor(job) if moe_layer else 0.0,
             moe_ffn_hidden=model.expert_ffn_hidden, n_shared=model.n_shared_experts if moe_layer else 0,
             expert_tp=etp, fp8_inputs=job.fp8_saves_fp8_inputs)
         return mem.selective_freed_bytes_per_token(parts, modules, moe_layer=moe_layer, mla=model.is_mla)
@@ -160,7 +161,7 @@ def _activation_coefficients(model: ModelSpec, job: JobSpec, tp: int, sp: bool, 
                 kv_expanded=job.attention_kv_expanded, glu_saves_activation=glu)
         return mem.layer_activation_bytes_per_token(
             model, ffn_hidden=model.ffn_hidden, tp=tp, sp=sp, flash_attention=flash, seq_len=job.seq_len,
-            moe_tokens_factor=model.top_k * job.moe_capacity_factor * job.moe_routing_imbalance,
+            moe_tokens_factor=model.top_k * static_load_factor(job),
             moe_ffn_hidden=model.expert_ffn_hidden, n_shared=model.n_shared_experts, expert_tp=etp,
             fp8_inputs=job.fp8_saves_fp8_inputs, gathered_inputs=gathered,
             kv_expanded=job.attention_kv_expanded, glu_saves_activation=glu)

@@ -1,6 +1,6 @@
 """``meshplan measure``: the command line of the measurement harness (docs/measure-and-crosscheck.md).
 
-Sub-commands ``gemm``, ``collectives`` and ``step`` run under ``torchrun``: either meshplan starts it
+Sub-commands ``gemm``, ``collectives``, ``step`` and ``moe`` run under ``torchrun``: either meshplan starts it
 (``--nproc N``: ``python -m torch.distributed.run --standalone --nproc-per-node N -m
 meshplan.harness.measure_worker ...`` with an overall timeout), or the user launches
 ``meshplan.harness.measure_worker`` with torchrun on every node. ``compare`` reads a saved profile and
@@ -48,10 +48,11 @@ def _launch_flags(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: Any, add_scenario: Any) -> None:
-    """Add ``meshplan measure {gemm,collectives,step,compare}`` to the meshplan CLI."""
+    """Add ``meshplan measure {gemm,collectives,step,moe,compare}`` to the meshplan CLI."""
     m = subparsers.add_parser("measure", help="measure GEMMs, collectives and a training step with PyTorch "
                                               "(writes a profile for --profile)")
-    msub = m.add_subparsers(dest="measure_command", parser_class=type(m), metavar="{gemm,collectives,step,compare}")
+    msub = m.add_subparsers(dest="measure_command", parser_class=type(m),
+                            metavar="{gemm,collectives,step,moe,compare}")
     m.set_defaults(func=lambda args: _usage(m))
 
     g = msub.add_parser("gemm", help="throughput of the GEMM shapes a plan runs (default: a square/skinny sweep)")
@@ -84,6 +85,16 @@ def register(subparsers: Any, add_scenario: Any) -> None:
     _launch_flags(s)
     s.set_defaults(func=_run, _parser=s)
 
+    e = msub.add_parser("moe", help="expert GEMMs at the shapes a plan produces (one per expert and grouped), "
+                                    "the router and the token permutation")
+    add_scenario(e)
+    e.set_defaults(model=None, cluster=None)
+    e.add_argument("--plan", default=None, help="time the expert shapes of this plan (ep, tp, cp, mbs; default: "
+                                                "a sweep of 8 experts)")
+    e.add_argument("--scale-down", action="store_true", help="use the CPU-sized copy of the model")
+    _launch_flags(e)
+    e.set_defaults(func=_run, _parser=e)
+
     k = msub.add_parser("compare", help="predicted against measured for the step in a profile (no torch needed)")
     k.add_argument("--profile", required=True, metavar="FILE", help="a profile written by `measure step --out`")
     k.add_argument("--cluster", default=None, help="predict for this cluster (default: the measured device for "
@@ -93,7 +104,7 @@ def register(subparsers: Any, add_scenario: Any) -> None:
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
-    print("meshplan: error: measure needs a sub-command: gemm, collectives, step or compare", file=sys.stderr)
+    print("meshplan: error: measure needs a sub-command: gemm, collectives, step, moe or compare", file=sys.stderr)
     return 2
 
 
@@ -142,7 +153,7 @@ def check_inputs(args: argparse.Namespace, world_size: int | None) -> None:
     plan = getattr(args, "plan", None)
     if plan is not None:
         p = parse_plan(plan, world_size=world_size)
-        if args.measure_command != "gemm" and world_size is not None and p.world_size != world_size:
+        if args.measure_command not in ("gemm", "moe") and world_size is not None and p.world_size != world_size:
             raise SpecError("plan", f"{plan!r} needs {p.world_size} ranks (pp·dp_replicate·dp_shard·cp·tp); "
                                     f"the run has {world_size}")
     if getattr(args, "model", None) is not None:
@@ -177,7 +188,8 @@ def check_inputs(args: argparse.Namespace, world_size: int | None) -> None:
 
 
 SCENARIO_USED = {"step": ("model", "cluster", "batch_tokens", "seq_len", "json"),
-                 "gemm": ("model", "cluster", "seq_len", "json")}
+                 "gemm": ("model", "cluster", "seq_len", "json"),
+                 "moe": ("model", "cluster", "seq_len", "json")}
 """The scenario flags each measurement reads (argtypes.reject_unused rejects the others)."""
 
 

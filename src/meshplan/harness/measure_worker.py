@@ -1,5 +1,5 @@
 """The process torchrun starts for ``meshplan measure``: ``python -m meshplan.harness.measure_worker
-{gemm,collectives,step} [flags]`` takes the flags of ``meshplan measure`` (docs/measure-and-crosscheck.md).
+{gemm,collectives,step,moe} [flags]`` takes the flags of ``meshplan measure`` (docs/measure-and-crosscheck.md).
 
 It parses them as ``meshplan measure`` does and runs them on this rank (harness.measure.rank): every rank
 joins the process group, measures, and rank 0 writes the profile and prints the summary. A rank that

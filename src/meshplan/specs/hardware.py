@@ -38,6 +38,34 @@ def _link_rate(field: str, value: object) -> None:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ExpertGemmPoint:
+    """One measured point of the expert-GEMM curve: a rank's expert GEMMs of one shape, launched one way,
+    against the device's best dense GEMM (``meshplan measure moe``; catalog ``[[expert_gemm]]``)."""
+
+    kernel: str
+    """'per_expert' (one GEMM per expert, as Transformer Engine's GroupedLinear runs them) or 'grouped' (one
+    grouped kernel); meshplan.cost.grouped_gemm."""
+    dtype: str
+    """'bf16' or 'fp8'."""
+    n: int
+    """Output columns of each expert's GEMM."""
+    k: int
+    """Reduction dimension."""
+    tokens_per_expert: float
+    """m, the rows of each expert's GEMM [tokens]."""
+    relative_efficiency: float
+    """Achieved FLOP/s over the device's best dense GEMM's (the efficiency curve's asymptote) [0-2]."""
+
+    def __post_init__(self) -> None:
+        one_of("expert_gemm.kernel", self.kernel, ("per_expert", "grouped"))
+        one_of("expert_gemm.dtype", self.dtype, ("bf16", "fp8"))
+        positive_int("expert_gemm.n", self.n)
+        positive_int("expert_gemm.k", self.k)
+        positive_number("expert_gemm.tokens_per_expert", self.tokens_per_expert)
+        positive_number("expert_gemm.relative_efficiency", self.relative_efficiency, most=2.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AcceleratorSpec:
     """One GPU: dense peaks (no sparsity), HBM, and the best measured GEMM efficiency."""
 
@@ -51,6 +79,13 @@ class AcceleratorSpec:
     hbm_bytes_per_s: float
     gemm_efficiency: float
     """Best-shape BF16 matmul throughput over peak (maximum achievable matmul FLOPS)."""
+    expert_gemm_curve: tuple[ExpertGemmPoint, ...] = ()
+    """Measured expert-GEMM throughputs (a ``meshplan measure moe`` profile, or the catalog's with their
+    source): where the curve holds points of a plan's expert shape and launch, they replace the analytic
+    shape curve for it (meshplan.cost.grouped_gemm)."""
+    moe_pass_bytes_per_s: float | None = None
+    """Measured rate of the MoE permutation passes (``meshplan measure moe``), in place of the memory-bound
+    rate (HBM bandwidth times the calibrated memory efficiency); None: not measured."""
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -65,6 +100,14 @@ class AcceleratorSpec:
                         most=MAX_BYTES_PER_S)
         efficiency(f"{w}.gemm_efficiency", self.gemm_efficiency)
         instance(f"{w}.sources", self.sources, dict, "a table of sources")
+        if self.moe_pass_bytes_per_s is not None:
+            positive_number(f"{w}.moe_pass_bytes_per_s", self.moe_pass_bytes_per_s, least=MIN_LINK_BYTES_PER_S,
+                            most=MAX_BYTES_PER_S)
+
+    def expert_gemm_points(self, kernel: str, dtype: str, n: int, k: int) -> tuple[tuple[float, float], ...]:
+        """(tokens per expert, relative efficiency) of the measured points of one expert shape and launch."""
+        return tuple((p.tokens_per_expert, p.relative_efficiency) for p in self.expert_gemm_curve
+                     if (p.kernel, p.dtype, p.n, p.k) == (kernel, dtype, n, k))
 
     def peak_flop_per_s(self, precision: str) -> float:
         """Dense peak for the compute precision ('bf16' or 'fp8')."""

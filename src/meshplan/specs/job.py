@@ -18,6 +18,10 @@ from meshplan.specs._validate import (
 from meshplan.specs.plan import RECOMPUTE
 from meshplan.units import GiB
 
+TOKEN_DROPS = ("dropless", "drop", "pad")
+"""How an expert treats tokens beyond its capacity (JobSpec.moe_token_drop): 'dropless' keeps them all,
+'drop' drops them, 'pad' drops them and pads every expert up to its capacity (static shapes)."""
+
 OPTIMIZERS = ("adamw", "adamw-bf16-moments", "adam-8bit", "sgd-momentum", "sgd", "adafactor")
 PRECISIONS = ("bf16", "fp8")
 FLOP_CONVENTIONS = ("palm", "causal")
@@ -130,13 +134,23 @@ class JobSpec:
     per-layer graphs keep (ComputeParams.moe_layer_overhead_s)."""
     flop_convention: str = "palm"
     """Attention FLOPs for MFU: 'palm' (non-causal, 12·L·h_q·S per token) or 'causal' (half)."""
+    moe_token_drop: str = "dropless"
+    """What an expert does with tokens beyond its capacity (meshplan.cost.moe_routing): 'dropless' keeps
+    them all (Megatron-core's default, ``moe_expert_capacity_factor`` unset), so the busiest rank of a
+    micro-batch processes more than the mean; 'drop' drops them (``moe_expert_capacity_factor`` set); 'pad'
+    drops them and pads every expert up to its capacity (``moe_pad_expert_input_to_capacity``: static
+    shapes, every rank processes exactly the capacity)."""
     moe_capacity_factor: float = 1.0
-    """Tokens an expert processes relative to a perfectly balanced share (1.0: dropless, balanced; above 1,
-    the padding of a capacity above the balanced share). At least 1: below it an expert would process fewer
-    tokens than are routed to it on average, which drops tokens every step and which the model FLOPs
-    (and so MFU) do not describe."""
+    """With ``moe_token_drop`` 'drop' or 'pad': an expert's capacity relative to its balanced share
+    (Megatron-core's ``moe_expert_capacity_factor``). At least 1: below it an expert would process fewer
+    tokens than are routed to it on average, which drops tokens every step and which the model FLOPs (and
+    so MFU) do not describe. Dropless runs have no capacity: 1 there."""
     moe_routing_imbalance: float = 1.0
-    """Busiest expert-parallel rank's tokens over the mean (1.0: balanced; heuristic 1.1-1.5 unmeasured)."""
+    """A learned router's systematic skew: the busiest expert-parallel rank's expected tokens over the mean,
+    beyond the sampling spread of a micro-batch that meshplan computes (meshplan.cost.moe_routing). 1.0
+    where the router's expected loads are equal, as under Megatron-core's forced balancing
+    (``moe_router_force_load_balancing``, which NVIDIA's published MoE benchmarks set); no public
+    measurement gives it for a trained router per micro-batch, so it is the user's to set (docs/moe.md)."""
     runtime: RuntimeOverheads = RuntimeOverheads()
     software: str = "generic"
     """Software stack, for its calibrated overheads: 'megatron' (Megatron-LM / NeMo, fused kernels),
@@ -179,7 +193,12 @@ class JobSpec:
             raise SpecError("job.fp8_attention", "needs precision='fp8' and flash_attention=true (a fused kernel)")
         if self.fused_grouped_mlp and self.precision != "fp8":
             raise SpecError("job.fused_grouped_mlp", "needs precision='fp8' (an MXFP8 or NVFP4 recipe)")
+        one_of("job.moe_token_drop", self.moe_token_drop, TOKEN_DROPS)
         positive_number("job.moe_capacity_factor", self.moe_capacity_factor, least=1.0, most=1e3)
+        if self.moe_token_drop == "dropless" and self.moe_capacity_factor != 1.0:
+            raise SpecError("job.moe_capacity_factor", "applies where tokens are dropped or padded "
+                                                       "(job.moe_token_drop 'drop' or 'pad'); a dropless job has "
+                                                       f"none, got {self.moe_capacity_factor:g}")
         positive_number("job.moe_routing_imbalance", self.moe_routing_imbalance, most=1e3)
         if self.moe_routing_imbalance < 1.0:
             raise SpecError("job.moe_routing_imbalance", f"must be >= 1.0, got {self.moe_routing_imbalance}")

@@ -124,6 +124,20 @@ def _repeats(rep: dict, cv: bool) -> list[str]:
     return out
 
 
+def _disagreements(found: list[dict], cv: bool) -> list[str]:
+    """The layouts whose rows ran further apart than the model says their differences make them."""
+    if not found:
+        return []
+    out = ["", "layouts measured more than once whose rows disagree beyond what meshplan predicts of their "
+               "differences" + (" (cross-validated)" if cv else "") + ":"]
+    for d in found:
+        out.append(f"  rows {d['slower_row']} and {d['faster_row']} (of rows {', '.join(map(str, d['rows']))}): "
+                   f"measured {d['measured_ratio']:.2f}x apart, predicted {d['predicted_ratio']:.2f}x; "
+                   f"{d['unexplained_ratio']:.2f}x unexplained")
+        out.append(f"    differ in {'; '.join(d['differs']) or 'nothing meshplan models (the same configuration)'}")
+    return out
+
+
 def _coverage(c: dict) -> str:
     parts = [f"{k} {c[k]['inside']:.0%} of {c[k]['rows']}" for k in ("all", "dense", "moe") if k in c]
     return (f"  uncertainty band, rows inside their band built without them: {'; '.join(parts)} "
@@ -167,6 +181,7 @@ def text_report(results: list[RowResult], fit: dict, cv: dict | None, group_cv: 
     lines += ["", "by accelerator" + (" (cross-validated)" if cv else "") + ":"]
     lines += [f"  {k:<28} {_fmt(v)}" for k, v in main["by_gpu"].items()]
     lines += _repeats(main["repeated_configurations"], cv is not None)
+    lines += _disagreements(main.get("disagreeing_layouts") or [], cv is not None)
     errs = [r.cv_error if cv else r.error for r in results]
     errs = [e for e in errs if e is not None]
     lines += ["", "absolute error histogram:", *_histogram(errs)]

@@ -16,7 +16,7 @@ from meshplan.cost.step import evaluate
 from meshplan.errors import SpecError
 from meshplan.fileio import MAX_DATA_BYTES, read_input_text
 from meshplan.specs._validate import shown_list
-from meshplan.validation.repeats import config_key, repeat_floor
+from meshplan.validation.repeats import config_key, disagreeing_layouts, repeat_floor
 from meshplan.validation.rows import RECOMPUTE_REPLACED, Scenario, Skip, impute_virtual_stages, scenario_from_row
 
 REQUIRED_COLUMNS = ("model", "n_layers", "hidden", "n_heads", "vocab", "seq_len", "gpu_type", "n_gpus", "tp", "pp",
@@ -167,6 +167,8 @@ def summary(results: list[RowResult], *, use_cv: bool, use_lso: bool = False) ->
     repeats = repeat_floor((r.source_group, config_key(r.scenario), r.measured_tokens_per_s_per_gpu,  # type: ignore[arg-type]
                             predicted(r))
                            for r in modelled)
+    disagree = disagreeing_layouts((r.scenario, r.measured_tokens_per_s_per_gpu, predicted(r))  # type: ignore[misc]
+                                   for r in modelled)
     return {
         "rows": len(results),
         "modelled": len(modelled),
@@ -175,6 +177,7 @@ def summary(results: list[RowResult], *, use_cv: bool, use_lso: bool = False) ->
         "by_source_group": {k: summarise(v) for k, v in sorted(by_group.items())},
         "by_gpu": {k: summarise(v) for k, v in sorted(by_gpu.items())},
         "repeated_configurations": repeats,
+        "disagreeing_layouts": [d.as_dict() for d in disagree],
         "peak_memory": summarise(mem),
         "predicted_not_to_fit": [r.row for r in results if r.predicted_feasible is False],
         "recipe_recompute_over_memory": [r.row for r in results if r.scenario is not None and any(

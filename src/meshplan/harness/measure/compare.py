@@ -20,6 +20,7 @@ from meshplan.calibration import compute_params_for
 from meshplan.catalog import load_cluster
 from meshplan.cost.compute import flash_attention_time_s, gemm_curve, gemm_time_s
 from meshplan.cost.estimate import Estimate
+from meshplan.cost.grouped_gemm import grouped_gemm_time_s
 from meshplan.cost.step import evaluate
 from meshplan.errors import SpecError
 from meshplan.harness.measure.shapes import BACKWARD_OVER_FORWARD, AttentionShape
@@ -183,9 +184,10 @@ plain PyTorch; no published stack's overheads apply to single kernels)."""
 
 
 def kernel_rows(profile: dict[str, Any], accel: AcceleratorSpec, software: str = KERNEL_SOFTWARE) -> list[KernelRow]:
-    """The profile's GEMM and attention timings against ``meshplan.cost.compute``'s times for them on
-    ``accel`` with the calibrated parameters of (``accel``, ``software``): the GEMM efficiency curve
-    (gemm_curve, gemm_time_s) and the FlashAttention model (flash_attention_time_s, backward 2.5x)."""
+    """The profile's GEMM, attention and MoE kernel timings against ``meshplan.cost.compute``'s times for them
+    on ``accel`` with the calibrated parameters of (``accel``, ``software``): the GEMM efficiency curve
+    (gemm_curve, gemm_time_s), the FlashAttention model (flash_attention_time_s, backward 2.5x) and the
+    expert GEMMs' and MoE passes' (moe_kernel_rows)."""
     params = compute_params_for(accel.name, software)
     rows = []
     for g in profile.get("gemm") or []:
@@ -200,6 +202,25 @@ def kernel_rows(profile: dict[str, Any], accel: AcceleratorSpec, software: str =
         rows.append(KernelRow(f"attention fwd {name}", fwd, float(a["fwd_median_s"])))
         rows.append(KernelRow(f"attention fwd+bwd {name}", fwd * (1 + BACKWARD_OVER_FORWARD),
                               float(a["fwd_bwd_median_s"])))
+    return rows + moe_kernel_rows(profile.get("moe") or {}, accel, params)
+
+
+def moe_kernel_rows(moe: dict[str, Any], accel: AcceleratorSpec, params: Any) -> list[KernelRow]:
+    """A ``measure moe`` section's expert GEMMs against ``meshplan.cost.grouped_gemm``'s analytic time for
+    their launch (over the calibrated ``moe_gemm_efficiency``), and its memory-bound passes against their
+    bytes at the calibrated memory-bound rate."""
+    rows = []
+    hbm = accel.hbm_bytes_per_s * params.memory_efficiency
+    for e in moe.get("expert_gemm") or []:
+        peak, e_max, hd = gemm_curve(accel, params, e["dtype"])
+        pred = grouped_gemm_time_s(e["m"], e["groups"], e["n"], e["k"], kernel=e["kernel"], peak_flop_per_s=peak,
+                                   e_max=e_max, half_dim=hd, hbm_bytes_per_s=hbm,
+                                   operand_bytes=1.0 if e["dtype"] == "fp8" else 2.0) / params.moe_gemm_efficiency
+        rows.append(KernelRow(f"experts {e['kernel']} {e['dtype']} {e['groups']}x{e['m']}x{e['n']}x{e['k']}", pred,
+                              float(e["median_s"])))
+    for p in moe.get("passes") or []:
+        rows.append(KernelRow(f"moe {p['pass']} {p['tokens']} tokens top-{p['top_k']}", float(p["bytes"]) / hbm,
+                              float(p["median_s"])))
     return rows
 
 
@@ -208,7 +229,7 @@ def kernel_comparison(profile: dict[str, Any], cluster: str | None
     """(accelerator, kernel rows, note) for the profile's GEMM and attention timings, or None without any.
     The accelerator is ``cluster``'s, else the measured device's; the note (or None) says when neither
     names one and the comparison falls back to the step's cluster or h100-sxm."""
-    if not profile.get("gemm") and not profile.get("attention"):
+    if not profile.get("gemm") and not profile.get("attention") and not (profile.get("moe") or {}).get("expert_gemm"):
         return None
     device = str(profile.get("device", ""))
     name = cluster or accelerator_for_device(device)

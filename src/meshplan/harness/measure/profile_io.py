@@ -26,6 +26,10 @@ ATTENTION_KEYS = (*ATTENTION_SHAPE_KEYS, "fwd_median_s", "fwd_bwd_median_s")
 COLLECTIVE_KEYS = ("op", "link", "group_size", "message_bytes", "median_s", "algbw_bytes_per_s",
                    "busbw_bytes_per_s")
 FIT_KEYS = ("alpha_s", "busbw_bytes_per_s", "group_size", "n_points")
+EXPERT_GEMM_SHAPE_KEYS = ("kernel", "dtype", "groups", "m", "n", "k")
+EXPERT_GEMM_KEYS = (*EXPERT_GEMM_SHAPE_KEYS, "median_s", "flop_per_s", "relative_efficiency")
+MOE_PASS_SHAPE_KEYS = ("pass", "tokens", "hidden", "top_k", "n_experts")
+MOE_PASS_KEYS = (*MOE_PASS_SHAPE_KEYS, "bytes", "median_s", "bytes_per_s")
 
 
 def new_profile(*, device: str, backend: str, world_size: int, nproc_per_node: int) -> dict[str, Any]:
@@ -33,7 +37,7 @@ def new_profile(*, device: str, backend: str, world_size: int, nproc_per_node: i
     return {"schema": SCHEMA, "created": datetime.now(UTC).isoformat(timespec="seconds"), "device": device,
             "backend": backend, "world_size": world_size, "nproc_per_node": nproc_per_node, "gemm": [],
             "gemm_best_flop_per_s": None, "attention": [], "collectives": [], "collective_fits": {}, "step": None,
-            "notes": []}
+            "moe": None, "notes": []}
 
 
 def best_bf16_flop_per_s(gemm: list[dict[str, Any]]) -> float | None:
@@ -72,9 +76,50 @@ def merge_profiles(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     out["collective_fits"] = {**(old.get("collective_fits") or {}), **new["collective_fits"]}
     if new.get("step") is not None:
         out["step"] = new["step"]
+    if new.get("moe") is not None:
+        out["moe"] = merge_moe(old.get("moe"), new["moe"])
     notes = [*(out.get("notes") or []), *(new.get("notes") or [])]
     out["notes"] = list(dict.fromkeys(notes))
     return out
+
+
+def merge_moe(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """A new ``moe`` section laid over an old one: expert GEMMs keyed by their shape and kernel, passes by
+    their shape; the reference GEMM is the new one's (the relative efficiencies of old entries keep the
+    reference they were measured against)."""
+    if not old:
+        return new
+
+    def keyed(entries: list[dict[str, Any]], fields: tuple[str, ...]) -> dict[tuple, dict[str, Any]]:
+        return {tuple(e.get(f) for f in fields): e for e in entries}
+
+    gemms = (keyed(old.get("expert_gemm") or [], EXPERT_GEMM_SHAPE_KEYS)
+             | keyed(new.get("expert_gemm") or [], EXPERT_GEMM_SHAPE_KEYS))
+    passes = keyed(old.get("passes") or [], MOE_PASS_SHAPE_KEYS) | keyed(new.get("passes") or [], MOE_PASS_SHAPE_KEYS)
+    return {**old, **new, "expert_gemm": list(gemms.values()), "passes": list(passes.values())}
+
+
+def _moe_errors(moe: Any) -> list[str]:
+    """How a ``moe`` section departs from the schema (meshplan.profile)."""
+    if not isinstance(moe, dict):
+        return ["moe must be an object or null"]
+    errors = []
+    for key, required in (("expert_gemm", EXPERT_GEMM_KEYS), ("passes", MOE_PASS_KEYS)):
+        entries = moe.get(key, [])
+        if not isinstance(entries, list):
+            errors.append(f"moe.{key} must be a list")
+            continue
+        for i, e in enumerate(entries):
+            missing = [k for k in required if k not in e] if isinstance(e, dict) else list(required)
+            if missing:
+                errors.append(f"moe.{key}[{i}] lacks {', '.join(missing)}")
+            elif not all(_positive(e[k]) for k in required[-3:]):
+                errors.append(f"moe.{key}[{i}]: {', '.join(required[-3:])} must be positive numbers")
+            elif key == "expert_gemm" and (e["kernel"] not in ("per_expert", "grouped")
+                                           or not all(_whole(e[k]) for k in ("groups", "m", "n", "k"))):
+                errors.append(f"moe.expert_gemm[{i}]: kernel must be 'per_expert' or 'grouped', groups, m, n, k "
+                              "positive integers")
+    return errors
 
 
 def check_profile(data: dict[str, Any]) -> list[str]:
@@ -137,6 +182,8 @@ def check_profile(data: dict[str, Any]) -> list[str]:
                 or not _positive(g["median_s"]):
             errors.append(f"gemm[{i}]: m, n, k must be whole numbers from 1 to {MAX_INT:,}, dtype a string, "
                           "median_s a positive number")
+    if data.get("moe") is not None:
+        errors += _moe_errors(data["moe"])
     step = data.get("step")
     if step is not None and not isinstance(step, dict):
         errors.append("step must be an object or null")

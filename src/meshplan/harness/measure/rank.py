@@ -84,7 +84,7 @@ def _dispatch(args: argparse.Namespace, ctx: Any) -> int:
     say(f"{ctx.world_size} ranks ({ctx.n_nodes} node(s) x {ctx.local_world_size}), backend {ctx.backend}, "
         f"device {ctx.device_name}")
     _inject_fault(ctx)
-    measure = {"gemm": _gemm, "collectives": _collectives, "step": _step}[args.measure_command]
+    measure = {"gemm": _gemm, "collectives": _collectives, "step": _step, "moe": _moe}[args.measure_command]
     summary = measure(args, ctx, profile, say)
     if not ctx.is_main:
         return 0
@@ -98,7 +98,7 @@ def _dispatch(args: argparse.Namespace, ctx: Any) -> int:
     if getattr(args, "json", False):
         print(json.dumps({k: profile[k] for k in ("device", "backend", "world_size", "nproc_per_node", "gemm",
                                                   "gemm_best_flop_per_s", "attention", "collectives", "collective_fits",
-                                                  "step", "notes")}, indent=2))
+                                                  "step", "moe", "notes")}, indent=2))
     else:
         print(summary)
         for note in profile["notes"]:
@@ -206,6 +206,107 @@ def _gemm(args: argparse.Namespace, ctx: Any, profile: dict, say) -> str:
 
         accel, rows, note = kernel_comparison(profile, args.cluster)
         lines += ["", kernel_text(rows, accel, note)]
+    return "\n".join(lines)
+
+
+# --- moe --------------------------------------------------------------------------------------------
+
+def _moe_shapes(args: argparse.Namespace, ctx: Any, profile: dict) -> tuple[list[Any], Any]:
+    """The expert GEMM shapes and the routing shape to time: the plan's (with a sweep of tokens per expert
+    around it), or a default sweep."""
+    from meshplan.harness.measure.shapes import (
+        RoutingShape,
+        default_expert_shapes,
+        plan_expert_shapes,
+        plan_routing_shape,
+    )
+    from meshplan.specs import parse_plan
+
+    if not args.plan:
+        shapes = default_expert_shapes(gpu=ctx.device.type == "cuda")
+        return shapes, RoutingShape(tokens=4096 if ctx.device.type == "cuda" else 512, hidden=shapes[0].k,
+                                    top_k=8, n_experts=64)
+    spec = _model_spec(args)
+    plan = parse_plan(args.plan, world_size=ctx.world_size)
+    seq = _seq_len(args, spec)
+    shapes = plan_expert_shapes(spec, plan, seq_len=seq)
+    routing = plan_routing_shape(spec, plan, seq_len=seq)
+    profile["notes"].append(f"moe: expert GEMMs of {spec.name} under {plan.to_string()} at S={seq}: "
+                            f"{shapes[0].groups} experts per rank, {routing.tokens} tokens routed per rank, the "
+                            "plan's tokens per expert and 1/8 to 2 times it")
+    return shapes, routing
+
+
+def _moe(args: argparse.Namespace, ctx: Any, profile: dict, say) -> str:
+    import torch.distributed as dist
+
+    from meshplan.harness.measure.moe import (
+        grouped_supported,
+        reference_gemm,
+        time_expert_gemm,
+        time_passes,
+        time_reference,
+    )
+
+    budget = 0.2 if ctx.device.type == "cuda" else 0.25
+    shapes, routing = _moe_shapes(args, ctx, profile)
+    kernels = ["per_expert"]
+    ok, why = grouped_supported(shapes[0], ctx.device)
+    if ok:
+        kernels.append("grouped")
+    else:
+        profile["notes"].append(why)
+    profile["notes"].append("moe: BF16 expert GEMMs only (FP8 grouped GEMMs not measured)")
+    ref_shape = reference_gemm(ctx.device)
+    dist.barrier()
+    ref = time_reference(ref_shape, ctx.device, budget_s=budget)
+    ref_rate = ref_shape.flop / ref.median_s
+    say(f"reference dense GEMM {ref_shape.m}^3 bf16: {ref_rate / 1e12:.3g} TFLOP/s")
+    results = []
+    todo = [(s, k) for s in shapes for k in kernels]
+    for i, (shape, kernel) in enumerate(todo):
+        dist.barrier()
+        r = time_expert_gemm(shape, kernel, ctx.device, budget_s=budget)
+        results.append(r)
+        say(f"{i + 1}/{len(todo)} {shape.name} {kernel} {shape.groups} x [{shape.m}x{shape.k}]x[{shape.k}x{shape.n}]: "
+            f"{r.timing.median_s * 1e3:.3f} ms, {r.flop_per_s / ref_rate:.0%} of the reference")
+    dist.barrier()
+    passes = time_passes(routing, ctx.device, budget_s=budget)
+    for p in passes:
+        say(f"{p.name} {routing.tokens} tokens x top-{routing.top_k}: {p.timing.median_s * 1e3:.3f} ms, "
+            f"{p.bytes_moved / p.timing.median_s / 1e9:.3g} GB/s")
+    profile["moe"] = {"reference_gemm": {"m": ref_shape.m, "n": ref_shape.n, "k": ref_shape.k, "dtype": "bf16",
+                                         "median_s": ref.median_s, "flop_per_s": ref_rate},
+                      "expert_gemm": [r.as_profile_entry(ref_rate) for r in results],
+                      "passes": [p.as_profile_entry() for p in passes]}
+    profile["notes"].append(f"moe: rank 0's timings, all {ctx.world_size} ranks measuring at once")
+    return _moe_summary(args, ctx, profile, results, passes, routing)
+
+
+def _moe_summary(args: argparse.Namespace, ctx: Any, profile: dict, results: list[Any], passes: list[Any],
+                 routing: Any) -> str:
+    ref = profile["moe"]["reference_gemm"]
+    lines = [f"MoE kernels on {ctx.device_name} (rank 0 of {ctx.world_size}; median); reference dense GEMM "
+             f"{ref['m']}^3 bf16 at {ref['flop_per_s'] / 1e12:.3g} TFLOP/s:",
+             f"  {'gemm':<11}{'kernel':<11}{'experts':>8}{'m':>7}{'n':>7}{'k':>7}{'median':>11}{'TFLOP/s':>9}"
+             f"{'of ref':>8}"]
+    for r in results:
+        s = r.shape
+        lines.append(f"  {s.name:<11}{r.kernel:<11}{s.groups:>8}{s.m:>7}{s.n:>7}{s.k:>7}"
+                     f"{r.timing.median_s * 1e3:>9.3f}ms{r.flop_per_s / 1e12:>9.3g}"
+                     f"{r.flop_per_s / ref['flop_per_s']:>8.0%}")
+    lines.append(f"  memory-bound passes, {routing.tokens} tokens, hidden {routing.hidden}, top-{routing.top_k} of "
+                 f"{routing.n_experts} (bytes as meshplan counts them):")
+    for p in passes:
+        lines.append(f"  {p.name:<11}{p.bytes_moved / 1e6:>10.2f} MB{p.timing.median_s * 1e3:>11.3f} ms"
+                     f"{p.bytes_moved / p.timing.median_s / 1e9:>9.3g} GB/s")
+    if ctx.device.type == "cuda":
+        from meshplan.harness.measure.compare import kernel_comparison, kernel_text
+
+        found = kernel_comparison({**profile, "gemm": [], "attention": []}, args.cluster)
+        if found is not None:
+            accel, rows, note = found
+            lines += ["", kernel_text(rows, accel, note)]
     return "\n".join(lines)
 
 

@@ -149,3 +149,80 @@ def plan_attention_shape(model: ModelSpec, plan: Plan, *, seq_len: int) -> Atten
         raise ValueError("attention timing runs ordinary attention; the model uses MLA")
     return AttentionShape(b=plan.mbs or 1, s=seq_len, heads=_split(model.n_heads, plan.tp, "n_heads"),
                           head_dim=model.d_head)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExpertShape:
+    """One forward expert GEMM of an MoE layer on one rank: ``groups`` experts, each ``[m, k] x [k, n]``."""
+
+    name: str
+    """'expert.in' (D to 2F or F) or 'expert.out' (F to D)."""
+    groups: int
+    """Experts on the rank (E/ep)."""
+    m: int
+    """Tokens routed to each expert in the micro-batch (balanced routing). [tokens]"""
+    n: int
+    k: int
+
+    @property
+    def flop(self) -> float:
+        """2·groups·m·n·k [FLOP]."""
+        return 2.0 * self.groups * self.m * self.n * self.k
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoutingShape:
+    """The router and the token permutation of one MoE layer on one rank and micro-batch."""
+
+    tokens: int
+    """Tokens the rank routes (T after sequence parallelism). [tokens]"""
+    hidden: int
+    top_k: int
+    n_experts: int
+
+
+MOE_SWEEP = (0.125, 0.25, 0.5, 1.0, 2.0)
+"""Multiples of a plan's tokens per expert that ``plan_expert_shapes`` also times: the curve around the
+plan's point (fewer tokens per expert: smaller micro-batches, more experts per token, or more EP ranks)."""
+
+
+def plan_routing_shape(model: ModelSpec, plan: Plan, *, seq_len: int) -> RoutingShape:
+    """The tokens one rank routes per micro-batch under ``plan``: T = mbs·S/cp, split over tp by sequence
+    parallelism (Megatron-core's MoE layers route the rank's sequence-parallel share)."""
+    if not model.is_moe:
+        raise ValueError(f"{model.name} has no routed experts")
+    mbs = plan.mbs or 1
+    if (mbs * seq_len) % (plan.cp * plan.tp):
+        raise ValueError(f"mbs·seq_len={mbs * seq_len} is not divisible by cp·tp={plan.cp * plan.tp}")
+    return RoutingShape(tokens=mbs * seq_len // (plan.cp * plan.tp), hidden=model.hidden, top_k=model.top_k,
+                        n_experts=model.n_experts)
+
+
+def plan_expert_shapes(model: ModelSpec, plan: Plan, *, seq_len: int,
+                       sweep: tuple[float, ...] = MOE_SWEEP) -> list[ExpertShape]:
+    """The expert GEMMs of ``model`` on one rank under ``plan``, at the plan's tokens per expert and at the
+    ``sweep`` multiples of it.
+
+    A rank holds E/ep experts; each receives, from the ep ranks' T tokens (``plan_routing_shape``),
+    m = ep·T·k/E of them on average. Shapes ``[m, D] x [D, 2F]`` (gated; ``F`` otherwise) and
+    ``[m, F] x [F, D]``, F the expert FFN width (expert-TP 1)."""
+    routing = plan_routing_shape(model, plan, seq_len=seq_len)
+    if model.n_experts % plan.ep:
+        raise ValueError(f"n_experts={model.n_experts} is not divisible by ep={plan.ep}")
+    groups = model.n_experts // plan.ep
+    mean = plan.ep * routing.tokens * model.top_k / model.n_experts
+    fe = model.expert_ffn_hidden
+    out = []
+    for f in sweep:
+        m = max(1, round(mean * f))
+        out += [ExpertShape(name="expert.in", groups=groups, m=m, k=model.hidden, n=(2 if model.gated_mlp else 1) * fe),
+                ExpertShape(name="expert.out", groups=groups, m=m, k=fe, n=model.hidden)]
+    return out
+
+
+def default_expert_shapes(*, gpu: bool) -> list[ExpertShape]:
+    """The sweep without a model: 8 experts of width 2048 (GPU) or 256 (CPU) on hidden 4096 or 512, from 32
+    to 4,096 tokens per expert (GPU) or 16 to 512 (CPU), first GEMM only."""
+    d, f = (4096, 2048) if gpu else (512, 256)
+    ms = (32, 128, 512, 1024, 4096) if gpu else (16, 64, 256, 512)
+    return [ExpertShape(name="expert.in", groups=8, m=m, k=d, n=2 * f) for m in ms]
