@@ -135,3 +135,18 @@ def test_unknown_settings_are_listed_not_dropped():
                   '{"stage": 3, "stage3_max_live_parameters": 1e9}, "fp16": {"enabled": true}}', world_size=16)
     assert cfg.plan.to_string() == "dp_shard=16,mbs=2,sharding=zero3"
     assert cfg.unsupported == ('fp16: {"enabled": true}', "zero_optimization.stage3_max_live_parameters: 1000000000.0")
+
+
+@pytest.mark.parametrize("drop,factor", [("drop", 1.25), ("pad", 1.0), ("dropless", 1.0)])
+def test_megatron_capacity_round_trips(drop, factor):
+    """An MoE job's token dropping and capacity are written as Megatron-core's flags and read back."""
+    model, cluster, job = scenario("moe-megatron")
+    job = replace(job, moe_token_drop=drop, moe_capacity_factor=factor)
+    est = evaluate(model, cluster, job, parse_plan("ep=8,dp_shard=32,sharding=megatron,mbs=1,recompute=full", 32))
+    ex = mg.export(model, cluster, job, est.plan)
+    assert ("--moe-expert-capacity-factor" in ex.text) == (drop != "dropless")
+    assert ("--moe-pad-expert-input-to-capacity" in ex.text) == (drop == "pad")
+    got = mg.read(ex.text)
+    assert got.job.get("moe_token_drop", "dropless") == drop
+    assert got.job.get("moe_capacity_factor", 1.0) == factor
+    assert not [u for u in got.unsupported if "capacity" in u]

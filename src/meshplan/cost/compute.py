@@ -88,9 +88,9 @@ class ComputeParams:
     moe_gemm_efficiency: float = 1.0
     """The routed experts' GEMMs against the model of their launch (meshplan.cost.grouped_gemm: a dense GEMM's
     shape curve at each expert's tokens for Transformer Engine's one GEMM per expert, the whole rows of a
-    grouped kernel) [dimensionless]. Above 1 where the launch runs faster than its GEMMs one after another:
-    TE issues them on 4 compute streams, so small per-expert GEMMs share the GPU. Fitted on the published
-    MoE runs (docs/moe.md); 1 is the neutral default."""
+    grouped kernel) [dimensionless, 0.1-1]. 1, the neutral default, credits no overlap of TE's 4 compute
+    streams, on which small per-expert GEMMs could share the GPU. Fitted on the published MoE runs
+    (docs/moe.md)."""
     moe_layer_overhead_s: float = 0.0
     """Fixed time per MoE layer forward per micro-batch (also in its recomputation), added to the kernels:
     the router's top-k, auxiliary loss and token bookkeeping, small kernels the roofline does not see, and

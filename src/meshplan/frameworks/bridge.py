@@ -34,12 +34,14 @@ _SAME = {"--num-layers": "num_layers", "--hidden-size": "hidden_size", "--ffn-hi
          "--pipeline-model-parallel-layout": "pipeline_model_parallel_layout", "--cp-comm-type": "cp_comm_type",
          "--recompute-granularity": "recompute_granularity", "--recompute-method": "recompute_method",
          "--recompute-num-layers": "recompute_num_layers", "--cpu-offloading-num-layers": "cpu_offloading_num_layers",
-         "--cross-entropy-fusion-impl": "cross_entropy_fusion_impl", "--cuda-graph-impl": "cuda_graph_impl"}
+         "--cross-entropy-fusion-impl": "cross_entropy_fusion_impl", "--cuda-graph-impl": "cuda_graph_impl",
+         "--moe-expert-capacity-factor": "moe_expert_capacity_factor"}
 """Megatron-LM flags whose value is a model (TransformerConfig) field of the same meaning."""
 _TRUE = {"--swiglu": "gated_linear_unit", "--add-qkv-bias": "add_qkv_bias", "--qk-layernorm": "qk_layernorm",
          "--moe-grouped-gemm": "moe_grouped_gemm", "--sequence-parallel": "sequence_parallel",
          "--overlap-moe-expert-parallel-comm": "overlap_moe_expert_parallel_comm",
-         "--cross-entropy-loss-fusion": "cross_entropy_loss_fusion", "--fp8-param-gather": "fp8_param"}
+         "--cross-entropy-loss-fusion": "cross_entropy_loss_fusion", "--fp8-param-gather": "fp8_param",
+         "--moe-pad-expert-input-to-capacity": "moe_pad_expert_input_to_capacity"}
 """Megatron-LM switches that set a model field true."""
 _RECIPES = (("mla", "deepseek_v3_pretrain_config"), ("window_moe", "gpt_oss_120b_pretrain_config"),
             ("moe_qk_norm", "qwen3_30b_a3b_pretrain_config"), ("qk_norm", "qwen3_8b_pretrain_config"))

@@ -219,6 +219,9 @@ def _job_args(job: JobSpec, b) -> list[str]:
         whole = job.cuda_graph_scope == "full_iteration"
         a += ["--cuda-graph-impl", "full_iteration" if whole else "transformer_engine"]
         a += ["--no-check-for-nan-in-loss-and-grad"] if whole else []
+    if job.moe_token_drop != "dropless":  # Megatron-core drops beyond the capacity; pads up to it on request
+        a += ["--moe-expert-capacity-factor", f"{job.moe_capacity_factor:g}"]
+        a += ["--moe-pad-expert-input-to-capacity"] if job.moe_token_drop == "pad" else []
     return a
 
 
@@ -316,6 +319,15 @@ def read(source: str, world_size: int | None = None) -> Imported:
     unsupported += [" ".join([k, *v]) for k, v in flags.items() if k not in read_keys]
     return Imported(stack=STACK, plan=plan, job=job, model_spec=model, world_size=world,
                     unsupported=tuple(unsupported))
+
+
+def _float(flags: dict[str, list[str]], key: str) -> float:
+    from meshplan.units import ascii_float
+
+    try:
+        return ascii_float(flags[key][0])
+    except (ValueError, IndexError):
+        raise SpecError(f"from.megatron {key}", f"must be a number; got {' '.join(flags[key])!r}") from None
 
 
 def _int(flags: dict[str, list[str]], key: str, default: int) -> int:
@@ -422,6 +434,9 @@ def _job(flags: dict[str, list[str]], plan: Plan) -> dict[str, object]:
     impl = (flags.get("--cuda-graph-impl") or ["none"])[0]
     if impl != "none" or "--enable-cuda-graph" in flags:
         job.update(cuda_graphs=True, cuda_graph_scope="full_iteration" if impl == "full_iteration" else "layers")
+    if "--moe-expert-capacity-factor" in flags:
+        job.update(moe_token_drop="pad" if "--moe-pad-expert-input-to-capacity" in flags else "drop",
+                   moe_capacity_factor=_float(flags, "--moe-expert-capacity-factor"))
     return job
 
 
@@ -438,7 +453,8 @@ _READ = {"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--co
          "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "--cuda-graph-impl", "--enable-cuda-graph",
          "--bf16", "--overlap-grad-reduce", "--overlap-param-gather", "--no-gradient-accumulation-fusion",
          "--no-check-for-nan-in-loss-and-grad", "--data-parallel-sharding-strategy", "--ckpt-format",
-         "--init-model-with-meta-device", *RUN_PLACEHOLDERS[::2]}
+         "--init-model-with-meta-device", "--moe-expert-capacity-factor",
+         "--moe-pad-expert-input-to-capacity", *RUN_PLACEHOLDERS[::2]}
 """Flags read into the plan and the job (RUN_PLACEHOLDERS's stand for the user's data, run length and
 schedule)."""
 _MODEL_KEYS = {"--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",

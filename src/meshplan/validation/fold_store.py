@@ -50,14 +50,15 @@ SOURCE_TABLE = "source_fold"
 
 def inputs_digest(rows: list[RowResult]) -> str:
     """SHA-256 of what fold fits of ``rows`` are made from: each row's scenario (row order) and the
-    fitting procedure's parameters, bounds, measured values and stopping tolerance. A scenario's notes on
+    fitting procedure's parameters, bounds, measured values and stopping tolerance. The release a row names
+    (a label for validate's report of disagreeing rows, not an input to the model) and a scenario's notes on
     what was imputed are left out: their effect is in its fields, and their wording quotes the cost model
     (a recomputation chosen because the recipe's puts the row 23.1 GiB over the GPU's memory), which
     changed the digest, and forced half an hour's refit, whenever a memory term moved."""
     h = hashlib.sha256()
     for r in sorted(rows, key=lambda r: r.row):
         sc = r.scenario
-        h.update(canonical(dataclasses.replace(sc, imputed=()) if dataclasses.is_dataclass(sc) else sc).encode())
+        h.update(canonical(dataclasses.replace(sc, imputed=(), release="") if dataclasses.is_dataclass(sc) else sc).encode())
     h.update(repr((parameter_space(rows), sorted(MEASURED.items()), TOLERANCE)).encode())
     return h.hexdigest()
 

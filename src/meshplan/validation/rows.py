@@ -520,21 +520,6 @@ def _cuda_graphs(row: dict[str, str], recipe: RecipeSettings | None) -> tuple[bo
     return False, "layers", ()
 
 
-TOKEN_DROP_PAD = ("moe_token_drop=pad, moe_capacity_factor=1: Megatron-Bridge 25.09's token-drop MoE runs drop "
-                  "tokens beyond each expert's balanced share and pad every expert up to it (run_script.py "
-                  "@48b5204 applies apply_moe_token_drop: moe_expert_capacity_factor=1.0, "
-                  "moe_pad_expert_input_to_capacity=True)")
-
-
-def _token_drop(row: dict[str, str]) -> tuple[str, tuple[str, ...]]:
-    """(JobSpec.moe_token_drop, imputed note): the 25.09 NeMo token-drop rows pad to a capacity of 1; every
-    other MoE row is dropless (Megatron-core's default, and every later Megatron-Bridge recipe)."""
-    if (row.get("source_group") == "NeMo / Megatron-Bridge" and "tokendrop" in row.get("notes", "").lower()
-            and "NeMo 25.09" in row.get("software", "")):
-        return "pad", (TOKEN_DROP_PAD,)
-    return "dropless", ()
-
-
 FLOPS_COUNTINGS = ("hardware-like", "model flops", "nemo", "megatron", "mfu")
 """How a row's TFLOP/s counts (``flops_counting``, read where throughput is derived from them): 'hardware-like'
 counts the full-recompute forward; the others (model FLOPs as NeMo, Megatron-core, Megatron v1 or an MFU
@@ -623,7 +608,6 @@ def scenario_from_row(idx: int, row: dict[str, str]) -> Scenario:
     reduce_bytes, reduce_note = _reduce_dtype_bytes(row, precision)
     plan, imputed, recipe = _plan(row, model, cluster.n_gpus)
     graphs, graph_scope, graphs_note = _cuda_graphs(row, recipe)
-    token_drop, drop_note = _token_drop(row) if model.is_moe else ("dropless", ())
     try:
         job = JobSpec(global_batch_tokens=gbs * seq, seq_len=seq, precision=precision,
                       fp8_param_gather=precision == "fp8" and "fp8 fsdp all-gather" in row["precision"].lower(),
@@ -631,11 +615,10 @@ def scenario_from_row(idx: int, row: dict[str, str]) -> Scenario:
                       flash_attention=not _word(row, "flash_attention", ("", "y", "n", "unknown")).startswith("n"),
                       fp8_attention=recipe is not None and recipe.fp8_attention and precision == "fp8",
                       fused_grouped_mlp=recipe is not None and recipe.fused_grouped_mlp and precision == "fp8",
-                      compiled=compiled, cuda_graphs=graphs, cuda_graph_scope=graph_scope, software=_software(row),
-                      moe_token_drop=token_drop)
+                      compiled=compiled, cuda_graphs=graphs, cuda_graph_scope=graph_scope, software=_software(row))
     except SpecError as exc:
         raise Skip(f"job: {exc}") from None
-    imputed = (*imputed, *loss_note, *reduce_note, *compiled_note, *graphs_note, *drop_note)
+    imputed = (*imputed, *loss_note, *reduce_note, *compiled_note, *graphs_note)
     if any(note.startswith(RECIPE_RECOMPUTE) for note in imputed):
         plan, imputed = _fitting_recompute(model, cluster, job, plan, imputed)
     if "gpt-oss" in row["model"].lower():

@@ -49,7 +49,8 @@ PARAMETER_MEANING = {
     "overlap_efficiency": "share of a compute window that collectives can hide behind",
     "comm_slowdown": "compute slowdown per second of communication it hides (NCCL kernels take SMs and HBM "
                      "bandwidth)",
-    "moe_gemm_efficiency": "grouped expert GEMMs over dense GEMMs of the same shape",
+    "moe_gemm_efficiency": "expert GEMMs against the model of their launch (one GEMM per expert or one grouped "
+                           "kernel, cost.grouped_gemm)",
     "causal_attention_fraction": "time of a causal attention kernel over the non-causal one, on long sequences",
     "moe_permute_passes": "HBM passes over each routed token copy (permutation, unpermutation, their gradients)",
     "zero3_overlap_efficiency": "share of DeepSpeed ZeRO-3's parameter fetches that compute hides",
