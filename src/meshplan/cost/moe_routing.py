@@ -51,7 +51,7 @@ from meshplan.specs import JobSpec, ModelSpec
 from meshplan.specs.job import TOKEN_DROPS
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def expected_max_std_normal(n: int) -> float:
     """E[max of n independent standard normal variables] [dimensionless]: 0 for n = 1, 1/sqrt(pi) for 2,
     about 1.424 for 8, 2.070 for 32, 2.344 for 64.

@@ -58,7 +58,8 @@ def inputs_digest(rows: list[RowResult]) -> str:
     h = hashlib.sha256()
     for r in sorted(rows, key=lambda r: r.row):
         sc = r.scenario
-        h.update(canonical(dataclasses.replace(sc, imputed=(), release="") if dataclasses.is_dataclass(sc) else sc).encode())
+        label_free = dataclasses.replace(sc, imputed=(), release="") if dataclasses.is_dataclass(sc) else sc
+        h.update(canonical(label_free).encode())
     h.update(repr((parameter_space(rows), sorted(MEASURED.items()), TOLERANCE)).encode())
     return h.hexdigest()
 
