@@ -150,3 +150,11 @@ def test_megatron_capacity_round_trips(drop, factor):
     assert got.job.get("moe_token_drop", "dropless") == drop
     assert got.job.get("moe_capacity_factor", 1.0) == factor
     assert not [u for u in got.unsupported if "capacity" in u]
+
+
+def test_torchtitan_refuses_a_capacity():
+    model, cluster, job = scenario("moe-torchtitan")
+    job = replace(job, moe_token_drop="drop", moe_capacity_factor=1.25)
+    plan = parse_plan("ep=8,dp_shard=32,mbs=1,recompute=full", 32)
+    with pytest.raises(SpecError, match="dropless"):
+        tt.export(model, cluster, job, evaluate(model, cluster, job, plan).plan)

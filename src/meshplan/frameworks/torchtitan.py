@@ -149,6 +149,8 @@ def _checks(model: ModelSpec, job: JobSpec, plan: Plan) -> None:
                       "(recompute_layers)")
     if plan.offload_layers:
         refuse(STACK, "torchtitan has no activation offloading (offload_layers)")
+    if model.is_moe and job.moe_token_drop != "dropless":
+        refuse(STACK, "torchtitan's MoE is dropless (no expert capacity): job.moe_token_drop must be 'dropless'")
     if plan.pp > 1 and plan.schedule not in SCHEDULE_NAMES:
         refuse(STACK, "torch.distributed.pipelining has no single-chunk ZB-H1 schedule (its zero-bubble schedules "
                       "are InterleavedZeroBubble and ZBVZeroBubble)")
