@@ -84,9 +84,12 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], workers: int | None =
     """``[fn(x) for x in items]``, on up to ``workers`` forked processes (default: every available core).
     ``items`` and the results must pickle; ``fn`` need not. Inside a worker, or in a process that runs other
     threads (which a fork would copy mid-flight), it runs in order. ``done(k, len(items))`` is called in this
-    process each time a result is in (k of them). An exception in a task is raised here, after the workers
+    process once before the first (k = 0, so that a progress line shows the phase from its start) and each
+    time a result is in (k of them). An exception in a task is raised here, after the workers
     are ended. ``distributable``: while ``distributed`` is in force, the items go to its mapper instead
     (``fn`` must then pickle too, by value where it is a closure: Ray's cloudpickle does)."""
+    if done and items:
+        done(0, len(items))
     if distributable and distributing() and items:
         assert _mapper is not None
         return _mapper(fn, items, done)
