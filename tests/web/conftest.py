@@ -3,6 +3,8 @@ MESHPLAN_REQUIRE_EXTRAS=1, as CI sets it), a live server on loopback, the system
 
 import contextlib
 import importlib.util
+import io
+import json
 import os
 import shutil
 import socket
@@ -18,6 +20,17 @@ REQUIRED = os.environ.get("MESHPLAN_REQUIRE_EXTRAS") == "1"
 CHROMIUM = os.environ.get("MESHPLAN_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def cli_json(*argv: str) -> dict:
+    """``meshplan ARGV``'s JSON output, run in this process (exit status 0 required): what the page must agree
+    with."""
+    from meshplan.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(list(argv)) == 0
+    return json.loads(buf.getvalue())
 
 
 def need(*modules: str, what: str) -> None:

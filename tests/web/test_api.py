@@ -2,24 +2,13 @@
 and `meshplan evaluate --json`, and malformed or oversized requests get a 4xx with one clear message,
 never a 500 or a trace."""
 
-import contextlib
-import io
 import json
 
 import pytest
-from tests.web.conftest import need
-
-from meshplan.cli import main
+from tests.web.conftest import cli_json, need
 
 SMALL = {"model": "llama-2-7b", "nodes": 2, "batch_tokens": 524288}
 SMALL_ARGS = ["--model", "llama-2-7b", "--nodes", "2", "--batch-tokens", "512K"]
-
-
-def cli_json(*argv: str) -> dict:
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert main(list(argv)) == 0
-    return json.loads(buf.getvalue())
 
 
 @pytest.fixture(scope="module")

@@ -4,25 +4,13 @@ beside the new one, and its recommendation, table and charts agree with `meshpla
 same scenario; a link reproduces the view; bad input gets a message in the page. Screenshots are saved
 in $MESHPLAN_ARTIFACTS (else a temporary folder, printed)."""
 
-import contextlib
-import io
-import json
 import time
 
 import pytest
-from tests.web.conftest import CHROMIUM_ARGS, live_server, need, need_chromium
-
-from meshplan.cli import main
+from tests.web.conftest import CHROMIUM_ARGS, cli_json, live_server, need, need_chromium
 
 pytestmark = pytest.mark.slow
 READY_S = 180_000  # ms: a search, the simulator and the explanation on a busy two-core machine
-
-
-def cli_json(*argv: str) -> dict:
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert main(list(argv)) == 0
-    return json.loads(buf.getvalue())
 
 
 @pytest.fixture(scope="module")
