@@ -35,6 +35,7 @@ from meshplan.frameworks.common import (
     world_check,
 )
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
+from meshplan.units import ascii_float
 
 STACK = "megatron"
 CP_COMM = {"ring": "p2p", "allgather": "all_gather", "a2a": "a2a"}
@@ -322,8 +323,6 @@ def read(source: str, world_size: int | None = None) -> Imported:
 
 
 def _float(flags: dict[str, list[str]], key: str) -> float:
-    from meshplan.units import ascii_float
-
     try:
         return ascii_float(flags[key][0])
     except (ValueError, IndexError):
