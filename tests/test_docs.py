@@ -35,9 +35,9 @@ pyproject.toml, so that a documented ``pytest`` runs as in the repository)."""
 HARDWARE = ("GPUs", "several nodes")
 """What a ``# needs`` comment may name that no test machine has: such commands are shown, not run."""
 EXTRA_COMMANDS = {
-    "torch": (r"\bmeshplan crosscheck\b", r"\bmeshplan measure (gemm|collectives|step)\b", r"\btorchrun\b",
+    "torch": (r"\bmeshplan crosscheck\b", r"\bmeshplan measure (gemm|collectives|step|moe)\b", r"\btorchrun\b",
               r"-m meshplan\.harness\."),
-    "matplotlib": (r"\bmeshplan report\b", r"--plot\b"),
+    "matplotlib": (r"--plot\b",),
     "starlette": (r"\bmeshplan serve\b",),
     "uvicorn": (r"\bmeshplan serve\b",),
 }
@@ -184,7 +184,8 @@ def test_parse_command_reads_the_trailing_comment():
     assert parse_command("meshplan evaluate --plan tp=3  # exit 2", 1).status == 2
     c = parse_command("meshplan measure step --nproc 8 --plan dp_shard=8  # needs GPUs", 1)
     assert c.text == "meshplan measure step --nproc 8 --plan dp_shard=8" and c.needs == ["GPUs", "torch"]
-    assert parse_command("meshplan report --out r", 1).needs == ["matplotlib"]
+    assert parse_command("meshplan report --out r", 1).needs == []  # the HTML report needs no matplotlib
+    assert parse_command("meshplan sweep --vary gpus=8..64 --plot s.png", 1).needs == ["matplotlib"]
     assert parse_command("meshplan evaluate --plan 'layout=Et*4|(t*4|)*14tmL'", 1).needs == []
 
 
