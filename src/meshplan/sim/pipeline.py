@@ -154,16 +154,27 @@ def _run_in_order(pp: int, orders: list[list[Task]], p2p_s: float) -> float:
     while left:
         moved = False
         for s in range(pp):
-            while heads[s] < len(orders[s]):
-                t = orders[s][heads[s]]
-                if any(math.isnan(d.end_s) for d in t.deps):
+            order, head, start = orders[s], heads[s], free[s]
+            while head < len(order):
+                t = order[head]
+                at, ready = start, True
+                for d in t.deps:  # the latest of the stage's own end and each dependency's (a hop later)
+                    end = d.end_s
+                    if end != end:  # NaN: not run yet
+                        ready = False
+                        break
+                    if d.stage != s:
+                        end += p2p_s
+                    if end > at:
+                        at = end
+                if not ready:
                     break
-                start = max([free[s]] + [d.end_s + (p2p_s if d.stage != s else 0.0) for d in t.deps])
-                t.start_s, t.end_s = start, start + t.dur_s
-                free[s] = t.end_s
-                heads[s] += 1
+                t.start_s = at
+                t.end_s = start = at + t.dur_s
+                head += 1
                 left -= 1
                 moved = True
+            heads[s], free[s] = head, start
         if not moved:
             raise RuntimeError("pipeline schedule deadlocked")
     return max(free)

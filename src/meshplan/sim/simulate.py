@@ -190,8 +190,7 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
     else:
         _, tasks = schedule_pipeline(schedule=plan.schedule, pp=plan.pp, m=m, chunks=plan.model_chunks, f_s=f_s,
                                      b_s=b_s, w_s=w_s, p2p_s=p2p_s)
-    ends = [max(t.end_s for t in tasks if t.stage == s) for s in range(plan.pp)]
-    busies = [sum(t.dur_s for t in tasks if t.stage == s) for s in range(plan.pp)]
+    ends, busies = _ends_and_busies(tasks, plan.pp)
     # the step ends with the rank that finishes last, its optimizer step and the collectives after it
     # included (a stage that ends its backward early reduces while the others still work); it is told from the
     # busiest rank's side, whose idle time is the pipeline's bubble (a lighter first or last stage, which
@@ -203,6 +202,18 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
     step = max(done)
     br["pipeline bubble"] = step - sum(br.values())
     return SimResult(step, _ordered(br, per_stage[shown].detail, m), sims, tasks, per_stage[shown].detail)
+
+
+def _ends_and_busies(tasks: list[Task], pp: int) -> tuple[list[float], list[float]]:
+    """Each stage's last end and its busy time (the sum of its tasks' durations, in task order) [s]: one pass
+    over the tasks."""
+    ends, busies = [-math.inf] * pp, [0.0] * pp
+    for t in tasks:
+        s = t.stage
+        if t.end_s > ends[s]:
+            ends[s] = t.end_s
+        busies[s] += t.dur_s
+    return ends, busies
 
 
 def _after_last_backward_s(detail: StageDetail, step_overhead_s: float) -> float:
