@@ -3,7 +3,11 @@ evaluation in a process does not parse the stored fold fits) hold what the whole
 
 from __future__ import annotations
 
+import tomllib
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meshplan import calibration
 from meshplan.calibration import _load, _sections, _table
@@ -31,3 +35,70 @@ def test_compute_params_read_from_the_parts_equal_those_from_the_whole_file() ->
                       fitted.get("stack", {}).get(calibration.stack_key(software, accelerator), {})]
             expected = calibration.params_from(tables, str(fitted.get("source", "fitted")))
             assert calibration.compute_params_for(accelerator, software) == expected
+
+
+_BARE = st.text("abcdefghijklmnopqrstuvwxyz_-0123456789", min_size=1, max_size=12)
+_VALUES = st.one_of(st.integers(-10**12, 10**12), st.floats(allow_nan=False, allow_infinity=False),
+                    st.text(st.characters(blacklist_characters="'\"\\\n\r", blacklist_categories=("Cs", "Cc")),
+                            max_size=20))
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, str):
+        return f"'{v}'"
+    return repr(v) if isinstance(v, int) else f"{v:.6g}" if abs(v) > 1e-300 or v == 0 else repr(v)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(_BARE, _VALUES, max_size=4),
+       st.dictionaries(_BARE, st.dictionaries(_BARE, _VALUES, max_size=4), max_size=3),
+       st.booleans())
+def test_the_fast_reader_reads_what_tomllib_reads(top: dict, tables: dict, comments: bool) -> None:
+    """calibration.flat_toml, which reads the calibration files' subset without the general parser, gives
+    tomllib's tables wherever it reads a text, and leaves the rest (None) to tomllib."""
+    lines = ["# a comment"] if comments else []
+    lines += [f"{k} = {_toml_value(v)}" for k, v in top.items()]
+    for name, table in tables.items():
+        quoted = f'"{name}/x"' if comments else name
+        lines += ["", f"[section.{quoted}]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+    text = "\n".join(lines) + "\n"
+    try:
+        expected = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        assert calibration.flat_toml(text) is None  # e.g. a key of the top table named 'section'
+        return
+    got = calibration.flat_toml(text)
+    assert got is None or got == expected
+
+
+@pytest.mark.parametrize("text", [
+    "x = [1, 2]\n", "x = 1 # note\n", "a.b = 1\n", "x = 1_000\n", "x = inf\n", "x = 'a\\b'\n", 'x = "a\\"b"\n',
+    "x = 1\nx = 2\n", "[a]\n[a]\n", "x = 01\n", "x = 1.\n", "x = true\n", "x = '''a'''\n",
+])
+def test_the_fast_reader_leaves_what_it_does_not_read_to_tomllib(text: str) -> None:
+    got = calibration.flat_toml(text)
+    if got is not None:
+        assert got == tomllib.loads(text)
+
+
+@pytest.mark.parametrize("text", ["", "[a]\nx = 1", "x = 1\n[a]\ny = 2\n[b.c]\nz = 3\n",
+                                  "[a]\nv = [\n  [1],\n]\n[b]\n", "\n[a]\n", '["q.r".s]\nx = 1\n[q]\n[q.t]\n'])
+def test_a_file_splits_into_its_tables_at_their_headers(text: str, monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path) -> None:
+    """_sections splits a file at the lines that start a table: each part parses as the whole file's table of
+    that name, and the parts hold the whole text."""
+    (tmp_path / "calibration").mkdir()
+    (tmp_path / "calibration" / "probe.toml").write_text(text)
+    monkeypatch.setattr(calibration.resources, "files", lambda _package: tmp_path)
+    _sections.cache_clear()
+    _table.cache_clear()
+    try:
+        parts = _sections("probe")
+        assert sum(map(len, parts.values())) == len(text)
+        whole = tomllib.loads(text)
+        for key in parts:
+            if key:
+                assert _table("probe", key) == whole[key.strip('"')]
+    finally:
+        _sections.cache_clear()
+        _table.cache_clear()

@@ -48,9 +48,17 @@ def _sections(name: str) -> dict[str, str]:
     entry = resources.files("meshplan.catalog").joinpath("calibration", f"{name}.toml")
     if not entry.is_file():
         return {}
+    # the lines that start with '[', found with str.find (a regular expression over the whole file would take
+    # about a tenth of a first evaluation), and those of them that are table headers
     text = entry.read_text()
+    lines = [0] if text.startswith("[") else []
+    at = text.find("\n[")
+    while at >= 0:
+        lines.append(at + 1)
+        at = text.find("\n[", at + 1)
+    # a line starting with '[' that is no header stays in the table before it
+    starts = [(b, header.group(1)) for b in lines if (header := _HEADER.match(text, b))]
     parts: dict[str, list[str]] = {}
-    starts = [(m.start(), m.group(1)) for m in _HEADER.finditer(text)]
     for (begin, key), end in zip([(0, ""), *starts], [*(b for b, _ in starts), len(text)], strict=True):
         parts.setdefault(key, []).append(text[begin:end])
     return {key: "".join(chunks) for key, chunks in parts.items()}
@@ -65,8 +73,63 @@ def _table(name: str, key: str) -> dict[str, Any]:
     text = _sections(name).get(key)
     if text is None:
         return {}
-    tables = tomllib.loads(text)
+    tables = flat_toml(text)
+    if tables is None:
+        tables = tomllib.loads(text)
     return tables if key == "" else tables.get(key.strip('"'), {})
+
+
+_KEY = r'(?:[A-Za-z0-9_-]+|"[^"\\\n]*")'
+_TABLE_LINE = re.compile(rf"\[\s*({_KEY}(?:\s*\.\s*{_KEY})*)\s*\]")
+_KEY_PART = re.compile(_KEY)
+_PAIR_LINE = re.compile(rf"({_KEY})\s*=\s*(.*?)\s*")
+_INT = re.compile(r"[+-]?(?:0|[1-9][0-9]*)")
+_FLOAT = re.compile(r"[+-]?(?:0|[1-9][0-9]*)(?:\.[0-9]+(?:[eE][+-]?[0-9]+)?|[eE][+-]?[0-9]+)")
+_STRING = re.compile(r"'([^'\n]*)'" + r'|"([^"\\\n]*)"')
+
+
+def flat_toml(text: str) -> dict[str, Any] | None:
+    """``tomllib.loads(text)`` for the subset the calibration files are written in (comments, table headers,
+    and bare keys set to a number or to a string without escapes), read without the general parser, which
+    takes about as long as the rest of a first evaluation; None where ``text`` holds anything else (or a
+    key twice), for ``tomllib`` to read or reject."""
+    root: dict[str, Any] = {}
+    table, seen = root, set()
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        header = _TABLE_LINE.fullmatch(line)
+        if header:
+            path = tuple(k.strip('"') for k in _KEY_PART.findall(header.group(1)))
+            if path in seen:
+                return None
+            seen.add(path)
+            table = root
+            for part in path:
+                table = table.setdefault(part, {})
+                if not isinstance(table, dict):
+                    return None
+            continue
+        pair = _PAIR_LINE.fullmatch(line)
+        key = pair.group(1).strip('"') if pair else None
+        value = _value(pair.group(2)) if pair else None
+        if key is None or value is None or key in table:
+            return None
+        table[key] = value
+    return root
+
+
+def _value(text: str) -> int | float | str | None:
+    """A TOML integer, float (without underscores, inf or nan) or string without escapes; None otherwise."""
+    if _INT.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text):
+        return float(text)
+    string = _STRING.fullmatch(text)
+    if string:
+        return string.group(1) if string.group(1) is not None else string.group(2)
+    return None
 
 
 def catalog_fit() -> dict[str, Any]:
