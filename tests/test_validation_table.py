@@ -52,3 +52,12 @@ def test_every_marker_in_the_document_has_a_table():
     names = {line.split("generated:")[1].split(" ")[0] for line in text.splitlines()
              if line.startswith("<!-- generated:")}
     assert names == {"summary", "by-source", "by-gpu", "by-kind", "bands", "repeats", "largest", "parameters"}
+
+
+def test_the_moe_curve_table_is_current():
+    """docs/moe.md's expert-GEMM table is the model at DeepGEMM's shapes with the catalog's fit (it needs no
+    published runs: python -m meshplan.validation.table --doc docs/moe.md rewrites it)."""
+    doc = ROOT / "docs" / "moe.md"
+    old, new = table.generate(str(doc), "unused.csv")
+    assert old == new, "run python -m meshplan.validation.table --doc docs/moe.md"
+    assert "| dense | 4,096 | 64% |" in new  # DeepGEMM's 1,265 TFLOP/s of 1,979

@@ -29,6 +29,9 @@ from meshplan.fileio import atomic_write_text, read_input_text
 
 DEFAULT_DATA = "../shared/data/published_runs.csv"
 DEFAULT_DOC = "docs/validation.md"
+MOE_DOC = "docs/moe.md"
+"""docs/moe.md holds one generated table (``moe-curve``): the expert-GEMM model at DeepGEMM's published shapes,
+with the catalog's fitted parameters."""
 README = "README.md"
 """The README holds one generated table (``trust``): how far to trust the figures, in a few rows."""
 LARGEST_ERROR = 0.20
@@ -75,6 +78,17 @@ PARAMETER_MEANING = {
 FAMILY_NAME = {"a100-80gb": "A100", "h100-sxm": "Hopper", "b200": "Blackwell", "gb300": "Blackwell Ultra"}
 """The GPU families of calibration.FAMILY (A100 40 and 80 GB; H100, H200; B200, GB200; B300, GB300), by the
 accelerator that names them in fitted.toml."""
+
+
+DEEPGEMM_FP8 = [
+    # (GEMM, experts, tokens per expert, TFLOP/s): deepseek-ai/DeepGEMM README @55ab91f (tables of 2025-03),
+    # FP8 on an H800 SXM5, N = 4096, K = 7168
+    ("dense", 1, 128, 533.0), ("dense", 1, 4096, 1265.0), ("grouped, masked, 4 experts", 4, 256, 932.0),
+    ("grouped, masked, 1 expert", 1, 1024, 1233.0), ("grouped, contiguous, 8 experts", 8, 4096, 1346.0),
+]
+DEEPGEMM_N, DEEPGEMM_K = 4096, 7168
+H800_FP8_PEAK_FLOP_PER_S = 1979e12
+"""The H800 SXM5's dense FP8 peak, the H100 SXM's (NVIDIA H100 datasheet, as meshplan's catalog has it)."""
 
 
 class StaleFits(Exception):
@@ -334,6 +348,34 @@ def readme_blocks(report: dict[str, Any], moe: set[int]) -> dict[str, str]:
     return {"trust": "\n".join([note, "", _table(["runs", "rows", "MAPE", "median", "p90"], out)])}
 
 
+def moe_blocks() -> dict[str, str]:
+    """docs/moe.md's one table: meshplan's FP8 expert-GEMM model (cost.grouped_gemm, per-expert launches and
+    one grouped kernel) on an H100 SXM with the Megatron stack's fitted parameters, at the shapes of
+    DeepGEMM's published figures, as a share of the FP8 peak."""
+    from meshplan.calibration import compute_params_for
+    from meshplan.catalog import load_cluster
+    from meshplan.cost.compute import gemm_curve
+    from meshplan.cost.grouped_gemm import grouped_gemm_time_s
+
+    accel = load_cluster("h100-sxm", nodes=1).accelerator
+    params = compute_params_for(accel.name, "megatron")
+    peak, e_max, half_dim = gemm_curve(accel, params, "fp8")
+
+    def share(g: int, m: int, kernel: str) -> float:
+        t = grouped_gemm_time_s(m, g, DEEPGEMM_N, DEEPGEMM_K, kernel=kernel, peak_flop_per_s=peak, e_max=e_max,
+                                half_dim=half_dim, hbm_bytes_per_s=accel.hbm_bytes_per_s, operand_bytes=1.0)
+        return 2 * g * m * DEEPGEMM_N * DEEPGEMM_K / t / peak
+
+    rows = [[name, f"{m:,}{' each' if g > 1 else ''}", f"{tflops * 1e12 / H800_FP8_PEAK_FLOP_PER_S:.0%}",
+             f"{share(g, m, 'per_expert'):.0%}", "" if name == "dense" else f"{share(g, m, 'grouped'):.0%}"]
+            for name, g, m, tflops in DEEPGEMM_FP8]
+    note = (f"meshplan's model at the same shapes, on an H100 SXM with the Megatron stack's fitted parameters (FP8: "
+            f"e_max {e_max:.3f}, d½ {half_dim:.0f}; moe_gemm_efficiency {params.moe_gemm_efficiency:.3g}), as a "
+            "share of the FP8 peak:")
+    return {"moe-curve": "\n".join([note, "", _table(
+        ["GEMM", "tokens", "DeepGEMM", "meshplan, one GEMM per expert", "meshplan, one grouped kernel"], rows)])}
+
+
 def render(doc: str, tables: dict[str, str]) -> str:
     """``doc`` with the text between each pair of markers replaced by its table; SpecError for a table whose
     markers are missing."""
@@ -347,9 +389,11 @@ def render(doc: str, tables: dict[str, str]) -> str:
 
 def generate(doc_path: str, data: str, report: dict[str, Any] | None = None) -> tuple[str, str]:
     """(the document as it is, the document with its tables regenerated: the README's own table where
-    ``doc_path`` is the README, docs/validation.md's otherwise)."""
-    moe, bounds = check_stored_fits(data)
+    ``doc_path`` is the README, docs/moe.md's where it is that, docs/validation.md's otherwise)."""
     doc = read_input_text(Path(doc_path), "docs", kind="document")
+    if Path(doc_path).name == Path(MOE_DOC).name:
+        return doc, render(doc, moe_blocks())
+    moe, bounds = check_stored_fits(data)
     report = report if report is not None else run_validate(data)
     if Path(doc_path).name == README:
         return doc, render(doc, readme_blocks(report, moe))
@@ -360,12 +404,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m meshplan.validation.table", description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=DEFAULT_DATA, help=f"published runs CSV (default {DEFAULT_DATA})")
     ap.add_argument("--doc", action="append", default=None,
-                    help=f"a document to update (default {DEFAULT_DOC} and {README}); may be repeated")
+                    help=f"a document to update (default {DEFAULT_DOC}, {MOE_DOC} and {README}); may be repeated")
     ap.add_argument("--check", action="store_true", help="exit 1 if the tables are out of date; write nothing")
     args = ap.parse_args(argv)
     try:
         report = run_validate(args.data) if check_stored_fits(args.data) else None
-        docs = [(path, *generate(path, args.data, report)) for path in (args.doc or [DEFAULT_DOC, README])]
+        docs = [(path, *generate(path, args.data, report)) for path in (args.doc or [DEFAULT_DOC, MOE_DOC, README])]
     except (SpecError, StaleFits) as exc:
         print(f"meshplan.validation.table: {exc}", file=sys.stderr)
         return 2
