@@ -109,3 +109,31 @@ def test_a_sweep_answers_as_full_searches_at_each_value(scenario, vary, values) 
                 for p in sweep(model, cluster, job, vary, values, workers=2, exhaustive=exhaustive)]
 
     assert points(False) == points(True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", [LEADING_SCENARIOS[0], LEADING_SCENARIOS[2]], ids=["seed-70b", "mixtral-8x7b"])
+def test_a_search_that_reuses_the_memory_facts_of_another_bandwidth_answers_as_a_fresh_one(scenario) -> None:
+    """search.leading keeps what depends on memory alone (the plans, which structures fit, the variants that fit
+    at no micro-batch size) for the next search of a scenario that differs only in the inter-node network: a
+    bandwidth sweep's points and the walk of the conditions along it. Its answer is a fresh search's."""
+    from dataclasses import replace
+
+    from meshplan.search import leading
+    from meshplan.units import GB
+
+    model, cluster, job = _scenario(*scenario)
+
+    def at(gb_per_s: float):
+        c = replace(cluster, inter=replace(cluster.inter, nic_bytes_per_s=gb_per_s * GB))
+        r = search_leading(model, c, job, Space())
+        return [(e.plan.to_string(), e.step_time_s, e.memory.peak_bytes) for e in r.feasible], r.structures_timed
+
+    leading._MEMORY.clear()
+    at(25.0)
+    kept = next(iter(leading._MEMORY.values()))
+    reused = at(6.25)
+    assert next(iter(leading._MEMORY.values())) is kept and len(leading._MEMORY) == 1
+    assert kept.unfit_variants, "variants that fit at no micro-batch size, passed over the second time"
+    leading._MEMORY.clear()
+    assert reused == at(6.25)

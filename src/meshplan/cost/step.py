@@ -54,6 +54,20 @@ def evaluate_within(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: 
     return _evaluate(model, cluster, job, plan, mfu=None, compute=compute, cutoff_s=cutoff_s)
 
 
+def evaluate_within_fitting(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *, cutoff_s: float,
+                            compute: ComputeParams) -> tuple[Estimate | None, bool]:
+    """``evaluate_within``, and whether some micro-batch size and recomputation of ``plan`` fits in memory
+    (``fits_at_all``), read off the same memory probes: a search that meets the plan again in a scenario
+    that differs only in what memory does not depend on (search.leading) can skip it where nothing fits."""
+    validate_plan(model, cluster, job, plan)
+    runs = stack_defaults(job.software, plan)
+    choice = Choice(model, cluster, job, runs, compute, None, cutoff_s)
+    est = choice.choose(time_infeasible=True)
+    if est is None:
+        return None, choice.fits_at_all()
+    return (est if runs is plan else _as_given(est, plan, runs)), True
+
+
 def fits_at_all(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan,
                 compute: ComputeParams) -> bool:
     """Whether some micro-batch size and recomputation (or offloading) of ``plan`` fits in memory and splits the
@@ -74,6 +88,11 @@ def _evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, 
     est = Choice(model, cluster, job, runs, compute, mfu, cutoff_s).choose(time_infeasible=time_infeasible)
     if est is None or runs is plan:
         return est
-    # the stack's default is not an option the plan chose: the estimate names the plan as given (its
-    # labels, layout key and tie-break), and says what ran
+    return _as_given(est, plan, runs)
+
+
+def _as_given(est: Estimate, plan: Plan, runs: Plan) -> Estimate:
+    """``est`` of ``runs``, the stack's default run of ``plan`` (specs.plan.stack_defaults), where that is not an
+    option the plan chose: the estimate names the plan as given (its labels, layout key and tie-break), and
+    says what ran."""
     return replace(est, plan=replace(est.plan, grad_sync=plan.grad_sync), stack_grad_sync=runs.grad_sync)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 from meshplan.calibration import compute_params_for
 from meshplan.cost.bounds import step_time_lower_bound_s
@@ -101,8 +101,9 @@ class _Leading:
                  classes: Callable[[Plan], Hashable]) -> None:
         self.model, self.cluster, self.job, self.refine_top, self.classes = model, cluster, job, refine_top, classes
         self.compute: ComputeParams = compute_params_for(cluster.accelerator.name, job.software)
-        self.plans, self.variants, self.base_of = enumerate_space(model, cluster, job, space)
-        self.fits = [fits_at_all(model, cluster, job, p, self.compute) for p in self.plans]
+        self.memory = _memory_facts(model, cluster, job, space, self.compute)
+        self.plans, self.variants, self.base_of = self.memory.plans, self.memory.variants, self.memory.base_of
+        self.fits = self.memory.fits
         self.bounds = [step_time_lower_bound_s(model, cluster, job, p, self.compute) if ok else math.inf
                        for p, ok in zip(self.plans, self.fits, strict=True)]
         self.timed: dict[int, Estimate] = {}
@@ -116,7 +117,7 @@ class _Leading:
         n_structures = len(structures)
         bb = _BranchAndBound(self.model, self.cluster, self.job, None, self.compute, self.variants, structures)
         bb.unfit_families_first()
-        bb.by_bound([self.fits[k] for k in self.base_of], len(self.plans), lambda i: None)
+        bb.by_bound([self.fits[k] for k in self.base_of], len(self.plans), lambda i: None, self.memory.unfit_variants)
         variants = bb.results[n_structures:]
         while True:
             rankings = self.ranking(variants)
@@ -211,6 +212,41 @@ class _Leading:
                 if not self.settled(k, threshold):
                     out.append((k, threshold))
         return out
+
+
+@dataclass(slots=True)
+class _MemoryFacts:
+    """What a search establishes that depends on memory alone, not on the network: its structures and their
+    option variants (``search.enumerate_space``), whether each structure fits (``fits``), and the variants that
+    fit at no micro-batch size (``unfit_variants``, filled as the branch and bound meets them)."""
+
+    plans: list[Plan]
+    variants: list[Plan]
+    base_of: list[int]
+    fits: list[bool]
+    unfit_variants: set[int] = field(default_factory=set)
+
+
+MEMORY_SCENARIOS = 2
+"""Scenarios whose ``_MemoryFacts`` this process keeps: a sweep of the inter-node bandwidth, and the walk of
+the conditions of change along it, search scenarios that differ only in the network."""
+_MEMORY: dict[str, _MemoryFacts] = {}
+
+
+def _memory_facts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space, compute: ComputeParams
+                  ) -> _MemoryFacts:
+    """The ``_MemoryFacts`` of this scenario: those of a search this process ran on a scenario equal to it in
+    everything but the inter-node network (``ClusterSpec.inter``, which only the collectives' times read:
+    neither the plans enumerated nor any memory term depends on it), else computed."""
+    key = repr((model, job, space, [(f.name, getattr(cluster, f.name)) for f in fields(cluster) if f.name != "inter"]))
+    facts = _MEMORY.pop(key, None)
+    if facts is None:
+        plans, variants, base_of = enumerate_space(model, cluster, job, space)
+        facts = _MemoryFacts(plans, variants, base_of, [fits_at_all(model, cluster, job, p, compute) for p in plans])
+    _MEMORY[key] = facts
+    while len(_MEMORY) > MEMORY_SCENARIOS:
+        del _MEMORY[next(iter(_MEMORY))]
+    return facts
 
 
 def _fastest(estimates: list[Estimate], classes: Callable[[Plan], Hashable]) -> dict[Hashable, float]:

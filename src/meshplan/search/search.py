@@ -14,7 +14,7 @@ from meshplan.cost.bounds import step_time_lower_bound_s
 from meshplan.cost.choice import recompute_options
 from meshplan.cost.compute import ComputeParams
 from meshplan.cost.estimate import Estimate
-from meshplan.cost.step import evaluate, evaluate_within
+from meshplan.cost.step import evaluate, evaluate_within, evaluate_within_fitting
 from meshplan.errors import SpecError
 from meshplan.parallel import parallel_map
 from meshplan.search.rank import TIE_BAND, pareto_front, rank
@@ -231,10 +231,13 @@ class _BranchAndBound:
                 self.n_pruned += 1  # its structure, listed with its reasons, stands for it
         self.done = set(first)
 
-    def by_bound(self, base_fits: list[bool], n_plans: int, tick: Callable[[int], None]) -> None:
+    def by_bound(self, base_fits: list[bool], n_plans: int, tick: Callable[[int], None],
+                 unfit: set[int] | None = None) -> None:
         """The other variants, by their lower bound, until it passes the tie band and every family's best
         (``base_fits``: whether each variant's default plan fits; ``n_plans``: the structures evaluated,
-        for the progress count)."""
+        for the progress count). ``unfit``: the variants known to fit at no micro-batch size (from a search of
+        a scenario that differs only in what memory does not depend on, search.leading), which
+        ``evaluate_within`` would rule out: passed over as it would, and those found here added."""
         model, cluster, job, compute = self.model, self.cluster, self.job, self.compute
         if self.mfu is None:
             bounds = sorted((step_time_lower_bound_s(model, cluster, job, v, compute), k)
@@ -256,7 +259,7 @@ class _BranchAndBound:
                 self.n_pruned += 1
                 continue
             if self.mfu is None:
-                found = evaluate_within(model, cluster, job, self.variants[k], cutoff_s=limit, compute=compute)
+                found = self._within(k, limit, unfit)
             else:
                 found = evaluate(model, cluster, job, self.variants[k], mfu=self.mfu, compute=compute)
             if found is None:
@@ -266,6 +269,20 @@ class _BranchAndBound:
                 if found.feasible:
                     self._found(k, found)
             tick(i)
+
+
+    def _within(self, k: int, limit: float, unfit: set[int] | None) -> Estimate | None:
+        """Variant ``k`` evaluated within ``limit`` (cost.step.evaluate_within), ``unfit`` read and kept."""
+        if unfit is None:
+            return evaluate_within(self.model, self.cluster, self.job, self.variants[k], cutoff_s=limit,
+                                   compute=self.compute)
+        if k in unfit:
+            return None
+        found, fits = evaluate_within_fitting(self.model, self.cluster, self.job, self.variants[k], cutoff_s=limit,
+                                              compute=self.compute)
+        if not fits:
+            unfit.add(k)
+        return found
 
 
 _INF = float("inf")
