@@ -56,8 +56,14 @@ def _sections(name: str) -> dict[str, str]:
     while at >= 0:
         lines.append(at + 1)
         at = text.find("\n[", at + 1)
-    # a line starting with '[' that is no header stays in the table before it
-    starts = [(b, header.group(1)) for b in lines if (header := _HEADER.match(text, b))]
+    # a line starting with '[' that is no header stays in the table before it, as does one inside a header's
+    # match (``_HEADER``'s space and quoted key may span a line break), as ``_HEADER.finditer`` has them
+    starts, matched_to = [], 0
+    for b in lines:
+        header = _HEADER.match(text, b) if b >= matched_to else None
+        if header:
+            starts.append((b, header.group(1)))
+            matched_to = header.end()
     parts: dict[str, list[str]] = {}
     for (begin, key), end in zip([(0, ""), *starts], [*(b for b, _ in starts), len(text)], strict=True):
         parts.setdefault(key, []).append(text[begin:end])
@@ -79,24 +85,31 @@ def _table(name: str, key: str) -> dict[str, Any]:
     return tables if key == "" else tables.get(key.strip('"'), {})
 
 
-_KEY = r'(?:[A-Za-z0-9_-]+|"[^"\\\n]*")'
-_TABLE_LINE = re.compile(rf"\[\s*({_KEY}(?:\s*\.\s*{_KEY})*)\s*\]")
+_KEY = r'(?:[A-Za-z0-9_-]+|"[^"\\\x00-\x1f\x7f]*")'
+_TABLE_LINE = re.compile(rf"\[[ \t]*({_KEY}(?:[ \t]*\.[ \t]*{_KEY})*)[ \t]*\]")
 _KEY_PART = re.compile(_KEY)
-_PAIR_LINE = re.compile(rf"({_KEY})\s*=\s*(.*?)\s*")
+_PAIR_LINE = re.compile(rf"({_KEY})[ \t]*=[ \t]*(.*)")
 _INT = re.compile(r"[+-]?(?:0|[1-9][0-9]*)")
 _FLOAT = re.compile(r"[+-]?(?:0|[1-9][0-9]*)(?:\.[0-9]+(?:[eE][+-]?[0-9]+)?|[eE][+-]?[0-9]+)")
-_STRING = re.compile(r"'([^'\n]*)'" + r'|"([^"\\\n]*)"')
+_STRING = re.compile(r"'([^'\x00-\x08\x0a-\x1f\x7f]*)'" + r'|"([^"\\\x00-\x08\x0a-\x1f\x7f]*)"')
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+"""Characters TOML allows nowhere but in multi-line strings (a tab is allowed): a line holding one is left to
+tomllib."""
 
 
 def flat_toml(text: str) -> dict[str, Any] | None:
     """``tomllib.loads(text)`` for the subset the calibration files are written in (comments, table headers,
     and bare keys set to a number or to a string without escapes), read without the general parser, which
     takes about as long as the rest of a first evaluation; None where ``text`` holds anything else (or a
-    key twice), for ``tomllib`` to read or reject."""
+    key twice), for ``tomllib`` to read or reject. Lines end at '\\n' (or '\\r\\n') and space is ' ' or a
+    tab, as in TOML, not wherever Python's ``str.splitlines`` and ``str.strip`` would have them."""
     root: dict[str, Any] = {}
     table, seen = root, set()
-    for raw in text.splitlines():
-        line = raw.strip()
+    lines = text.split("\n")
+    for i, raw in enumerate(lines):
+        line = (raw[:-1] if raw.endswith("\r") and i < len(lines) - 1 else raw).strip(" \t")
+        if _CONTROL.search(line):
+            return None
         if not line or line.startswith("#"):
             continue
         header = _TABLE_LINE.fullmatch(line)

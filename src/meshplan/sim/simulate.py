@@ -205,15 +205,15 @@ def simulate(est: Estimate, *, slowdown: float, step_overhead_s: float) -> SimRe
 
 
 def _ends_and_busies(tasks: list[Task], pp: int) -> tuple[list[float], list[float]]:
-    """Each stage's last end and its busy time (the sum of its tasks' durations, in task order) [s]: one pass
-    over the tasks."""
-    ends, busies = [-math.inf] * pp, [0.0] * pp
+    """Each stage's last end and its busy time (the sum of its tasks' durations, in task order, by ``sum``
+    as a per-stage scan of the tasks gives it: Python 3.12's ``sum`` of floats is compensated) [s]: the tasks
+    grouped by stage in one pass."""
+    ends: list[list[float]] = [[] for _ in range(pp)]
+    durations: list[list[float]] = [[] for _ in range(pp)]
     for t in tasks:
-        s = t.stage
-        if t.end_s > ends[s]:
-            ends[s] = t.end_s
-        busies[s] += t.dur_s
-    return ends, busies
+        ends[t.stage].append(t.end_s)
+        durations[t.stage].append(t.dur_s)
+    return [max(e) for e in ends], [sum(d) for d in durations]
 
 
 def _after_last_backward_s(detail: StageDetail, step_overhead_s: float) -> float:
