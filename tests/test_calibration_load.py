@@ -3,6 +3,7 @@ evaluation in a process does not parse the stored fold fits) hold what the whole
 
 from __future__ import annotations
 
+import re
 import tomllib
 
 import pytest
@@ -90,9 +91,10 @@ def test_the_fast_reader_reads_only_what_tomllib_reads_the_same(text: str) -> No
 
 
 def _reference_sections(text: str) -> dict[str, str]:
-    """The parts as a regular expression over the whole text finds the headers (``_HEADER.finditer``)."""
+    """The parts where a table header starts a line, found by a regular expression anchored at line starts."""
+    header = re.compile(r'^\[\s*("[^"]*"|[^\s.\]]+)', re.MULTILINE)
     parts: dict[str, list[str]] = {}
-    starts = [(m.start(), m.group(1)) for m in calibration._HEADER.finditer(text)]
+    starts = [(m.start(), m.group(1)) for m in header.finditer(text)]
     for (begin, key), end in zip([(0, ""), *starts], [*(b for b, _ in starts), len(text)], strict=True):
         parts.setdefault(key, []).append(text[begin:end])
     return {key: "".join(chunks) for key, chunks in parts.items()}

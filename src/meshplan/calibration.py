@@ -36,9 +36,10 @@ def _load(name: str) -> dict[str, Any]:
     return tomllib.loads(entry.read_text()) if entry.is_file() else {}
 
 
-_HEADER = re.compile(r'^\[\s*("[^"]*"|[^\s.\]]+)', re.MULTILINE)
-"""A table header at the start of a line, and the first part of its key ('global' of ``[global]``,
-'fold' of ``[fold.1.global]``)."""
+_HEADER_AFTER_BREAK = re.compile(r'\n\[\s*("[^"]*"|[^\s.\]]+)')
+"""A table header after a line break, and the first part of its key ('global' of ``[global]``, 'fold' of
+``[fold.1.global]``): matched in the text with a line break put before it, so that the first line starts after
+one too and the pattern begins with a literal, which the engine scans for quickly."""
 
 
 @cache
@@ -48,22 +49,8 @@ def _sections(name: str) -> dict[str, str]:
     entry = resources.files("meshplan.catalog").joinpath("calibration", f"{name}.toml")
     if not entry.is_file():
         return {}
-    # the lines that start with '[', found with str.find (a regular expression over the whole file would take
-    # about a tenth of a first evaluation), and those of them that are table headers
-    text = entry.read_text()
-    lines = [0] if text.startswith("[") else []
-    at = text.find("\n[")
-    while at >= 0:
-        lines.append(at + 1)
-        at = text.find("\n[", at + 1)
-    # a line starting with '[' that is no header stays in the table before it, as does one inside a header's
-    # match (``_HEADER``'s space and quoted key may span a line break), as ``_HEADER.finditer`` has them
-    starts, matched_to = [], 0
-    for b in lines:
-        header = _HEADER.match(text, b) if b >= matched_to else None
-        if header:
-            starts.append((b, header.group(1)))
-            matched_to = header.end()
+    text = entry.read_text()  # (a match's start in '\n' + text is where its '[' is in the text)
+    starts = [(m.start(), m.group(1)) for m in _HEADER_AFTER_BREAK.finditer("\n" + text)]
     parts: dict[str, list[str]] = {}
     for (begin, key), end in zip([(0, ""), *starts], [*(b for b, _ in starts), len(text)], strict=True):
         parts.setdefault(key, []).append(text[begin:end])
@@ -88,13 +75,14 @@ def _table(name: str, key: str) -> dict[str, Any]:
 _KEY = r'(?:[A-Za-z0-9_-]+|"[^"\\\x00-\x1f\x7f]*")'
 _TABLE_LINE = re.compile(rf"\[[ \t]*({_KEY}(?:[ \t]*\.[ \t]*{_KEY})*)[ \t]*\]")
 _KEY_PART = re.compile(_KEY)
-_PAIR_LINE = re.compile(rf"({_KEY})[ \t]*=[ \t]*(.*)")
-_INT = re.compile(r"[+-]?(?:0|[1-9][0-9]*)")
-_FLOAT = re.compile(r"[+-]?(?:0|[1-9][0-9]*)(?:\.[0-9]+(?:[eE][+-]?[0-9]+)?|[eE][+-]?[0-9]+)")
-_STRING = re.compile(r"'([^'\x00-\x08\x0a-\x1f\x7f]*)'" + r'|"([^"\\\x00-\x08\x0a-\x1f\x7f]*)"')
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-"""Characters TOML allows nowhere but in multi-line strings (a tab is allowed): a line holding one is left to
-tomllib."""
+_PAIR_LINE = re.compile(rf"({_KEY})[ \t]*=[ \t]*(?:([+-]?(?:0|[1-9][0-9]*))"  # an integer
+                        r"|([+-]?(?:0|[1-9][0-9]*)(?:\.[0-9]+(?:[eE][+-]?[0-9]+)?|[eE][+-]?[0-9]+))"  # a float
+                        r"|'([^'\x00-\x08\x0a-\x1f\x7f]*)'"  # a literal string
+                        r'|"([^"\\\x00-\x08\x0a-\x1f\x7f]*)")')  # a basic string without escapes
+"""``key = value`` with a value of the subset ``flat_toml`` reads (no underscores in numbers, no inf or nan)."""
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x0c\x0e-\x1f\x7f]|\r(?!\n)")
+"""Characters TOML allows nowhere but in multi-line strings, but a tab and the line break '\\n' or '\\r\\n': a
+text holding one is left to tomllib."""
 
 
 def flat_toml(text: str) -> dict[str, Any] | None:
@@ -103,16 +91,17 @@ def flat_toml(text: str) -> dict[str, Any] | None:
     takes about as long as the rest of a first evaluation; None where ``text`` holds anything else (or a
     key twice), for ``tomllib`` to read or reject. Lines end at '\\n' (or '\\r\\n') and space is ' ' or a
     tab, as in TOML, not wherever Python's ``str.splitlines`` and ``str.strip`` would have them."""
+    if _CONTROL.search(text):
+        return None
     root: dict[str, Any] = {}
     table, seen = root, set()
-    lines = text.split("\n")
-    for i, raw in enumerate(lines):
-        line = (raw[:-1] if raw.endswith("\r") and i < len(lines) - 1 else raw).strip(" \t")
-        if _CONTROL.search(line):
-            return None
-        if not line or line.startswith("#"):
+    for raw in text.split("\n"):
+        line = raw.strip(" \t")
+        if line.endswith("\r"):  # of '\r\n'
+            line = line[:-1].rstrip(" \t")
+        if not line or line[0] == "#":
             continue
-        header = _TABLE_LINE.fullmatch(line)
+        header = _TABLE_LINE.fullmatch(line) if line[0] == "[" else None
         if header:
             path = tuple(k.strip('"') for k in _KEY_PART.findall(header.group(1)))
             if path in seen:
@@ -125,24 +114,17 @@ def flat_toml(text: str) -> dict[str, Any] | None:
                     return None
             continue
         pair = _PAIR_LINE.fullmatch(line)
-        key = pair.group(1).strip('"') if pair else None
-        value = _value(pair.group(2)) if pair else None
-        if key is None or value is None or key in table:
+        if pair is None:
             return None
-        table[key] = value
+        key, integer, real, literal, basic = pair.groups()
+        key = key.strip('"')
+        if key in table:
+            return None
+        table[key] = (int(integer) if integer is not None else float(real) if real is not None
+                      else literal if literal is not None else basic)
     return root
 
 
-def _value(text: str) -> int | float | str | None:
-    """A TOML integer, float (without underscores, inf or nan) or string without escapes; None otherwise."""
-    if _INT.fullmatch(text):
-        return int(text)
-    if _FLOAT.fullmatch(text):
-        return float(text)
-    string = _STRING.fullmatch(text)
-    if string:
-        return string.group(1) if string.group(1) is not None else string.group(2)
-    return None
 
 
 def catalog_fit() -> dict[str, Any]:
