@@ -125,8 +125,6 @@ def flat_toml(text: str) -> dict[str, Any] | None:
     return root
 
 
-
-
 def catalog_fit() -> dict[str, Any]:
     """The catalog's fitted.toml as tables (empty where there is none)."""
     return _load("fitted")

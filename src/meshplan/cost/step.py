@@ -59,13 +59,8 @@ def evaluate_within_fitting(model: ModelSpec, cluster: ClusterSpec, job: JobSpec
     """``evaluate_within``, and whether some micro-batch size and recomputation of ``plan`` fits in memory
     (``fits_at_all``), read off the same memory probes: a search that meets the plan again in a scenario
     that differs only in what memory does not depend on (search.leading) can skip it where nothing fits."""
-    validate_plan(model, cluster, job, plan)
-    runs = stack_defaults(job.software, plan)
-    choice = Choice(model, cluster, job, runs, compute, None, cutoff_s)
-    est = choice.choose(time_infeasible=True)
-    if est is None:
-        return None, choice.fits_at_all()
-    return (est if runs is plan else _as_given(est, plan, runs)), True
+    est, choice = _chosen(model, cluster, job, plan, mfu=None, compute=compute, cutoff_s=cutoff_s)
+    return est, est is not None or choice.fits_at_all()
 
 
 def fits_at_all(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan,
@@ -79,20 +74,25 @@ def fits_at_all(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan
 def _evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *, mfu: float | None,
               compute: ComputeParams | None, cutoff_s: float | None, time_infeasible: bool = True
               ) -> Estimate | None:
+    return _chosen(model, cluster, job, plan, mfu=mfu, compute=compute, cutoff_s=cutoff_s,
+                   time_infeasible=time_infeasible)[0]
+
+
+def _chosen(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, plan: Plan, *, mfu: float | None,
+            compute: ComputeParams | None, cutoff_s: float | None, time_infeasible: bool = True
+            ) -> tuple[Estimate | None, Choice]:
+    """``_evaluate``'s estimate, and the choice of micro-batch size and recomputation that made it (its
+    memory probes)."""
     validate_plan(model, cluster, job, plan)
     if compute is None:
         from meshplan.calibration import compute_params_for  # catalog data, loaded lazily once
 
         compute = compute_params_for(cluster.accelerator.name, job.software)
     runs = stack_defaults(job.software, plan)
-    est = Choice(model, cluster, job, runs, compute, mfu, cutoff_s).choose(time_infeasible=time_infeasible)
+    choice = Choice(model, cluster, job, runs, compute, mfu, cutoff_s)
+    est = choice.choose(time_infeasible=time_infeasible)
     if est is None or runs is plan:
-        return est
-    return _as_given(est, plan, runs)
-
-
-def _as_given(est: Estimate, plan: Plan, runs: Plan) -> Estimate:
-    """``est`` of ``runs``, the stack's default run of ``plan`` (specs.plan.stack_defaults), where that is not an
-    option the plan chose: the estimate names the plan as given (its labels, layout key and tie-break), and
-    says what ran."""
-    return replace(est, plan=replace(est.plan, grad_sync=plan.grad_sync), stack_grad_sync=runs.grad_sync)
+        return est, choice
+    # the stack's default is not an option the plan chose: the estimate names the plan as given (its
+    # labels, layout key and tie-break), and says what ran
+    return replace(est, plan=replace(est.plan, grad_sync=plan.grad_sync), stack_grad_sync=runs.grad_sync), choice

@@ -270,7 +270,6 @@ class _BranchAndBound:
                     self._found(k, found)
             tick(i)
 
-
     def _within(self, k: int, limit: float, unfit: set[int] | None) -> Estimate | None:
         """Variant ``k`` evaluated within ``limit`` (cost.step.evaluate_within), ``unfit`` read and kept."""
         if unfit is None:
