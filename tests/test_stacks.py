@@ -8,7 +8,7 @@ import pytest
 from meshplan import JobSpec, load_cluster, load_model
 from meshplan.cli import main
 from meshplan.cost.estimate import Band
-from meshplan.stacks import StackLeader, assumed_stack, stack_leaders
+from meshplan.stacks import StackLeader, assumed_stack, stack_bests, stack_leaders
 
 
 def _leader(stack: str, step_s: float, band: tuple[float, float] | None):
@@ -37,6 +37,25 @@ def test_leaders_are_ordered_by_step_time_and_deepspeed_says_why_it_has_no_moe_p
     assert all(s.best.uncertainty is not None for s in ran)  # each with its own band
     ds = next(s for s in leaders if s.stack == "deepspeed")
     assert ds.best is None and "DeepSpeed-MoE" in ds.why_none and leaders[-1] is ds
+
+
+@pytest.mark.parametrize("model,nodes,batch", [("mixtral-8x7b", 4, 1 << 21), ("llama-3-8b", 2, 1 << 20),
+                                               ("seed-70b", 8, 1 << 22)])
+def test_the_stacks_leading_searches_choose_as_their_full_searches(model, nodes, batch):
+    """What sweep and compare choose their stack with (stack_bests: leading searches) is stack_leaders' answer:
+    each stack's recommendation, its step time and band, in the same order, and so the same assumed stack."""
+    args = (load_model(model), load_cluster("h100-sxm", nodes=nodes), JobSpec(global_batch_tokens=batch,
+                                                                               seq_len=4096))
+    full, lean = stack_leaders(*args, workers=1), stack_bests(*args, workers=1)
+
+    def seen(leaders):
+        return [(s.stack, s.best.plan if s.best else None, s.best.step_time_s if s.best else None,
+                 s.best.uncertainty if s.best else None) for s in leaders]
+
+    assert seen(lean) == seen(full)
+    assert all(s.result is None for s in lean)
+    assert assumed_stack(lean)[0].stack == assumed_stack(full)[0].stack
+    assert assumed_stack(lean)[1] == assumed_stack(full)[1]
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from meshplan.progress import Progress
 from meshplan.search.rank import TIE_BAND
 from meshplan.search.search import REFINE_TOP, SearchResult, search
 from meshplan.search.space import Space
-from meshplan.specs import ClusterSpec, JobSpec, ModelSpec
+from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.uncertainty import attach_band
 
 COMPARED_STACKS = ("megatron", "torchtitan", "deepspeed")
@@ -75,18 +75,64 @@ def stack_leaders(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: S
     results = dict(zip(searched, parallel_map(one, searched, workers, done=done), strict=True))
     out = []
     for stack in stacks:
-        if stack not in results:
-            out.append(StackLeader(stack, None, None, "meshplan does not model DeepSpeed-MoE's expert parallelism"))
-            continue
-        result = results[stack]
-        best = result.recommended
-        if best is None:
-            out.append(StackLeader(stack, None, result, result.ranked[0].infeasible_reasons[0] if result.ranked
-                                   else "it runs no plan of this scenario"))
-            continue
-        best = attach_band(best, accelerator=cluster.accelerator.name, software=stack, moe=model.is_moe)
-        out.append(StackLeader(stack, best, result))
-    return sorted(out, key=lambda s: (s.best is None, s.best.step_time_s if s.best else 0.0))
+        result = results.get(stack)
+        if result is None or result.recommended is None:
+            out.append(_no_leader(stack, result))
+        else:
+            out.append(_leader(model, cluster, stack, result.recommended, result))
+    return _by_step_time(out)
+
+
+def _leader(model: ModelSpec, cluster: ClusterSpec, stack: str, best: Estimate, result: SearchResult | None
+            ) -> StackLeader:
+    """A stack's leader: its best plan with the stack's own band."""
+    return StackLeader(stack, attach_band(best, accelerator=cluster.accelerator.name, software=stack,
+                                          moe=model.is_moe), result)
+
+
+def _no_leader(stack: str, result: SearchResult | None) -> StackLeader:
+    """A stack with no plan that fits (``result``: its search), or that meshplan does not search (None)."""
+    if result is None:
+        return StackLeader(stack, None, None, "meshplan does not model DeepSpeed-MoE's expert parallelism")
+    return StackLeader(stack, None, result, result.ranked[0].infeasible_reasons[0] if result.ranked
+                       else "it runs no plan of this scenario")
+
+
+def _by_step_time(leaders: list[StackLeader]) -> list[StackLeader]:
+    return sorted(leaders, key=lambda s: (s.best is None, s.best.step_time_s if s.best else 0.0))
+
+
+def _one_class(plan: Plan) -> int:
+    """Every plan in one class: a leading search that reads only the recommendation (search.leading)."""
+    return 0
+
+
+def stack_bests(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space | None = None, *,
+                mfu: float | None = None, workers: int | None = None, progress: Progress | None = None,
+                stacks: tuple[str, ...] = COMPARED_STACKS) -> list[StackLeader]:
+    """``stack_leaders``' leaders, with their bands and in its order, without the searches behind them
+    (``StackLeader.result`` None): each stack's recommendation is that of its full search, found by a search
+    for the leading plans alone (search.leading.search_leading), which evaluates a fraction of the plans. What
+    ``sweep`` and ``compare`` choose their stack with; a stack none of whose plans fits says only that."""
+    from meshplan.search.leading import search_leading
+
+    searched = [s for s in stacks if not (s == "deepspeed" and model.is_moe)]
+
+    def one(stack: str) -> Estimate | None:
+        return search_leading(model, cluster, replace(job, software=stack), space or Space(), mfu=mfu,
+                              refine_top=REFINE_TOP, classes=_one_class).recommended
+
+    done = progress.counter("searching each stack's plans", "stacks") if progress else None
+    bests = dict(zip(searched, parallel_map(one, searched, workers, done=done), strict=True))
+    out = []
+    for stack in stacks:
+        best = bests.get(stack)
+        if best is not None:
+            out.append(_leader(model, cluster, stack, best, None))
+        else:
+            out.append(_no_leader(stack, None) if stack not in bests else
+                       StackLeader(stack, None, None, "no plan of it fits"))
+    return _by_step_time(out)
 
 
 def assumed_stack(leaders: list[StackLeader]) -> tuple[StackLeader | None, str]:
@@ -126,8 +172,8 @@ def with_assumed_stack(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, spa
     """``job`` on the stack ``meshplan plan`` would assume for this scenario (a job that names no stack), and
     a sentence saying so: what sweep and compare run every point or row on, so that a sweep agrees with plan
     at its base value and a comparison compares one stack on every cluster."""
-    chosen, why = assumed_stack(stack_leaders(model, cluster, job, space, mfu=mfu, workers=workers,
-                                              progress=progress))
+    chosen, why = assumed_stack(stack_bests(model, cluster, job, space, mfu=mfu, workers=workers,
+                                            progress=progress))
     if chosen is None:
         return job, (f"no stack runs a plan that fits {cluster.n_gpus} x {cluster.accelerator.name}: searched as any "
                      "stack")
