@@ -138,3 +138,22 @@ def test_a_search_that_reuses_the_memory_facts_of_another_bandwidth_answers_as_a
     assert kept.unfit_variants, "variants that fit at no micro-batch size, passed over the second time"
     leading._MEMORY.clear()
     assert reused == at(6.25)
+
+
+def test_the_conditions_do_not_depend_on_the_order_the_walks_are_dispatched_in(monkeypatch) -> None:
+    """The walks go to the workers likely-longest first (conditions.WALK_DISPATCH); the conditions and held
+    ranges come back in the walks' own order whatever that order is."""
+    from meshplan.explain import _conditions_of_change, _Scenario
+    from meshplan.search import conditions
+
+    model, cluster, job = _scenario("llama-3-8b", "h100-sxm", 2, 2**20, 4096, {})
+    analysis = analyse(model, cluster, job, workers=2, with_conditions=False)
+    found = []
+    for dispatch in (conditions.WALK_DISPATCH, conditions.WALK_DISPATCH[::-1], ()):
+        monkeypatch.setattr(conditions, "WALK_DISPATCH", dispatch)
+        found.append(_conditions(_conditions_of_change(_Scenario(model, cluster, job, None), analysis.result,
+                                                       analysis.recommended, Space(), 2)))
+    knobs = ["batch_tokens", "inter_node_bandwidth", "gpus", "seq_len", "model_layers"]
+    held = [h[0] for h in found[0][1]]
+    assert held and held == sorted(held, key=knobs.index)
+    assert found[0] == found[1] == found[2]
