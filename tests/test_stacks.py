@@ -86,3 +86,20 @@ def test_a_sweep_with_no_stack_named_runs_on_the_stack_plan_assumes(capsys):
     at_base = next(p for p in sweep["points"] if p["value"] == 1 << 20)
     assert at_base["best"]["plan"]["string"] == plan["recommended"]["plan"]["string"]
     assert at_base["best"]["step_time_s"] == pytest.approx(plan["recommended"]["step_time_s"])
+
+
+def test_the_stacks_searches_are_kept_for_a_sweep_through_the_scenario_even_when_run_in_workers():
+    """report's sweep of the batch passes through the scenario's own value: there it reads the stack's search
+    that plan ran (search.recent_search), sent back from the worker that ran it, instead of searching again."""
+    from dataclasses import replace
+
+    from meshplan.search.search import REFINE_TOP, recent_search
+    from meshplan.search.space import Space
+
+    model, cluster, job = load_model("llama-3-8b"), load_cluster("h100-sxm", nodes=1), JobSpec(
+        global_batch_tokens=1 << 19, seq_len=4096)
+    leaders = stack_leaders(model, cluster, job, workers=2)
+    ran = [s for s in leaders if s.result is not None]
+    assert len(ran) == 3
+    for s in ran:
+        assert recent_search(model, cluster, replace(job, software=s.stack), Space(), refine_top=REFINE_TOP) is s.result

@@ -22,7 +22,7 @@ from meshplan.explain import PlanAnalysis, analyse
 from meshplan.parallel import available_cores, parallel_map
 from meshplan.progress import Progress
 from meshplan.search.rank import TIE_BAND
-from meshplan.search.search import REFINE_TOP, SearchResult, search
+from meshplan.search.search import REFINE_TOP, SearchResult, remember_search, search
 from meshplan.search.space import Space
 from meshplan.specs import ClusterSpec, JobSpec, ModelSpec, Plan
 from meshplan.uncertainty import attach_band
@@ -73,6 +73,9 @@ def stack_leaders(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: S
 
     done = progress.counter("searching each stack's plans", "stacks") if progress and not one_core else None
     results = dict(zip(searched, parallel_map(one, searched, workers, done=done), strict=True))
+    for stack, result in results.items():  # searched in workers: kept here for a sweep through this scenario
+        remember_search(result, model, cluster, replace(job, software=stack), space or Space(), mfu=mfu,
+                        refine_top=REFINE_TOP)
     out = []
     for stack in stacks:
         result = results.get(stack)

@@ -107,17 +107,24 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Space | 
     with _no_cyclic_gc():
         result = _search(model, cluster, job, space, mfu=mfu, progress=progress, refine_top=refine_top,
                          workers=workers)
+    remember_search(result, model, cluster, job, space, mfu=mfu, refine_top=refine_top)
+    return result
+
+
+def remember_search(result: SearchResult, model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
+                    space: Space | None = None, *, mfu: float | None = None, refine_top: int = 0) -> None:
+    """Keep ``result``, what ``search`` returned for this scenario, for ``recent_search``: ``search`` keeps its own,
+    and a process that ran searches in forked workers keeps the results they sent back."""
     key = _scenario_key(model, cluster, job, space, mfu, refine_top)
     _RECENT.pop(key, None)
     _RECENT[key] = result
     while len(_RECENT) > RECENT_SEARCHES:
         del _RECENT[next(iter(_RECENT))]
-    return result
 
 
 RECENT_SEARCHES = 4
-"""Searches this process keeps (``recent_search``): the stacks' searches of ``plan``, for a sweep of the same
-scenario that passes through its own value."""
+"""Searches this process keeps (``recent_search``): the stacks' searches of ``plan`` (run here or in its
+workers), for a sweep of the same scenario that passes through its own value (``report``'s)."""
 _RECENT: dict[tuple[object, ...], SearchResult] = {}
 """The last searches, by ``_scenario_key``."""
 
