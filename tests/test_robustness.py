@@ -298,7 +298,10 @@ def _alive(pid: int) -> bool:
 
 
 def _start_plan_with_workers(tmp_path: Path) -> tuple[subprocess.Popen[str], list[int]]:
-    proc = subprocess.Popen([*MESHPLAN, "plan", "--jobs", "2"], cwd=tmp_path, stdout=subprocess.PIPE,
+    # a scenario whose search outlasts any pause of this process between seeing the workers and signalling
+    # them (the default one ends within seconds: on a loaded machine it could end first, and then answer 0)
+    proc = subprocess.Popen([*MESHPLAN, "plan", "--jobs", "2", "--model", "llama-3.1-405b", "--nodes", "2048",
+                             "--batch-tokens", "16M", "--seq-len", "8192"], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:

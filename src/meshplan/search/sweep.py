@@ -95,7 +95,7 @@ def sweep(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, name: str, value
         res: SearchResult | LeadingResult | None
         if exhaustive:
             res = search(*scenario, space, mfu=mfu, refine_top=REFINE_TOP, workers=1)
-        else:  # the scenario's own value was searched already where plan chose its stack
+        else:  # the scenario's own value was searched already where report's plan analysis ran
             res = (recent_search(*scenario, space, mfu=mfu, refine_top=REFINE_TOP)
                    or search_leading(*scenario, space, mfu=mfu, refine_top=REFINE_TOP))
         return SweepPoint(value, res.recommended, {f: e for f, e in res.best_by_family().items() if e.feasible})
