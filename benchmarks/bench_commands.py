@@ -1,6 +1,6 @@
 """Wall time of the whole answer, command by command, against the last release installed side by side.
 
-    python benchmarks/bench_commands.py --baseline /path/to/venv-0.1.0/bin/python [--repeat 3] [--only NAME,...]
+    python benchmarks/bench_commands.py --baseline /path/to/venv-0.2.0/bin/python [--repeat 3] [--only NAME,...]
 
 Each command runs as a fresh process (``python -c 'from meshplan.cli import main; ...'``) of this checkout's
 interpreter (the one running this script, with meshplan importable) and of ``--baseline`` (an interpreter with
@@ -9,8 +9,11 @@ on a shared machine; the table gives the median of ``--repeat`` runs of each, th
 the target of issue 45. ``cold-evaluate`` times one ``evaluate`` in-process in a fresh process (the catalog
 loaded, no evaluation run before it), as the median over ``--repeat`` x 5 processes. To install the release:
 
-    python3 -m venv /tmp/meshplan-0.1.0
-    /tmp/meshplan-0.1.0/bin/pip install "meshplan[plot] @ git+file://$PWD@v0.1.0"
+    git worktree add /tmp/meshplan-src-0.2.0 v0.2.0
+    python3 -m venv /tmp/meshplan-0.2.0
+    /tmp/meshplan-0.2.0/bin/pip install "/tmp/meshplan-src-0.2.0[plot]"
+
+(``v0.1.0`` likewise for the first release.)
 
 Without ``--baseline`` only this checkout is measured. docs/performance.md has the figures and their machine.
 """
