@@ -62,7 +62,7 @@ def stack_leaders(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: S
     without a plan that fits last. The stacks' searches run side by side on up to ``workers`` cores (each
     then re-times its plans in order), the progress line counting stacks; on one core, in order, counting
     each search's plans."""
-    searched = [s for s in stacks if not (s == "deepspeed" and model.is_moe)]
+    searched = _searched(model, stacks)
     one_core = min(len(searched), available_cores() if workers is None else workers) <= 1
 
     def one(stack: str) -> SearchResult:
@@ -84,6 +84,11 @@ def stack_leaders(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: S
         else:
             out.append(_leader(model, cluster, stack, result.recommended, result))
     return _by_step_time(out)
+
+
+def _searched(model: ModelSpec, stacks: tuple[str, ...]) -> list[str]:
+    """The ``stacks`` meshplan searches for ``model``: not DeepSpeed for an MoE model (``_no_leader`` says why)."""
+    return [s for s in stacks if not (s == "deepspeed" and model.is_moe)]
 
 
 def _leader(model: ModelSpec, cluster: ClusterSpec, stack: str, best: Estimate, result: SearchResult | None
@@ -119,7 +124,7 @@ def stack_bests(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, space: Spa
     ``sweep`` and ``compare`` choose their stack with; a stack none of whose plans fits says only that."""
     from meshplan.search.leading import search_leading
 
-    searched = [s for s in stacks if not (s == "deepspeed" and model.is_moe)]
+    searched = _searched(model, stacks)
 
     def one(stack: str) -> Estimate | None:
         return search_leading(model, cluster, replace(job, software=stack), space or Space(), mfu=mfu,
